@@ -1,0 +1,31 @@
+"""Attention kernels and modules."""
+
+from .functional import AttentionResult, attention, fused_attention, reference_attention
+from .masks import (
+    causal_mask,
+    combine_masks,
+    mask_to_additive,
+    padding_mask,
+    padding_mask_from_ids,
+    padding_to_attention_mask,
+    validate_attention_mask,
+)
+from .multihead import MultiHeadAttention, ScaledDotProductAttention
+from .rotary import RotaryEmbedding
+
+__all__ = [
+    "AttentionResult",
+    "attention",
+    "fused_attention",
+    "reference_attention",
+    "causal_mask",
+    "combine_masks",
+    "mask_to_additive",
+    "padding_mask",
+    "padding_mask_from_ids",
+    "padding_to_attention_mask",
+    "validate_attention_mask",
+    "MultiHeadAttention",
+    "ScaledDotProductAttention",
+    "RotaryEmbedding",
+]

@@ -1,0 +1,229 @@
+"""The attention kernel every attnlab module calls.
+
+Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
+``D`` head dim (``Dv`` for values).
+
+Two paths compute the same function:
+
+* **fused** (``need_weights=False``): ``F.scaled_dot_product_attention``, which on CPU
+  and GPU runs a flash-style kernel that never materialises the ``[T, S]`` score matrix.
+* **reference** (``need_weights=True``): explicit ``matmul -> softmax -> matmul`` that
+  returns the exact per-head attention probabilities.
+
+Both treat a *fully masked* query row (no key may be attended) the same way: its
+output and its weights are zero, and gradients through it are zero, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import causal_mask, validate_attention_mask
+
+__all__ = ["AttentionResult", "attention", "reference_attention", "fused_attention"]
+
+
+class AttentionResult(NamedTuple):
+    """Output of :func:`attention`; unpacks as ``output, weights``.
+
+    Attributes:
+        output: ``[B, H, T, Dv]``.
+        weights: ``[B, H, T, S]`` attention probabilities (before dropout) when they
+            were requested, else ``None``.
+    """
+
+    output: Tensor
+    weights: Optional[Tensor]
+
+
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D [B, H, length, head_dim], got shape {tuple(tensor.shape)}"
+            )
+    if not (query.dtype == key.dtype == value.dtype) or not query.dtype.is_floating_point:
+        raise TypeError(
+            "query, key and value must share one floating dtype, got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query head_dim {query.shape[-1]} must equal key head_dim {key.shape[-1]} "
+            f"(query {tuple(query.shape)}, key {tuple(key.shape)})"
+        )
+    if key.shape[:3] != value.shape[:3]:
+        raise ValueError(
+            f"key and value must agree in [B, H, S]; got key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if query.shape[:2] != key.shape[:2]:
+        raise ValueError(
+            f"query and key must agree in [B, H]; got query {tuple(query.shape)}, key {tuple(key.shape)}"
+        )
+
+
+def _rows_with_keys(mask: Tensor) -> Tensor:
+    """``[.., T, 1]`` bool: which query rows have at least one key they may attend."""
+    if mask.dtype == torch.bool:
+        return mask.any(dim=-1, keepdim=True)
+    return (mask != float("-inf")).any(dim=-1, keepdim=True)
+
+
+def _prepare_mask(
+    query: Tensor, key: Tensor, mask: Optional[Tensor], is_causal: bool
+) -> tuple[Optional[Tensor], bool]:
+    """Validate ``mask`` and fold a causal constraint into it when both are given.
+
+    Returns the rank-4 mask (or ``None``) and whether ``is_causal`` is still to be
+    passed on to the kernel on its own.
+    """
+    B, H, T, _ = query.shape
+    S = key.shape[2]
+    mask = validate_attention_mask(
+        mask, batch=B, heads=H, query_len=T, key_len=S, dtype=query.dtype, name="mask"
+    )
+    if is_causal and mask is not None:
+        causal = causal_mask(T, S, device=query.device)[None, None]  # [1, 1, T, S]
+        if mask.dtype == torch.bool:
+            mask = mask & causal
+        else:
+            mask = mask.masked_fill(~causal, float("-inf"))
+        return mask, False
+    return mask, is_causal
+
+
+def fused_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+) -> Tensor:
+    """Attention through ``F.scaled_dot_product_attention``; no weights.
+
+    Fully masked rows are given one harmless key to attend to inside the kernel and
+    their output is then multiplied by zero, so forward and backward stay finite.
+    ``mask`` must already be rank 4 (see :func:`attention`).
+    """
+    if key.shape[2] == 0:
+        return query.new_zeros(*query.shape[:3], value.shape[-1])
+    keep_rows = None
+    if mask is not None:
+        rows = _rows_with_keys(mask)  # [B|1, H|1, T|1, 1]
+        if not bool(rows.all()):
+            keep_rows = rows
+            if mask.dtype == torch.bool:
+                mask = mask | ~rows
+            else:
+                mask = mask.masked_fill(~rows, 0.0)
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )  # [B, H, T, Dv]
+    if keep_rows is not None:
+        output = output * keep_rows.to(output.dtype)
+    return output
+
+
+def reference_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+) -> AttentionResult:
+    """Explicit ``softmax(Q K^T * scale + mask) V`` that also returns the weights.
+
+    ``mask`` must already be rank 4 (see :func:`attention`). The softmax runs in at
+    least float32. Weights are returned before dropout.
+    """
+    T, S = query.shape[2], key.shape[2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale  # [B, H, T, S]
+    constrained = mask is not None or is_causal
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(T, S, device=query.device), float("-inf"))
+    rows = None
+    if constrained:
+        rows = _rows_with_keys(scores)  # [B, H, T, 1]
+        # A row with no admissible key would be softmax(-inf, ..., -inf) = NaN; give it
+        # finite scores and zero its weights afterwards, so gradients stay zero too.
+        scores = scores.masked_fill(~rows, 0.0)
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    weights = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    if rows is not None:
+        weights = weights.masked_fill(~rows, 0.0)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    output = torch.matmul(dropped, value)  # [B, H, T, Dv]
+    return AttentionResult(output, weights)
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    need_weights: bool = False,
+) -> AttentionResult:
+    """Scaled dot-product attention, ``softmax(Q K^T / sqrt(D) + mask) V``.
+
+    Runs the fused kernel unless ``need_weights`` is set, in which case the reference
+    path computes and returns the exact per-head probabilities.
+
+    Args:
+        query: ``[B, H, T, D]``.
+        key: ``[B, H, S, D]``.
+        value: ``[B, H, S, Dv]``.
+        mask: boolean (``True`` = may attend; integer 1/0 read the same way) or
+            additive float mask, broadcastable to ``[B, H, T, S]``; given as
+            ``[T, S]``, ``[B, T, S]`` or ``[B, H, T, S]``.
+        dropout_p: dropout on the attention probabilities. Pass 0 in evaluation.
+            Any value above 0 makes torch leave its flash kernel for a slower path
+            that builds the ``[T, S]`` matrix.
+        is_causal: also forbid attending to later keys (top-left aligned).
+        scale: score scale; defaults to ``1 / sqrt(D)``.
+        need_weights: return the attention probabilities.
+
+    Returns:
+        :class:`AttentionResult` ``(output [B, H, T, Dv], weights [B, H, T, S] | None)``.
+        Rows with no admissible key have zero output and zero weights.
+
+    Example:
+        >>> q = k = v = torch.randn(2, 4, 5, 8)
+        >>> out, w = attention(q, k, v, need_weights=True)
+        >>> out.shape, w.shape
+        (torch.Size([2, 4, 5, 8]), torch.Size([2, 4, 5, 5]))
+    """
+    _check_qkv(query, key, value)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    mask, is_causal = _prepare_mask(query, key, mask, is_causal)
+    if need_weights:
+        return reference_attention(
+            query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+    output = fused_attention(
+        query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+    return AttentionResult(output, None)

@@ -1,0 +1,278 @@
+"""Scaled dot-product and multi-head attention modules.
+
+Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
+``D`` head dim, ``E`` model dim.
+
+Masks follow attnlab's one convention: boolean ``True`` = may attend, float = additive.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_positive_int, check_probability
+from .functional import AttentionResult, attention
+from .masks import combine_masks, padding_to_attention_mask
+from .rotary import RotaryEmbedding
+
+__all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
+
+
+class ScaledDotProductAttention(nn.Module):
+    """``softmax(Q K^T / sqrt(D) + mask) V`` with dropout on the probabilities.
+
+    A thin module over :func:`attnlab.attention.functional.attention`: the fused kernel
+    runs unless ``need_weights=True``.
+
+    Args:
+        dropout: dropout on the attention probabilities (training only).
+
+    Shape:
+        query ``[B, H, T, D]``, key ``[B, H, S, D]``, value ``[B, H, S, Dv]``, mask
+        broadcastable to ``[B, H, T, S]`` (bool ``True`` = may attend, or additive float)
+        -> ``(output [B, H, T, Dv], weights [B, H, T, S] or None)``. Weights are
+        ``None`` unless ``need_weights=True``; they are the probabilities before dropout.
+    """
+
+    def __init__(self, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dropout = check_probability("dropout", dropout)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        scale: Optional[float] = None,
+    ) -> AttentionResult:
+        return attention(
+            query,
+            key,
+            value,
+            mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=scale,
+            need_weights=need_weights,
+        )
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.dropout}"
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- and cross-attention.
+
+    Parameters are laid out like ``torch.nn.MultiheadAttention`` (``in_proj_weight``
+    packs Q, K and V when ``kdim == vdim == d_model``; ``out_proj``), so one
+    ``state_dict`` loads into the other. Self-attention (``query is key is value``)
+    runs a single fused QKV projection.
+
+    Args:
+        d_model: model width ``E``; must be divisible by ``num_heads``.
+        num_heads: number of heads ``H``.
+        dropout: dropout on the attention probabilities (training only). Any value
+            above 0 makes torch leave its flash kernel during training.
+        kdim: feature size of ``key`` (default ``d_model``).
+        vdim: feature size of ``value`` (default ``d_model``).
+        bias: add biases to the projections.
+        rotary: apply rotary position embedding to queries and keys.
+        rotary_base: frequency base of the rotary embedding.
+
+    Shape:
+        query ``[B, T, E]``, key ``[B, S, kdim]``, value ``[B, S, vdim]``;
+        ``mask`` broadcastable to ``[B, H, T, S]`` (``[T, S]``, ``[B, T, S]`` or
+        ``[B, H, T, S]``; bool ``True`` = may attend, or additive float);
+        ``key_padding_mask`` ``[B, S]`` bool, ``True`` on real keys;
+        ``head_mask`` ``[H]`` or ``[B, H]``, multiplies each head's output.
+        Returns ``(output [B, T, E], weights)`` where weights are ``[B, H, T, S]``
+        (``[B, T, S]`` with ``average_attn_weights=True``) when ``need_weights=True``,
+        else ``None``.
+
+    Example:
+        >>> mha = MultiHeadAttention(64, 4, dropout=0.0)
+        >>> x = torch.randn(2, 10, 64)
+        >>> out, weights = mha(x, x, x, need_weights=True)
+        >>> out.shape, weights.shape
+        (torch.Size([2, 10, 64]), torch.Size([2, 4, 10, 10]))
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.1,
+        *,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        bias: bool = True,
+        rotary: bool = False,
+        rotary_base: float = 10000.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        if d_model % num_heads:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                f"choose num_heads among the divisors of d_model"
+            )
+        factory = {"device": device, "dtype": dtype}
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        self.dropout = check_probability("dropout", dropout)
+        self.packed = self.kdim == d_model and self.vdim == d_model
+        if self.packed:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model, **factory))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.register_parameter("in_proj_weight", None)
+            self.q_proj_weight = nn.Parameter(torch.empty(d_model, d_model, **factory))
+            self.k_proj_weight = nn.Parameter(torch.empty(d_model, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(d_model, self.vdim, **factory))
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.rotary = RotaryEmbedding(self.head_dim, rotary_base, device=device) if rotary else None
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        if self.packed:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            for weight in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+                nn.init.xavier_uniform_(weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        if self.packed:
+            return self.in_proj_weight.chunk(3)
+        return self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+
+    def _biases(self) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        if self.in_proj_bias is None:
+            return None, None, None
+        return self.in_proj_bias.chunk(3)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, L, D]
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, E = query.shape
+        if self.packed and query is key and key is value:
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # [B, T, 3E]
+            qkv = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            return qkv[0], qkv[1], qkv[2]  # each [B, H, T, D]
+        w_q, w_k, w_v = self._weights()
+        b_q, b_k, b_v = self._biases()
+        q = self._split_heads(F.linear(query, w_q, b_q))
+        k = self._split_heads(F.linear(key, w_k, b_k))
+        v = self._split_heads(F.linear(value, w_v, b_v))
+        return q, k, v
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, tensor, width in (
+            ("query", query, self.d_model),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.dim() != 3 or tensor.shape[-1] != width:
+                raise ValueError(
+                    f"{name} must be [B, length, {width}], got shape {tuple(tensor.shape)}"
+                )
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(
+                f"key and value must share [B, S]; got key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
+        if query.shape[0] != key.shape[0]:
+            raise ValueError(
+                f"query and key must share the batch size; got {query.shape[0]} and {key.shape[0]}"
+            )
+
+    def _head_mask(self, head_mask: Tensor, batch: int) -> Tensor:
+        H = self.num_heads
+        if head_mask.dim() == 1 and head_mask.shape[0] == H:
+            return head_mask.view(1, H, 1, 1)
+        if head_mask.dim() == 2 and head_mask.shape[1] == H and head_mask.shape[0] in (1, batch):
+            return head_mask.view(-1, H, 1, 1)
+        raise ValueError(f"head_mask must be [H]=[{H}] or [B, H]=[{batch}, {H}], got {tuple(head_mask.shape)}")
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        average_attn_weights: bool = False,
+        is_causal: bool = False,
+        head_mask: Optional[Tensor] = None,
+    ) -> AttentionResult:
+        self._check_inputs(query, key, value)
+        B, T, E = query.shape
+        S = key.shape[1]
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (B, S):
+                raise ValueError(
+                    f"key_padding_mask must be [B, S] = [{B}, {S}] with True on real keys, "
+                    f"got {tuple(key_padding_mask.shape)}"
+                )
+            if key_padding_mask.dtype.is_floating_point:
+                key_padding_mask = key_padding_mask.to(query.dtype)
+            else:
+                key_padding_mask = key_padding_mask.bool()
+            if mask is not None and mask.dim() == 2:
+                mask = mask[None, None]  # [1, 1, T, S], so both masks have rank 4
+            mask = combine_masks(mask, padding_to_attention_mask(key_padding_mask))
+        q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        out, weights = attention(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            need_weights=need_weights,
+        )  # [B, H, T, D], [B, H, T, S] | None
+        if head_mask is not None:
+            scale = self._head_mask(head_mask, B).to(out.dtype)  # [B|1, H, 1, 1]
+            out = out * scale
+            if weights is not None:
+                weights = weights * scale
+        out = out.transpose(1, 2).reshape(B, T, E)  # [B, T, E]
+        out = self.out_proj(out)
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)  # [B, T, S]
+        return AttentionResult(out, weights)
+
+    def extra_repr(self) -> str:
+        extra = f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        if not self.packed:
+            extra += f", kdim={self.kdim}, vdim={self.vdim}"
+        return extra + (", rotary=True" if self.rotary is not None else "")

@@ -1,0 +1,42 @@
+"""The ``attnlab`` command line.
+
+Each subcommand lives in the package that owns it and exposes two functions:
+``add_arguments(parser)`` and ``run(args) -> int``. This file only wires them up,
+importing a subcommand's module when that subcommand is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("attnlab.demo", "run the demonstration job on the embedded data"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnlab", description="Build, train and look inside Transformer attention.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.set_defaults(_module=module_name)
+        importlib.import_module(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Transformer encoder layer and the full encoder.
+
+Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``H`` heads, ``L`` layers.
+Masks: bool ``True`` = may attend; a ``[B, T]`` mask given to the encoder marks real
+tokens (``True``) and padding (``False``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_positive_int, check_probability
+from ..attention.multihead import MultiHeadAttention
+from .encoder_config import EncoderConfig
+from .ffn import PositionWiseFFN
+from .positional import LearnedPositionalEmbedding, PositionalEncoding
+
+__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput"]
+
+
+class EncoderLayerOutput(NamedTuple):
+    """``(output [B, T, E], weights [B, H, T, T] | None)``."""
+
+    output: Tensor
+    weights: Optional[Tensor]
+
+
+class EncoderOutput(NamedTuple):
+    """What :class:`TransformerEncoder` returns; unpacks as ``x, attentions``.
+
+    Attributes:
+        last_hidden_state: ``[B, T, E]``.
+        attentions: ``{"layer_1": [B, H, T, T], ..., "layer_L": ...}`` when
+            ``output_attentions=True``, else ``None``.
+    """
+
+    last_hidden_state: Tensor
+    attentions: Optional[dict[str, Tensor]]
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention and a feed-forward net, each with a residual and LayerNorm.
+
+    Post-norm by default, as in the article and BERT:
+    ``x = norm1(x + drop(attn(x))); x = norm2(x + ffn(x))``.
+    With ``norm_first=True``: ``x = x + drop(attn(norm1(x))); x = x + ffn(norm2(x))``.
+
+    Args:
+        d_model: model width ``E``.
+        num_heads: attention heads ``H``.
+        d_ff: feed-forward hidden width.
+        dropout: dropout on the residual branches (and on attention probabilities
+            unless ``attention_dropout`` says otherwise).
+        attention_dropout: dropout on attention probabilities; ``None`` = ``dropout``.
+        norm_first: pre-norm instead of post-norm.
+        activation: feed-forward activation name or callable.
+        layer_norm_eps: LayerNorm epsilon.
+        rotary: rotary position embedding inside the attention.
+        self_attention: a ready attention module to use instead of
+            :class:`MultiHeadAttention` (same call signature), e.g. sparse attention.
+
+    Shape:
+        ``x`` ``[B, T, E]``; ``mask`` broadcastable to ``[B, H, T, T]`` (e.g.
+        ``[B, 1, 1, T]`` for padding) -> ``(output [B, T, E], weights [B, H, T, T] | None)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        attention_dropout: Optional[float] = None,
+        norm_first: bool = False,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        rotary: bool = False,
+        self_attention: Optional[nn.Module] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        dropout = check_probability("dropout", dropout)
+        factory = {"device": device, "dtype": dtype}
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        self.norm_first = norm_first
+        self.self_attn = self_attention or MultiHeadAttention(
+            d_model, num_heads, attention_dropout, bias=bias, rotary=rotary, **factory
+        )
+        self.ffn = PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
+        self.dropout1 = nn.Dropout(dropout)
+
+    def _attend(
+        self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor]
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        out, weights = self.self_attn(x, x, x, mask, need_weights=need_weights, head_mask=head_mask)
+        return self.dropout1(out), weights
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        need_weights: bool = False,
+        head_mask: Optional[Tensor] = None,
+    ) -> EncoderLayerOutput:
+        if self.norm_first:
+            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask)
+            x = x + attended
+            x = x + self.ffn(self.norm2(x))
+        else:
+            attended, weights = self._attend(x, mask, need_weights, head_mask)
+            x = self.norm1(x + attended)
+            x = self.norm2(x + self.ffn(x))
+        return EncoderLayerOutput(x, weights)
+
+
+def build_self_attention(config: EncoderConfig) -> Optional[nn.Module]:
+    """The attention module a layer should use, or ``None`` for the default dense one."""
+    return None
+
+
+class TransformerEncoder(nn.Module):
+    """Token embedding, positions, a stack of encoder layers and a final LayerNorm.
+
+    The article's model, with its embedding scaling (``sqrt(d_model)``) and
+    initialisation (Xavier-uniform matrices, embeddings ``N(0, d_model^-0.5)``).
+    Every option of :class:`~attnlab.layers.encoder_config.EncoderConfig` can be passed
+    as a keyword (``pad_id``, ``norm_first``, ``position``, ``attention_dropout``, ...).
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: model width ``E``.
+        num_layers: number of encoder layers ``L``.
+        num_heads: attention heads ``H``.
+        d_ff: feed-forward hidden width.
+        dropout: dropout rate.
+        max_len: longest accepted input.
+        **options: further :class:`EncoderConfig` fields.
+
+    Shape:
+        ``input_ids`` ``[B, T]`` integer; ``mask`` ``[B, T]`` (``True`` on real tokens)
+        or an attention mask ``[B, 1, 1, T]`` / ``[B, 1, T, T]`` (``True`` = may
+        attend); without a mask and with ``pad_id`` set, padding is found from the ids.
+        Returns :class:`EncoderOutput` ``(last_hidden_state [B, T, E], attentions)``.
+
+    Example:
+        >>> model = TransformerEncoder(100, d_model=32, num_layers=2, num_heads=4, d_ff=64, pad_id=0)
+        >>> x, attn = model(torch.tensor([[5, 6, 7, 0]]), output_attentions=True)
+        >>> x.shape, attn["layer_2"].shape
+        (torch.Size([1, 4, 32]), torch.Size([1, 4, 4, 4]))
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 512,
+        num_layers: int = 6,
+        num_heads: int = 8,
+        d_ff: int = 2048,
+        dropout: float = 0.1,
+        max_len: int = 5000,
+        *,
+        device=None,
+        dtype=None,
+        **options,
+    ) -> None:
+        super().__init__()
+        config = EncoderConfig(vocab_size, d_model, num_layers, num_heads, d_ff, dropout, max_len, **options)
+        self.config = config
+        self.d_model = d_model
+        factory = {"device": device, "dtype": dtype}
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=config.pad_id, **factory)
+        if config.position == "sinusoidal":
+            self.pos_encoding: Optional[nn.Module] = PositionalEncoding(d_model, max_len, **factory)
+        elif config.position == "learned":
+            self.pos_encoding = LearnedPositionalEmbedding(d_model, max_len, **factory)
+        else:
+            self.pos_encoding = None
+        self.token_type_embedding = (
+            nn.Embedding(config.type_vocab_size, d_model, **factory) if config.type_vocab_size else None
+        )
+        self.embedding_norm = (
+            nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.embedding_norm else None
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(
+                d_model,
+                num_heads,
+                d_ff,
+                dropout,
+                attention_dropout=config.effective_attention_dropout,
+                norm_first=config.norm_first,
+                activation=config.activation,
+                layer_norm_eps=config.layer_norm_eps,
+                bias=config.bias,
+                rotary=config.position == "rotary",
+                self_attention=build_self_attention(config),
+                **factory,
+            )
+            for _ in range(num_layers)
+        )
+        self.layer_norm = (
+            nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.final_norm else None
+        )
+        self._initialize_parameters()
+
+    @classmethod
+    def from_config(cls, config: EncoderConfig, *, device=None, dtype=None) -> "TransformerEncoder":
+        """Build an encoder from an :class:`EncoderConfig`."""
+        values = config.to_dict()
+        positional = [values.pop(name) for name in
+                      ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "dropout", "max_len")]
+        return cls(*positional, device=device, dtype=dtype, **values)
+
+    def _initialize_parameters(self) -> None:
+        for parameter in self.parameters():
+            if parameter.dim() > 1:
+                nn.init.xavier_uniform_(parameter)
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.d_model**-0.5)
+        if self.config.pad_id is not None:
+            with torch.no_grad():
+                self.embedding.weight[self.config.pad_id].zero_()
+
+    def _check_ids(self, input_ids: Tensor) -> None:
+        if not isinstance(input_ids, Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+        if input_ids.numel():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(
+                    f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), "
+                    f"got values from {low} to {high}"
+                )
+        T = input_ids.shape[1]
+        if self.config.position in ("sinusoidal", "learned") and T > self.config.max_len:
+            raise ValueError(
+                f"input length {T} exceeds max_len={self.config.max_len}; truncate the input "
+                f"or build the encoder with a larger max_len"
+            )
+
+    def _attention_mask(self, input_ids: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+        B, T = input_ids.shape
+        if mask is None:
+            if self.config.pad_id is None:
+                return None
+            mask = input_ids != self.config.pad_id
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+        if mask.dim() == 2:
+            if mask.shape != (B, T):
+                raise ValueError(
+                    f"a 2-D mask is a padding mask and must be [B, T] = [{B}, {T}], "
+                    f"got {tuple(mask.shape)}"
+                )
+            if not mask.dtype.is_floating_point:
+                mask = mask.bool()
+            return mask[:, None, None, :]  # [B, 1, 1, T]
+        return mask  # rank 3 or 4: an attention mask, validated by the attention
+
+    def embed(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+        """Token (+ position, + token type) embeddings before the first layer; ``[B, T, E]``."""
+        x = self.embedding(input_ids)  # [B, T, E]
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.d_model)
+        if self.token_type_embedding is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            elif token_type_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"token_type_ids must match input_ids {tuple(input_ids.shape)}, "
+                    f"got {tuple(token_type_ids.shape)}"
+                )
+            x = x + self.token_type_embedding(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids given, but the encoder has type_vocab_size=0")
+        if self.pos_encoding is not None:
+            x = self.pos_encoding(x)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        return self.dropout(x)
+
+    def _layer_head_masks(self, head_mask: Optional[Tensor]) -> list[Optional[Tensor]]:
+        L, H = self.config.num_layers, self.config.num_heads
+        if head_mask is None:
+            return [None] * L
+        if head_mask.shape == (H,):
+            return [head_mask] * L
+        if head_mask.dim() == 2 and head_mask.shape == (L, H):
+            return list(head_mask.unbind(0))
+        raise ValueError(f"head_mask must be [H]=[{H}] or [L, H]=[{L}, {H}], got {tuple(head_mask.shape)}")
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        token_type_ids: Optional[Tensor] = None,
+        output_attentions: bool = False,
+        head_mask: Optional[Tensor] = None,
+    ) -> EncoderOutput:
+        """Encode ``input_ids``.
+
+        Args:
+            input_ids: ``[B, T]`` token ids.
+            mask: ``[B, T]`` padding mask (``True`` on real tokens) or an attention
+                mask of rank 3/4; derived from ``pad_id`` when omitted.
+            token_type_ids: ``[B, T]`` segment ids (needs ``type_vocab_size > 0``).
+            output_attentions: also return every layer's per-head weights.
+            head_mask: ``[H]`` or ``[L, H]`` multipliers of each head's output
+                (0 ablates a head).
+        """
+        self._check_ids(input_ids)
+        attention_mask = self._attention_mask(input_ids, mask)
+        x = self.embed(input_ids, token_type_ids)
+        attentions: Optional[dict[str, Tensor]] = {} if output_attentions else None
+        for index, (layer, layer_head_mask) in enumerate(zip(self.layers, self._layer_head_masks(head_mask))):
+            x, weights = layer(x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask)
+            if attentions is not None:
+                attentions[f"layer_{index + 1}"] = weights
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return EncoderOutput(x, attentions)

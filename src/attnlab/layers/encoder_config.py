@@ -1,0 +1,88 @@
+"""The encoder's configuration: one validated, serialisable dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .._checks import check_positive_int, check_probability
+
+__all__ = ["EncoderConfig"]
+
+POSITIONS = ("sinusoidal", "learned", "rotary", "none")
+ATTENTIONS = ("dense",)
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+
+
+@dataclass
+class EncoderConfig:
+    """Everything needed to rebuild a :class:`~attnlab.TransformerEncoder`.
+
+    The first seven fields are the article's constructor arguments, with its defaults.
+    """
+
+    vocab_size: int
+    d_model: int = 512
+    num_layers: int = 6
+    num_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    max_len: int = 5000
+    # Dropout on attention probabilities; None = same as `dropout` (the article's
+    # behaviour). 0 keeps torch's flash kernel in training, which is much faster.
+    attention_dropout: Optional[float] = None
+    pad_id: Optional[int] = None  # when set, padding masks are derived from input ids
+    norm_first: bool = False  # False: post-norm, as in the article and BERT
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-5
+    position: str = "sinusoidal"  # "sinusoidal" | "learned" | "rotary" | "none"
+    type_vocab_size: int = 0  # > 0 adds BERT-style token-type (segment) embeddings
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as the article
+    embedding_norm: bool = False  # LayerNorm after the embeddings (BERT)
+    final_norm: bool = True  # LayerNorm after the last layer (the article)
+    bias: bool = True
+    attention: str = "dense"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
+            )
+        check_probability("dropout", self.dropout)
+        if self.attention_dropout is not None:
+            check_probability("attention_dropout", self.attention_dropout)
+        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} must lie in [0, vocab_size={self.vocab_size})")
+        if self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        if self.position == "rotary" and (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                f"position='rotary' needs an even head dim, got d_model/num_heads = "
+                f"{self.d_model}/{self.num_heads} = {self.d_model // self.num_heads}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+
+    @property
+    def effective_attention_dropout(self) -> float:
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "EncoderConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown EncoderConfig keys {unknown}; known keys: {sorted(known)}")
+        return cls(**values)

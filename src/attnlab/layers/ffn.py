@@ -1,0 +1,71 @@
+"""Position-wise feed-forward network."""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_positive_int, check_probability
+
+__all__ = ["PositionWiseFFN", "resolve_activation"]
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+def resolve_activation(activation: Union[str, Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+    """Map an activation name (``gelu``, ``gelu_tanh``, ``relu``, ``silu``) to a function."""
+    if callable(activation):
+        return activation
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+    return _ACTIVATIONS[activation]
+
+
+class PositionWiseFFN(nn.Module):
+    """``Linear -> activation -> Dropout -> Linear -> Dropout``, applied at every position.
+
+    Pure: no residual and no normalisation. The encoder layer owns those (the article's
+    version added its own residual and LayerNorm, so the layer counted the residual
+    twice).
+
+    Args:
+        d_model: input and output width ``E``.
+        d_ff: hidden width.
+        dropout: dropout after the activation and after the second projection.
+        activation: ``"gelu"`` (exact, the default), ``"gelu_tanh"``, ``"relu"``,
+            ``"silu"`` or a callable.
+
+    Shape:
+        ``[..., E]`` -> ``[..., E]``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        factory = {"device": device, "dtype": dtype}
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias, **factory)
+        self.activation = resolve_activation(activation)
+        self.dropout1 = nn.Dropout(check_probability("dropout", dropout))
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias, **factory)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout2(self.linear2(self.dropout1(self.activation(self.linear1(x)))))

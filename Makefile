@@ -23,8 +23,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests
 
+# Timings mean something only when nothing else heavy runs: where flock(1) exists, runs
+# that share BENCH_LOCK wait for each other. Options: `make bench BENCH_ARGS=--quick`.
+BENCH_LOCK ?= /tmp/attnlab-bench.lock
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) benchmarks/attention.py
+	if command -v flock >/dev/null 2>&1; then flock $(BENCH_LOCK) $(PY) benchmarks/attention.py $(BENCH_ARGS); \
+	else $(PY) benchmarks/attention.py $(BENCH_ARGS); fi
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -300,8 +300,8 @@ def interleaved_medians(runs: dict[str, Callable[[], object]], warmup: int, repe
 
 def bench_mha(args: argparse.Namespace) -> None:
     print(f"\n## Multi-head self-attention, E={args.d_model}, H={args.heads}, D={args.d_model // args.heads}")
-    print("time: median of %d interleaved repeats after %d warm-up; memory: %s" % (
-        args.repeats, args.warmup,
+    print("time: median of %d interleaved repeats (%d at T >= 4096) after %d warm-up; memory: %s" % (
+        args.repeats, max(2, args.repeats // 2), args.warmup,
         "peak extra resident memory of one call in a fresh process" if args.memory else "not measured"))
     for mode in args.modes:
         label = "inference: eval() + no_grad()" if mode == "fwd" else "training: forward + backward"

@@ -236,6 +236,10 @@ class MultiHeadAttention(nn.Module):
         B, T, E = query.shape
         S = key.shape[1]
         if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor):
+                raise TypeError(
+                    f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}"
+                )
             if key_padding_mask.shape != (B, S):
                 raise ValueError(
                     f"key_padding_mask must be [B, S] = [{B}, {S}] with True on real keys, "

@@ -157,6 +157,8 @@ def train_run(config: RunConfig, run_dir: Union[str, Path], *, resume: bool = Fa
     config = _prepare_run_dir(config, run_dir, resume)
     train = config.train
     info = distributed_info()
+    if train.num_threads is not None:
+        torch.set_num_threads(train.num_threads)
     seed_everything(train.seed)
     splits = load_splits(config)
     tokenizer = _tokenizer(config, splits, run_dir, resume)

@@ -13,6 +13,8 @@ from attnlab.data import PaddingCollator
 from attnlab.train import TransformerTrainer, save_checkpoint
 from attnlab.train import checkpoint as checkpoint_module
 
+import tiny_run
+
 COLLATE = PaddingCollator(0)
 TINY_RUN = Path(__file__).with_name("tiny_run.py")
 
@@ -121,7 +123,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     killed_at = max(_train_losses(killed_dir))
     assert 9 <= killed_at < 30
     _run_tiny(killed_dir, "--resume")
-    _run_tiny(tmp_path / "full")
+    tiny_run.main(["--out", str(tmp_path / "full"), "--losses"])  # the uninterrupted run, in this process
     resumed, full = _train_losses(killed_dir), _train_losses(tmp_path / "full")
     assert sorted(resumed) == list(range(1, 31))
     assert resumed == full  # every step's loss, bit for bit

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import tiny_run
+
 TINY_RUN = Path(__file__).with_name("tiny_run.py")
 
 
@@ -22,9 +24,7 @@ def _env():
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     common = ["--dropout", "0", "--steps", "12", "--losses"]
-    single = subprocess.run([sys.executable, str(TINY_RUN), "--out", str(tmp_path / "one"), "--batch-size", "8",
-                             *common], env=_env(), capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
+    tiny_run.main(["--out", str(tmp_path / "one"), "--batch-size", "8", *common])  # one process: this one
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     double = subprocess.run([*torchrun, str(TINY_RUN), "--out", str(tmp_path / "two"), "--batch-size", "4",
                              *common], env=_env(), capture_output=True, text=True, timeout=300)

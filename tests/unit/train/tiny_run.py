@@ -39,7 +39,7 @@ def tiny_model(dropout: float, seed: int = 0) -> EncoderClassifier:
     return EncoderClassifier(encoder, 2, dropout=dropout)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--losses", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_distributed()
     model = tiny_model(args.dropout)

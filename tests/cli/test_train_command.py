@@ -128,3 +128,14 @@ def test_exit_code_of_the_real_command(tmp_path, tiny_config):
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "missing.jsonl does not exist" in result.stderr
+
+
+def test_masked_lm_pretraining_phase(tmp_path, tiny_csv, tiny_config):
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(tiny_config), "--data", str(tiny_csv), "--out", str(out), "--quiet",
+                 "--set", "train.epochs=1", "--set", "train.mlm_steps=4"]) == 0
+    assert (out / "pretrain" / "checkpoints" / "last" / "model.safetensors").is_file()
+    pretrain = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in pretrain] == [1, 2, 3, 4]
+    assert load_model(out / "pretrain" / "checkpoints" / "last").config["model_type"] == "encoder_masked_lm"
+    assert (out / "test_report.json").is_file()

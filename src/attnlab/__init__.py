@@ -25,6 +25,7 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "ScaledDotProductAttention",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "TransformerTrainer",
     "attention",
     "causal_mask",
     "combine_masks",

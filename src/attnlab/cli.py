@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("attnlab.demo", "run the demonstration job on the embedded data"),
+    "inspect": ("attnlab.inspect.inspect_command", "pictures and an interactive report of one text's attention"),
+    "analyze": ("attnlab.inspect.analyze_command", "attention statistics over a data set: JSON, plots, HTML summary"),
 }
 
 

@@ -21,7 +21,7 @@ from .texts import encode_batches
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Analysis", "write_analysis"]
+__all__ = ["Analysis", "analyze_rows", "write_analysis", "write_statistics"]
 
 
 @dataclass
@@ -40,11 +40,10 @@ class Analysis:
     figures: list[Path]
 
 
-def write_analysis(
+def analyze_rows(
     model: nn.Module,
     tokenizer: Any,
     rows: Sequence[tuple[str, Optional[int]]],
-    out: Union[str, Path],
     *,
     batch_size: int = 32,
     max_length: int = 128,
@@ -53,26 +52,18 @@ def write_analysis(
     importance: bool = False,
     head_mask: Optional[Mapping[str, Iterable[int]]] = None,
     progress: bool = False,
-    formats: Sequence[str] = ("png",),
-    model_name: str = "model",
-    data_name: str = "data",
-) -> Analysis:
-    """Analyse ``rows`` and write ``statistics.json``, ``plots/<statistic>.<fmt>`` and ``summary.html``.
+) -> AttentionStatistics:
+    """Statistics of ``rows`` (texts tokenized and batched lazily), head importance on request.
 
     Args:
         model: the model; tokenizer: its ``tokenizers.Tokenizer``.
         rows: ``[(text, label or None), ...]``.
-        out: output directory (created).
         batch_size, max_length: batching of the texts.
         sparsity_threshold, top_k: see :class:`~attnlab.inspect.AttentionAnalyzer`.
         importance: also compute head importance (needs labels and a model with logits).
         head_mask: heads to switch off, ``{"layer_k": [heads]}`` (0-based).
         progress: show a progress bar.
-        formats: plot formats.
-        model_name, data_name: shown in the summary.
     """
-    out = Path(out)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
     pad_id = pad_id_for(tokenizer, model)
     analyzer = AttentionAnalyzer(
         model,
@@ -90,10 +81,47 @@ def write_analysis(
     if importance:
         if any(label is None for _, label in rows):
             raise ValueError("--importance needs a label for every text")
-        scores = analyzer.head_importance(batches())
-        statistics.head_importance = scores.tolist()
-    statistics.settings.update({"batch_size": batch_size, "max_length": max_length, "data": data_name,
-                                "model": model_name, "texts": len(rows)})
+        statistics.head_importance = analyzer.head_importance(batches()).tolist()
+    statistics.settings.update({"batch_size": batch_size, "max_length": max_length, "texts": len(rows)})
+    return statistics
+
+
+def write_analysis(
+    model: nn.Module,
+    tokenizer: Any,
+    rows: Sequence[tuple[str, Optional[int]]],
+    out: Union[str, Path],
+    *,
+    formats: Sequence[str] = ("png",),
+    model_name: str = "model",
+    data_name: str = "data",
+    **options: Any,
+) -> Analysis:
+    """Analyse ``rows`` and write ``statistics.json``, ``plots/<statistic>.<fmt>`` and ``summary.html``.
+
+    Args:
+        model, tokenizer, rows: as in :func:`analyze_rows`.
+        out: output directory (created).
+        formats: plot formats.
+        model_name, data_name: shown in the summary.
+        **options: passed to :func:`analyze_rows` (``batch_size``, ``importance``, ...).
+    """
+    statistics = analyze_rows(model, tokenizer, rows, **options)
+    return write_statistics(statistics, out, formats=formats, model_name=model_name, data_name=data_name)
+
+
+def write_statistics(
+    statistics: AttentionStatistics,
+    out: Union[str, Path],
+    *,
+    formats: Sequence[str] = ("png",),
+    model_name: str = "model",
+    data_name: str = "data",
+) -> Analysis:
+    """Write ``statistics.json``, one plot per statistic and ``summary.html`` into ``out``."""
+    out = Path(out)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    statistics.settings.update({"data": data_name, "model": model_name})
     json_path = statistics.save_json(out / "statistics.json")
 
     figures: list[Path] = []

@@ -205,18 +205,7 @@ class AttentionAnalyzer:
                     captured.clear()
                     forward_batch(self.model, batch, self.pad_id)
                     mask = normalised.mask
-                    for layer, weights in captured.attentions.items():
-                        key_mask = mask if weights.shape[-1] == mask.shape[1] else torch.ones(
-                            weights.shape[0], weights.shape[-1], dtype=torch.bool, device=mask.device
-                        )
-                        statistics.update(
-                            layer,
-                            weights,
-                            mask,
-                            key_mask,
-                            alignment=normalised.alignment,
-                            input_ids=normalised.input_ids,
-                        )
+                    self._add_statistics(statistics, captured.attentions, normalised)
                     if self.rollout:
                         self._add_rollout(rollout_sums, captured.attentions, mask)
                     examples += normalised.input_ids.shape[0]
@@ -236,6 +225,19 @@ class AttentionAnalyzer:
             tokens=tokens,
             settings={**self._settings(), "head_mask": _describe(head_mask)},
         )
+
+    @staticmethod
+    def _add_statistics(statistics: HeadStatistics, attentions: dict[str, Tensor], batch) -> None:
+        mask = batch.mask
+        shapes = {tuple(weights.shape) for weights in attentions.values()}
+        if len(shapes) == 1:  # every layer alike: one pass over all layers
+            groups = [(list(attentions), torch.stack(list(attentions.values())))]  # [L, B, H, T, S]
+        else:
+            groups = [([name], weights[None]) for name, weights in attentions.items()]
+        for names, weights in groups:
+            S = weights.shape[-1]
+            key_mask = mask if S == mask.shape[1] else torch.ones(mask.shape[0], S, dtype=torch.bool, device=mask.device)
+            statistics.update(names, weights, mask, key_mask, alignment=batch.alignment, input_ids=batch.input_ids)
 
     def _add_rollout(self, sums: dict[str, list[float]], attentions: dict[str, Tensor], mask: Tensor) -> None:
         shapes = {tuple(weights.shape) for weights in attentions.values()}

@@ -45,7 +45,8 @@ def encode_text(tokenizer: Any, text: str, max_length: int) -> tuple[torch.Tenso
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     encoding = tokenizer.encode(text)
-    ids, tokens = encoding.ids[:max_length], list(encoding.tokens[:max_length])
+    real = [index for index, keep in enumerate(encoding.attention_mask) if keep][:max_length]  # no padding
+    ids, tokens = [encoding.ids[i] for i in real], [encoding.tokens[i] for i in real]
     if not ids:
         raise ValueError(f"the tokenizer produced no token for {text!r}")
     return torch.tensor([ids], dtype=torch.long), tokens

@@ -36,9 +36,10 @@ the data into batches differently gives the same result.
 
 from __future__ import annotations
 
-from typing import Collection, Mapping, Optional
+from typing import Collection, Mapping, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["HeadStatistics", "row_statistics", "neighbour_alignment", "BASE_STATISTICS"]
@@ -59,18 +60,6 @@ def neighbour_alignment(T: int, S: int, device=None) -> Tensor:
     """Default reference alignment: ``True`` where ``|s - t| == 1``; ``[T, S]`` bool."""
     offsets = torch.arange(S, device=device)[None, :] - torch.arange(T, device=device)[:, None]  # [T, S]
     return offsets.abs() == 1
-
-
-def _gini(p: Tensor, valid_keys: Tensor, n: Tensor) -> Tensor:
-    """Gini coefficient of each row over its real keys; ``p`` ``[B, H, T, S]``."""
-    S = p.shape[-1]
-    # padded keys sort to the end, so real keys take ranks 1..n
-    ordered = p.masked_fill(~valid_keys, float("inf")).sort(dim=-1).values
-    ranks = torch.arange(1, S + 1, device=p.device, dtype=p.dtype)  # [S]
-    n = n.to(p.dtype)  # [B, 1, 1, 1]
-    coefficients = (2 * ranks - n - 1) / n  # [B, 1, 1, S]
-    ordered = torch.where(torch.isinf(ordered), torch.zeros_like(ordered), ordered)
-    return (ordered * coefficients).sum(-1)
 
 
 def row_statistics(
@@ -108,35 +97,54 @@ def row_statistics(
     p = weights.float() * valid_keys  # [B, H, T, S]
     row_mass = p.sum(-1, keepdim=True)  # [B, H, T, 1]
     counted = query_mask[:, None, :] & (row_mass[..., 0] > 0)  # [B, H, T]
-    p = p / row_mass.clamp_min(torch.finfo(p.dtype).tiny)
-    n = key_mask.sum(-1).view(B, 1, 1, 1)  # [B, 1, 1, 1]
+    p.div_(row_mass.clamp_min(torch.finfo(p.dtype).tiny))
+    n = key_mask.sum(-1).view(B, 1, 1).float()  # [B, 1, 1] real keys per example
+    positions = torch.arange(S, device=p.device, dtype=p.dtype)  # [S]
+    queries = torch.arange(T, device=p.device, dtype=p.dtype)[:, None]  # [T, 1]
 
+    # Padded keys hold 0 and every weight is >= 0, so after an ascending sort the real
+    # keys' weights fill the last n places: rank r (1-based) is rank r - (S - n) among them.
+    ordered = p.sort(dim=-1).values  # [B, H, T, S]
+    ranks = positions + 1
+    gini_coefficients = (2 * ranks - 2 * S + n[..., None] - 1) / n[..., None].clamp_min(1)  # [B, 1, 1, S]
     entropy = -torch.special.xlogy(p, p).sum(-1)  # [B, H, T]
-    log_n = n[..., 0].float().log()  # [B, 1, 1]
-    offsets = (torch.arange(S, device=p.device)[None, :] - torch.arange(T, device=p.device)[:, None]).float()
+    log_n = n.log()  # [B, 1, 1]
     values = {
         "entropy": entropy,
         "normalized_entropy": torch.where(log_n > 0, entropy / log_n.clamp_min(1e-12), torch.zeros_like(entropy)),
-        "sparsity": ((p < sparsity_threshold) & valid_keys).sum(-1) / n[..., 0].clamp_min(1),
-        "top_k_mass": p.topk(min(top_k, S), dim=-1).values.sum(-1),
-        "gini": _gini(p, valid_keys, n),
-        "mean_offset": (p * offsets).sum(-1),  # offsets [T, S] broadcast over [B, H]
-        "mean_distance": (p * offsets.abs()).sum(-1),
+        # padded keys (weight 0) are always below the threshold: take them back out
+        "sparsity": ((p < sparsity_threshold).sum(-1) - (S - n)) / n.clamp_min(1),
+        "top_k_mass": ordered[..., -min(top_k, S):].sum(-1),
+        "gini": (ordered * gini_coefficients).sum(-1),
+        "mean_offset": p @ positions - queries[:, 0],  # rows sum to 1: sum_s p_s (s - t)
+        "mean_distance": (p * (positions - queries).abs()).sum(-1),  # |s - t| is [T, S]
     }
+    del ordered
     rows = {name: counted for name in values}
 
-    reference = neighbour_alignment(T, S, p.device) if alignment is None else alignment.bool().to(p.device)
-    reference = reference.expand(B, T, S) & key_mask[:, None, :]  # [B, T, S]
+    if alignment is None:
+        reference = neighbour_alignment(T, S, p.device)[None] & key_mask[:, None, :]  # [B, T, S]
+    else:
+        reference = alignment.bool().to(p.device).expand(B, T, S) & key_mask[:, None, :]  # [B, T, S]
+    if alignment is None and T == S:  # the band is two diagonals: no [B, H, T, S] product needed
+        previous = F.pad(p.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))  # [B, H, T]: p[t, t-1]
+        following = F.pad(p.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))  # [B, H, T]: p[t, t+1]
+        values["alignment_score"] = previous + following
+    else:
+        values["alignment_score"] = (p * reference[:, None]).sum(-1)
     has_reference = counted & reference.any(-1)[:, None, :]  # [B, H, T]
-    values["alignment_score"] = (p * reference[:, None]).sum(-1)
     values["alignment_argmax"] = reference[:, None].expand(B, H, T, S).gather(
         -1, p.argmax(-1, keepdim=True)
     )[..., 0].float()
     rows["alignment_score"] = rows["alignment_argmax"] = has_reference
 
-    for name, members in (key_groups or {}).items():
-        values[f"mass_{name}"] = (p * (members & key_mask)[:, None, None, :]).sum(-1)
-        rows[f"mass_{name}"] = counted
+    if key_groups:
+        names = list(key_groups)
+        members = torch.stack([key_groups[name] & key_mask for name in names], -1).to(p.dtype)  # [B, S, G]
+        masses = p @ members[:, None]  # [B, H, T, G]
+        for index, name in enumerate(names):
+            values[f"mass_{name}"] = masses[..., index]
+            rows[f"mass_{name}"] = counted
     return values, rows
 
 
@@ -182,7 +190,7 @@ class HeadStatistics:
 
     def update(
         self,
-        layer: str,
+        layer: Union[str, Sequence[str]],
         weights: Tensor,
         query_mask: Tensor,
         key_mask: Tensor,
@@ -190,16 +198,26 @@ class HeadStatistics:
         alignment: Optional[Tensor] = None,
         input_ids: Optional[Tensor] = None,
     ) -> None:
-        """Add one batch of one layer.
+        """Add one batch of one layer, or of several layers at once.
+
+        Several layers of one batch (``layer`` a list of names, ``weights`` stacked) go
+        through one set of tensor operations instead of one set per layer.
 
         Shape:
-            ``weights`` ``[B, H, T, S]``; ``query_mask`` ``[B, T]`` and ``key_mask``
-            ``[B, S]`` bool (``True`` on real tokens); ``alignment`` ``[B, T, S]`` bool;
-            ``input_ids`` ``[B, S]`` (the keys' ids, for the token groups).
+            ``weights`` ``[B, H, T, S]`` (or ``[L, B, H, T, S]`` with ``L`` names);
+            ``query_mask`` ``[B, T]`` and ``key_mask`` ``[B, S]`` bool (``True`` on real
+            tokens); ``alignment`` ``[B, T, S]`` bool; ``input_ids`` ``[B, S]`` (the
+            keys' ids, for the token groups).
         """
-        if weights.dim() != 4:
-            raise ValueError(f"weights must be [B, H, T, S], got shape {tuple(weights.shape)}")
-        B, H, T, S = weights.shape
+        names = [layer] if isinstance(layer, str) else list(layer)
+        if weights.dim() == 4 and isinstance(layer, str):
+            weights = weights[None]  # [1, B, H, T, S]
+        if weights.dim() != 5 or weights.shape[0] != len(names):
+            raise ValueError(
+                f"weights must be [B, H, T, S] for one layer or [L, B, H, T, S] for L = {len(names)} layers, "
+                f"got shape {tuple(weights.shape)}"
+            )
+        L, B, H, T, S = weights.shape
         if query_mask.shape != (B, T) or key_mask.shape != (B, S):
             raise ValueError(
                 f"query_mask must be [B, T] = [{B}, {T}] and key_mask [B, S] = [{B}, {S}], "
@@ -207,22 +225,26 @@ class HeadStatistics:
             )
         groups = self._group_masks(input_ids) if input_ids is not None and input_ids.shape == (B, S) else {}
         values, rows = row_statistics(
-            weights,
-            query_mask.bool(),
-            key_mask.bool(),
+            weights.reshape(L * B, H, T, S),  # layers side by side in the batch dimension
+            query_mask.bool().repeat(L, 1),
+            key_mask.bool().repeat(L, 1),
             sparsity_threshold=self.sparsity_threshold,
             top_k=self.top_k,
-            alignment=alignment,
-            key_groups=groups,
+            alignment=None if alignment is None else alignment.expand(B, T, S).repeat(L, 1, 1),
+            key_groups={name: members.repeat(L, 1) for name, members in groups.items()},
         )
-        sums = self._sums.setdefault(layer, {})
-        counts = self._rows.setdefault(layer, {})
-        for name, value in values.items():
-            counted = rows[name]
-            total = torch.where(counted, value, torch.zeros_like(value)).sum((0, 2)).double().cpu()  # [H]
-            count = counted.sum((0, 2)).double().cpu()  # [H]
-            sums[name] = sums[name] + total if name in sums else total
-            counts[name] = counts[name] + count if name in counts else count
+        statistics = list(values)
+        stacked = torch.stack([values[name] for name in statistics]).view(-1, L, B, H, T)  # [N, L, B, H, T]
+        counted = torch.stack([rows[name] for name in statistics]).view(-1, L, B, H, T)
+        totals = torch.where(counted, stacked, torch.zeros_like(stacked)).sum((2, 4)).double().cpu()  # [N, L, H]
+        counts = counted.sum((2, 4)).double().cpu()  # [N, L, H]
+        for index, name in enumerate(names):
+            sums = self._sums.setdefault(name, {})
+            numbers = self._rows.setdefault(name, {})
+            for position, statistic in enumerate(statistics):
+                total, count = totals[position, index], counts[position, index]
+                sums[statistic] = sums[statistic] + total if statistic in sums else total
+                numbers[statistic] = numbers[statistic] + count if statistic in numbers else count
 
     @property
     def layers(self) -> list[str]:

@@ -82,6 +82,11 @@ def load_texts(
     return rows[:limit]
 
 
+def _real_ids(encoding: Any) -> list[int]:
+    """The ids of real tokens, dropping any padding a tokenizer with padding switched on added."""
+    return [token_id for token_id, keep in zip(encoding.ids, encoding.attention_mask) if keep]
+
+
 def encode_batches(
     rows: Iterable[tuple[str, Optional[int]]],
     tokenizer: Any,
@@ -107,7 +112,7 @@ def encode_batches(
     def flush(chunk: list[tuple[str, Optional[int]]]) -> Iterator[dict[str, torch.Tensor]]:
         encodings = tokenizer.encode_batch([text for text, _ in chunk])
         items = sorted(
-            ((encoding.ids[:max_length], label) for encoding, (_, label) in zip(encodings, chunk)),
+            ((_real_ids(encoding)[:max_length], label) for encoding, (_, label) in zip(encodings, chunk)),
             key=lambda item: len(item[0]),
         )
         for start in range(0, len(items), batch_size):

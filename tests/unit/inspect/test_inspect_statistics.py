@@ -171,3 +171,16 @@ def test_article_call_and_result_access(encoder):
     assert stats.rows["layer_1"] == [8] * 4
     assert set(stats.to_dict()) >= {"statistics", "layers", "rollout", "settings"}
     assert encoder.training is False
+
+
+@pytest.mark.parametrize("T, S", [(5, 5), (4, 7), (7, 4)])
+def test_default_band_equals_the_explicit_reference(T, S):
+    torch.manual_seed(T * 10 + S)
+    weights = torch.softmax(torch.randn(2, 3, T, S), -1)
+    query_mask = torch.ones(2, T, dtype=torch.bool)
+    key_mask = torch.rand(2, S) > 0.3
+    key_mask[:, 0] = True
+    default, _ = row_statistics(weights, query_mask, key_mask)
+    explicit, _ = row_statistics(weights, query_mask, key_mask, alignment=neighbour_alignment(T, S))
+    assert torch.allclose(default["alignment_score"], explicit["alignment_score"], atol=1e-6)
+    assert torch.equal(default["alignment_argmax"], explicit["alignment_argmax"])

@@ -25,6 +25,7 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models.pretrained import from_pretrained
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "attention",
     "causal_mask",
     "combine_masks",
+    "from_pretrained",
     "padding_mask",
     "padding_mask_from_ids",
 ]

@@ -1,0 +1,1 @@
+"""Models built on the encoder: pretrained checkpoints (``attnlab.models.pretrained``)."""

@@ -95,6 +95,7 @@ def encoder_config_from_bert(values: dict[str, Any], *, source: str = "config.js
     if problems:
         raise _problems_error(f"{source} does not describe a supported BERT encoder", problems)
     hidden_dropout = float(values.get("hidden_dropout_prob", 0.1))
+    attention_dropout = float(values.get("attention_probs_dropout_prob", hidden_dropout))
     try:
         return EncoderConfig(
             vocab_size=values["vocab_size"],
@@ -104,7 +105,8 @@ def encoder_config_from_bert(values: dict[str, Any], *, source: str = "config.js
             d_ff=values["intermediate_size"],
             dropout=hidden_dropout,
             max_len=values.get("max_position_embeddings", 512),
-            attention_dropout=float(values.get("attention_probs_dropout_prob", hidden_dropout)),
+            # None means "same as dropout", so a saved and reloaded config compares equal.
+            attention_dropout=None if attention_dropout == hidden_dropout else attention_dropout,
             pad_id=values.get("pad_token_id"),
             activation=_ACTIVATIONS_FROM_BERT[hidden_act],
             layer_norm_eps=float(values.get("layer_norm_eps", 1e-12)),

@@ -187,13 +187,9 @@ def from_pretrained(
         logger.info("from_pretrained(%s): skipped tensors the encoder does not use: %s", directory, skipped)
     dtype = torch.get_default_dtype() if dtype is None else dtype
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    # Built on the meta device and then given the checkpoint's tensors: no random
-    # initialisation and no second copy of the weights.
-    model = TransformerEncoder.from_config(config, device="meta")
+    model = TransformerEncoder.from_config(config, device=device, dtype=dtype)
+    # assign=True hands the checkpoint's tensors to the module instead of copying them.
     model.load_state_dict(state, strict=True, assign=True)
-    leftover = [name for name, tensor in model.state_dict(keep_vars=True).items() if tensor.is_meta]
-    leftover += [name for name, buffer in model.named_buffers() if buffer.is_meta]
-    assert not leftover, f"tensors left uninitialised: {leftover}"
     return model.eval()
 
 

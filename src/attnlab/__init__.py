@@ -25,6 +25,7 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models.pretrained import from_pretrained
 from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "attention",
     "causal_mask",
     "combine_masks",
+    "from_pretrained",
     "padding_mask",
     "padding_mask_from_ids",
 ]

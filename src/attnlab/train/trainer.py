@@ -27,7 +27,7 @@ from torch.utils.data import Dataset, DistributedSampler
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
 from .checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from .distributed import all_reduce_mean, distributed_info
-from .metrics import accuracy_and_f1
+from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
 from .optimizer import build_optimizer
 from .schedules import warmup_cosine_scheduler
 from .visualize import attention_map, save_attention_map
@@ -51,27 +51,6 @@ class TrainerState:
     best_step: Optional[int] = None
     evals_without_improvement: int = 0
     should_stop: bool = False
-
-
-def _move(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: _move(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_move(value, device) for value in batch)
-    return batch
-
-
-def _logits(output: Any) -> Tensor:
-    return output.logits if hasattr(output, "logits") else output[0]
-
-
-def _units(labels: Optional[Tensor]) -> int:
-    """How many predictions a batch's mean loss averages over (masked-LM: labelled tokens)."""
-    if labels is None:
-        return 1
-    return int((labels != -100).sum()) if labels.dim() > 1 else labels.numel()
 
 
 class TransformerTrainer:
@@ -202,28 +181,28 @@ class TransformerTrainer:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def _loss(self, batch: Any, criterion: Optional[Callable]) -> tuple[Tensor, int]:
-        batch = _move(batch, self.device)
+        batch = move_to_device(batch, self.device)
         if isinstance(batch, dict):
             labels = batch.get("labels")
             if criterion is None:
                 output = self.train_model(**batch)
                 if output.loss is None:
                     raise ValueError("the batch has no 'labels' and no criterion was given")
-                return output.loss.float(), _units(labels)
+                return output.loss.float(), prediction_units(labels)
             inputs = {key: value for key, value in batch.items() if key != "labels"}
-            return criterion(_logits(self.train_model(**inputs)).float(), labels), _units(labels)
+            return criterion(model_logits(self.train_model(**inputs)).float(), labels), prediction_units(labels)
         if isinstance(batch, (list, tuple)) and len(batch) == 2:
             if criterion is None:
                 raise ValueError("a batch given as (inputs, targets) needs a criterion")
             inputs, targets = batch
-            return criterion(_logits(self.train_model(inputs)).float(), targets), _units(targets)
+            return criterion(model_logits(self.train_model(inputs)).float(), targets), prediction_units(targets)
         raise TypeError(f"batch must be a dict or an (inputs, targets) pair, got {type(batch).__name__}")
 
     def _optimizer_step(self, batches: Sequence[Any], criterion: Optional[Callable] = None) -> float:
         """One optimizer step over ``batches`` (accumulated), each loss weighted by its share."""
         self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        units = [_units(batch.get("labels")) if isinstance(batch, dict) else _units(batch[1]) for batch in batches]
+        units = [prediction_units(batch.get("labels")) if isinstance(batch, dict) else prediction_units(batch[1]) for batch in batches]
         total_units = max(1, sum(units))
         loss_sum = torch.zeros((), device=self.device)
         for index, batch in enumerate(batches):
@@ -287,41 +266,10 @@ class TransformerTrainer:
 
     # ---- evaluation ------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self, dataset: Dataset, *, collate_fn: Callable, batch_size: int = 64) -> dict[str, float]:
-        """Mean loss, and accuracy and macro-F1 of the predictions, over ``dataset`` in order.
-
-        Every process evaluates the whole set (so all reach the same decisions); the
-        global RNG is not touched, which keeps resumed runs exact.
-        """
-        was_training = self.model.training
-        self.model.eval()
-        loss_total, count = 0.0, 0
-        predictions, labels = [], []
-        try:
-            for start in range(0, len(dataset), batch_size):
-                batch = _move(collate_fn([dataset[i] for i in range(start, min(len(dataset), start + batch_size))]), self.device)
-                with self._autocast():
-                    output = self.model(**batch)
-                target = batch["labels"]
-                n = _units(target)
-                loss_total += float(output.loss) * n
-                count += n
-                logits = output.logits.float()
-                if target.dim() > 1:  # masked LM: score labelled tokens only
-                    keep = target != -100
-                    predictions.append(logits.argmax(-1)[keep])
-                    labels.append(target[keep])
-                else:
-                    predictions.append(logits.argmax(-1))
-                    labels.append(target)
-        finally:
-            self.model.train(was_training)
-        predicted, actual = torch.cat(predictions).cpu(), torch.cat(labels).cpu()
-        num_labels = int(max(int(predicted.max()), int(actual.max())) + 1) if actual.numel() else 1
-        result = {"loss": loss_total / max(1, count)}
-        result.update(accuracy_and_f1(predicted, actual, num_labels))
-        return result
+        """Mean loss, accuracy and macro-F1 over ``dataset`` (see :func:`evaluate_model`)."""
+        return evaluate_model(self.model, dataset, collate_fn=collate_fn, batch_size=batch_size,
+                              device=self.device, autocast=self._autocast)
 
     # ---- checkpoints -----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .batches import as_analysis_batch
+from .batches import AnalysisBatch, as_analysis_batch
 from .capture import capture_attention, find_attention_modules
 from .heads import LossFn, default_loss, forward_batch, head_importance, mask_heads
 from .rollout import attention_rollout
@@ -227,7 +227,7 @@ class AttentionAnalyzer:
         )
 
     @staticmethod
-    def _add_statistics(statistics: HeadStatistics, attentions: dict[str, Tensor], batch) -> None:
+    def _add_statistics(statistics: HeadStatistics, attentions: dict[str, Tensor], batch: AnalysisBatch) -> None:
         mask = batch.mask
         shapes = {tuple(weights.shape) for weights in attentions.values()}
         if len(shapes) == 1:  # every layer alike: one pass over all layers

@@ -99,9 +99,13 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
 
 
 def forward_batch(model: nn.Module, batch: Any, pad_id: Optional[int] = None) -> Any:
-    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.batches`)."""
+    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.batches`).
+
+    The padding mask goes to the model whenever it is known (given by the batch or found
+    from ``pad_id``), so the model never attends to padding the statistics leave out.
+    """
     normalised = as_analysis_batch(batch, pad_id)
-    if normalised.mask_given:
+    if normalised.mask_given or pad_id is not None:
         return model(normalised.input_ids, mask=normalised.mask)
     return model(normalised.input_ids)
 

@@ -139,7 +139,7 @@ def plot_head(
     """
     matrix, labels_q, labels_k = bucket_attention(weights, tokens, key_tokens, window=window, max_tokens=max_tokens)
     side = min(12.0, 3.0 + 0.12 * max(len(labels_q), len(labels_k)))
-    figure = Figure(figsize=(side + 1.2, side), layout="constrained")
+    figure = Figure(figsize=(side + 1.2, side))
     ax = figure.add_subplot()
     image = _draw_map(ax, matrix, labels_q, labels_k, ticks=max_ticks, vmax=1.0)
     ax.set_xlabel("key")
@@ -170,7 +170,7 @@ def plot_layer(
     H = stack.shape[0]
     columns = math.ceil(math.sqrt(H))
     rows = math.ceil(H / columns)
-    figure = Figure(figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6), layout="constrained")
+    figure = Figure(figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6))
     axes = figure.subplots(rows, columns, squeeze=False)
     image = None
     for index, ax in enumerate(axes.flat):
@@ -231,7 +231,7 @@ def plot_model(
         for c, tile in enumerate(row):
             top, left = r * (th + gap), c * (tw + gap)
             mosaic[top:top + tile.shape[0], left:left + tile.shape[1]] = tile
-    figure = Figure(figsize=(min(2 + 1.1 * H, 20), min(1.5 + 1.1 * L, 20)), layout="constrained")
+    figure = Figure(figsize=(min(2 + 1.1 * H, 20), min(1.5 + 1.1 * L, 20)))
     ax = figure.add_subplot()
     ax.imshow(mosaic, cmap=CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_xticks([c * (tw + gap) + tw / 2 for c in range(H)], [f"head {c + 1}" for c in range(H)], fontsize=7)
@@ -249,7 +249,7 @@ def plot_statistic(matrix: ArrayLike, name: str, *, layers: Optional[Sequence[st
     """
     values = _numpy(matrix)
     L, H = values.shape
-    figure = Figure(figsize=(min(1.5 + 0.6 * H, 16), min(1.0 + 0.45 * L, 12)), layout="constrained")
+    figure = Figure(figsize=(min(1.5 + 0.6 * H, 16), min(1.0 + 0.45 * L, 12)))
     ax = figure.add_subplot()
     image = ax.imshow(np.ma.masked_invalid(values), cmap=CMAP, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=8)
@@ -282,6 +282,7 @@ def save_figure(figure: Figure, path: Union[str, Path], formats: Sequence[str] =
             raise ValueError(f"formats must be among {sorted(allowed)}, got {fmt!r}")
         target = path.with_suffix(f".{fmt}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(target, format=fmt, dpi=dpi)
+        # a tight box instead of a layout engine: labels never cut off, and it draws faster
+        figure.savefig(target, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.1)
         written.append(target)
     return written

@@ -56,6 +56,28 @@ def _page(title: str, body: str, *, script: str = "", data: Optional[dict] = Non
     )
 
 
+def _meta_html(meta: Optional[Mapping[str, str]], limit: int = 300) -> str:
+    """Escaped ``label: text`` lines; long texts are cut, with the whole text one click away."""
+    lines = []
+    for key, value in (meta or {}).items():
+        text = str(value)
+        shown = html.escape(text if len(text) <= limit else text[:limit] + "…")
+        if len(text) > limit:
+            shown += f"<details><summary>whole text</summary>{html.escape(text)}</details>"
+        lines.append(f'<p class="meta"><b>{html.escape(str(key))}:</b> {shown}</p>')
+    return "".join(lines)
+
+
+def _bucket_labels(labels: Sequence[str], tokens: Sequence[str], width: int = 18) -> list[str]:
+    """``"12-17 the film is…"``: a bucket's position range and the start of its text."""
+    named = []
+    for label in labels:
+        start, stop = (int(part) for part in label.split("-"))
+        text = " ".join(tokens[start:stop + 1])
+        named.append(f"{label} {text[:width]}{'…' if len(text) > width else ''}")
+    return named
+
+
 def _format(value: Optional[float]) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -162,7 +184,7 @@ def render_report(
         nonlocal shown_tokens, buckets
         reduced, labels, _ = bucket_attention(matrix, list(map(str, tokens)), max_tokens=max_tokens)
         if len(labels) != len(tokens):
-            shown_tokens, buckets = labels, True
+            shown_tokens, buckets = _bucket_labels(labels, list(map(str, tokens))), True
         return reduced
 
     T = min(len(tokens), max_tokens)
@@ -184,10 +206,7 @@ def render_report(
         "weights": _pack(packed),
         "rollout": _pack(rollout_packed) if rollout_packed is not None else None,
     }
-    meta_lines = "".join(
-        f'<p class="meta"><b>{html.escape(str(key))}:</b> {html.escape(str(value))}</p>'
-        for key, value in (meta or {}).items()
-    )
+    meta_lines = _meta_html(meta)
     bucket_note = (
         f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets of neighbouring positions '
         "(rows averaged, columns summed); labels give position ranges.</p>" if buckets else ""
@@ -251,10 +270,7 @@ def render_summary(
         images: ``{caption: path to a PNG}``.
         extra_tables: ``{heading: ready HTML}`` (built with escaping by the caller).
     """
-    meta_lines = "".join(
-        f'<p class="meta"><b>{html.escape(str(key))}:</b> {html.escape(str(value))}</p>'
-        for key, value in (meta or {}).items()
-    )
+    meta_lines = _meta_html(meta)
     figures = []
     for caption, image in (images or {}).items():
         encoded = base64.b64encode(Path(image).read_bytes()).decode("ascii")

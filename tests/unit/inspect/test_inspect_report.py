@@ -67,7 +67,7 @@ def test_long_inputs_are_pooled_in_the_report():
     tokens = [f"w{i}" for i in range(300)]
     page = render_report(_attentions(tokens, layers=1, heads=1), tokens, max_tokens=100)
     data = json.loads(re.search(r'type="application/json">(.*?)</script>', page, re.S).group(1))
-    assert len(data["tokens"]) == 100 and data["tokens"][0] == "0-2"
+    assert len(data["tokens"]) == 100 and data["tokens"][0] == "0-2 w0 w1 w2"
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ table.heat th.col-highlight { background: #ffe9a8; }
 #grid canvas { width: 56px; height: 56px; image-rendering: pixelated; border: 2px solid transparent; cursor: pointer; }
 #grid canvas.selected { border-color: rgb(var(--accent)); }
 #grid .axis { font-size: 11px; color: #59636e; text-align: center; }
+.tables { display: flex; flex-wrap: wrap; gap: 0 26px; align-items: flex-start; }
 table.stats { border-collapse: collapse; margin: 6px 0 16px; font-size: 12px; }
 table.stats th, table.stats td { border: 1px solid #e3e6ea; padding: 3px 7px; text-align: right; font-variant-numeric: tabular-nums; }
 table.stats caption { text-align: left; font-weight: 600; padding: 4px 0; }

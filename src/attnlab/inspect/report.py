@@ -117,7 +117,7 @@ def stats_tables_html(
             f'<table class="stats" data-statistic="{html.escape(name)}"><caption>{caption}</caption>'
             f"<thead><tr><th>layer \\ head</th>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )
-    return "\n".join(parts)
+    return '<div class="tables">' + "\n".join(parts) + "</div>"
 
 
 STATISTIC_DESCRIPTIONS = {

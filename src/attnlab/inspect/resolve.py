@@ -105,6 +105,8 @@ def resolve_model(spec: str) -> ResolvedModel:
                 model, tokenizer = _load_bare_encoder(checkpoint)
                 return ResolvedModel(model, tokenizer, spec, source)
             loaded = load_model(path)
+            if loaded.tokenizer is None:
+                raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
             return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
     try:
         from ..models.pretrained import from_pretrained, load_tokenizer  # type: ignore[import-not-found]

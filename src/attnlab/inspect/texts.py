@@ -51,9 +51,11 @@ def load_texts(
         names = [split] if split else ["train", "validation", "test"]
         rows: list[tuple[str, Optional[int]]] = []
         for name in names:
-            if name not in splits:
-                raise ValueError(f"split must be one of {sorted(splits)}, got {name!r}")
-            rows.extend((text, _label(label)) for text, label in splits[name])
+            try:
+                examples = splits[name]
+            except KeyError as error:
+                raise ValueError(f"split must be train, validation or test, got {name!r}") from error
+            rows.extend((text, _label(label)) for text, label in examples)
         return rows[:limit]
     path = Path(spec)
     if not path.is_file():

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128, help="tokens kept per text")
+    parser.add_argument("--max-attention-cells", type=int, default=32 * 64 * 64,
+                        help="at most this many B*T*T cells a batch: long texts come in smaller batches, "
+                             "so peak memory does not depend on the data")
     parser.add_argument("--sparsity-threshold", type=float, default=0.1,
                         help="a key counts as unattended below this weight")
     parser.add_argument("--top-k", type=int, default=3, help="k of the top-k attention mass")
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         batch_size=args.batch_size,
         max_length=args.max_length,
+        max_attention_cells=args.max_attention_cells,
         sparsity_threshold=args.sparsity_threshold,
         top_k=args.top_k,
         importance=args.importance,

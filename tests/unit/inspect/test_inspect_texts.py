@@ -69,3 +69,12 @@ def test_embedded_data_splits(monkeypatch):
     assert load_texts("rotten_tomatoes", limit=3)[-1] == ("c", 1)
     with pytest.raises(ValueError, match="split"):
         load_texts("rotten_tomatoes", split="dev")
+
+
+def test_attention_cell_budget_shrinks_batches_of_long_texts(tokenizer):
+    short = [("bad", 0)] * 6  # 3 tokens with [CLS] and [SEP]
+    long = [("the movie was very very very boring and not fun", 1)] * 3  # 12 tokens
+    batches = list(encode_batches(short + long, tokenizer, batch_size=4, max_attention_cells=4 * 3 * 3 + 1))
+    sizes = [tuple(batch["input_ids"].shape) for batch in batches]
+    assert sizes == [(4, 3), (2, 3), (1, 12), (1, 12), (1, 12)]
+    assert sum(size[0] for size in sizes) == 9

@@ -77,8 +77,14 @@ def analyze_rows(
     )
 
     def batches():
-        return encode_batches(rows, tokenizer, batch_size=batch_size, max_length=max_length, pad_id=pad_id,
-                              max_attention_cells=max_attention_cells)
+        return encode_batches(
+            rows,
+            tokenizer,
+            batch_size=batch_size,
+            max_length=max_length,
+            pad_id=pad_id,
+            max_attention_cells=max_attention_cells,
+        )
 
     statistics = analyzer.analyze_attention_distribution(
         batches(), head_mask=head_mask, progress=progress, total=len(rows)
@@ -87,8 +93,14 @@ def analyze_rows(
         if any(label is None for _, label in rows):
             raise ValueError("--importance needs a label for every text")
         statistics.head_importance = analyzer.head_importance(batches()).tolist()
-    statistics.settings.update({"batch_size": batch_size, "max_length": max_length,
-                                "max_attention_cells": max_attention_cells, "texts": len(rows)})
+    statistics.settings.update(
+        {
+            "batch_size": batch_size,
+            "max_length": max_length,
+            "max_attention_cells": max_attention_cells,
+            "texts": len(rows),
+        }
+    )
     return statistics
 
 
@@ -138,7 +150,9 @@ def write_statistics(
 
         matrices["head_importance"] = np.asarray(statistics.head_importance)
     for name, matrix in matrices.items():
-        written = save_figure(plot_statistic(matrix, name, layers=statistics.layers), out / "plots" / name, formats)
+        written = save_figure(
+            plot_statistic(matrix, name, layers=statistics.layers), out / "plots" / name, formats
+        )
         figures += written
         png = next((path for path in written if path.suffix == ".png"), None)
         if png is not None:
@@ -146,11 +160,13 @@ def write_statistics(
     extra = {}
     if statistics.rollout:
         rows_html = "".join(
-            f"<tr><th>{html.escape(layer)}</th><td>{values['entropy']:.3f}</td><td>{values['self']:.3f}</td></tr>"
+            f"<tr><th>{html.escape(layer)}</th>"
+            f"<td>{values['entropy']:.3f}</td><td>{values['self']:.3f}</td></tr>"
             for layer, values in statistics.rollout.items()
         )
         extra["Attention rollout (Abnar & Zuidema, 2020)"] = (
-            '<table class="stats"><thead><tr><th>after layer</th><th>row entropy</th><th>share kept by the token itself</th>'
+            '<table class="stats"><thead><tr><th>after layer</th><th>row entropy</th>'
+            "<th>share kept by the token itself</th>"
             f"</tr></thead><tbody>{rows_html}</tbody></table>"
         )
     if statistics.head_importance is not None:

@@ -197,7 +197,12 @@ class AttentionAnalyzer:
         rollout_sums: dict[str, list[float]] = {}
         examples = tokens = 0
         ablation = mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()
-        with torch.no_grad(), capture_attention(self.model) as captured, ablation, _progress(progress, total) as bar:
+        with (
+            torch.no_grad(),
+            capture_attention(self.model) as captured,
+            ablation,
+            _progress(progress, total) as bar,
+        ):
             for batch in dataloader:
                 normalised = as_analysis_batch(batch, self.pad_id)
                 captured.clear()
@@ -226,7 +231,9 @@ class AttentionAnalyzer:
         )
 
     @staticmethod
-    def _add_statistics(statistics: HeadStatistics, attentions: dict[str, Tensor], batch: AnalysisBatch) -> None:
+    def _add_statistics(
+        statistics: HeadStatistics, attentions: dict[str, Tensor], batch: AnalysisBatch
+    ) -> None:
         mask = batch.mask
         shapes = {tuple(weights.shape) for weights in attentions.values()}
         if len(shapes) == 1:  # every layer alike: all layers in one pass
@@ -279,7 +286,9 @@ class AttentionAnalyzer:
         self, dataloader: Iterable[Any], *, loss_fn: Optional[LossFn] = None, normalize: bool = False
     ) -> Tensor:
         """``[L, H]`` head importance (Michel et al., 2019); see :func:`head_importance`."""
-        return head_importance(self.model, dataloader, loss_fn=loss_fn, pad_id=self.pad_id, normalize=normalize)
+        return head_importance(
+            self.model, dataloader, loss_fn=loss_fn, pad_id=self.pad_id, normalize=normalize
+        )
 
     def evaluate(
         self,
@@ -301,7 +310,10 @@ class AttentionAnalyzer:
         total_loss = correct = examples = 0.0
         has_accuracy = True
         try:
-            with torch.no_grad(), (mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()):
+            with (
+                torch.no_grad(),
+                mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext(),
+            ):
                 for batch in dataloader:
                     normalised = as_analysis_batch(batch, self.pad_id)
                     output = forward_batch(self.model, batch, self.pad_id)
@@ -318,7 +330,9 @@ class AttentionAnalyzer:
                 module.training = mode
         if examples == 0:
             raise ValueError("dataloader yielded no batch")
-        return EvaluationResult(total_loss / examples, correct / examples if has_accuracy else None, int(examples))
+        return EvaluationResult(
+            total_loss / examples, correct / examples if has_accuracy else None, int(examples)
+        )
 
 
 def _progress(show: bool, total: Optional[int]):

@@ -30,8 +30,13 @@ __all__ = ["render_report", "write_report", "render_summary", "stats_tables_html
 def json_for_script(value: Any) -> str:
     """JSON that is safe inside a ``<script>`` element (no ``</script>``, no ``<!--``)."""
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e") \
-        .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _pack(values: np.ndarray) -> str:
@@ -43,14 +48,15 @@ def _pack(values: np.ndarray) -> str:
 def _page(title: str, body: str, *, script: str = "", data: Optional[dict] = None) -> str:
     data_block = (
         f'<script id="attnlab-data" type="application/json">{json_for_script(data)}</script>\n'
-        if data is not None else ""
+        if data is not None
+        else ""
     )
     script_block = f"<script>{script}</script>\n" if script else ""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # an empty icon, so the browser does not ask for /favicon.ico
-        "<link rel=\"icon\" href=\"data:,\">\n"
+        '<link rel="icon" href="data:,">\n'
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         f"{body}\n{data_block}{script_block}</body>\n</html>\n"
     )
@@ -73,7 +79,7 @@ def _bucket_labels(labels: Sequence[str], tokens: Sequence[str], width: int = 18
     named = []
     for label in labels:
         start, stop = (int(part) for part in label.split("-"))
-        text = " ".join(tokens[start:stop + 1])
+        text = " ".join(tokens[start : stop + 1])
         named.append(f"{label} {text[:width]}{'…' if len(text) > width else ''}")
     return named
 
@@ -107,8 +113,14 @@ def stats_tables_html(
         for layer, row in zip(layers, matrix):
             cells = []
             for value in row:
-                shade = 0.0 if value is None or not math.isfinite(value) or high == low else (value - low) / (high - low)
-                cells.append(f'<td style="background: rgba(33,102,172,{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>')
+                shade = (
+                    0.0
+                    if value is None or not math.isfinite(value) or high == low
+                    else (value - low) / (high - low)
+                )
+                cells.append(
+                    f'<td style="background: rgba(33,102,172,{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>'
+                )
             body.append(f"<tr><th>{html.escape(layer)}</th>{''.join(cells)}</tr>")
         caption = html.escape(name)
         if descriptions and name in descriptions:
@@ -196,7 +208,10 @@ def render_report(
     if rollout is not None:
         rollout_array = _numpy(rollout)
         if rollout_array.shape != (len(maps), len(tokens), len(tokens)):
-            raise ValueError(f"rollout must be [L, T, T] = {(len(maps), len(tokens), len(tokens))}, got {rollout_array.shape}")
+            raise ValueError(
+                f"rollout must be [L, T, T] = {(len(maps), len(tokens), len(tokens))}, "
+                f"got {rollout_array.shape}"
+            )
         rollout_packed = np.stack([reduce(matrix) for matrix in rollout_array])
     data = {
         "tokens": shown_tokens,
@@ -208,13 +223,18 @@ def render_report(
     }
     meta_lines = _meta_html(meta)
     bucket_note = (
-        f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets of neighbouring positions '
-        "(rows averaged, columns summed); labels give position ranges.</p>" if buckets else ""
+        f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets '
+        "of neighbouring positions "
+        "(rows averaged, columns summed); labels give position ranges.</p>"
+        if buckets
+        else ""
     )
     tables = (
-        "<section id=\"statistics\"><h2>Statistics of this input</h2>"
+        '<section id="statistics"><h2>Statistics of this input</h2>'
         + stats_tables_html(statistics, names, descriptions=STATISTIC_DESCRIPTIONS)
-        + "</section>" if statistics else ""
+        + "</section>"
+        if statistics
+        else ""
     )
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>
@@ -243,7 +263,9 @@ def render_report(
     return _page(title, body, script=SCRIPT, data=data)
 
 
-def write_report(path: Union[str, Path], attentions: Mapping[str, Any], tokens: Sequence[str], **options: Any) -> Path:
+def write_report(
+    path: Union[str, Path], attentions: Mapping[str, Any], tokens: Sequence[str], **options: Any
+) -> Path:
     """Write :func:`render_report` to ``path`` (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +301,8 @@ def render_summary(
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
     extra = "".join(
-        f"<section><h2>{html.escape(heading)}</h2>{content}</section>" for heading, content in (extra_tables or {}).items()
+        f"<section><h2>{html.escape(heading)}</h2>{content}</section>"
+        for heading, content in (extra_tables or {}).items()
     )
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>

@@ -94,7 +94,9 @@ def resolve_model(spec: str) -> ResolvedModel:
     """
     path = Path(spec)
     if path.is_file():
-        raise ValueError(f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}")
+        raise ValueError(
+            f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
+        )
     if path.is_dir():
         checkpoint = _checkpoint_dir(path)
         if checkpoint is not None:

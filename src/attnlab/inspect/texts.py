@@ -46,7 +46,9 @@ def load_texts(
         try:
             from ..data.rotten_tomatoes import load_rotten_tomatoes  # type: ignore[import-not-found]
         except ImportError as error:
-            raise ValueError(f"the embedded data set is not available in this installation ({error})") from error
+            raise ValueError(
+                f"the embedded data set is not available in this installation ({error})"
+            ) from error
         splits = load_rotten_tomatoes()
         names = [split] if split else ["train", "validation", "test"]
         rows: list[tuple[str, Optional[int]]] = []
@@ -65,7 +67,9 @@ def load_texts(
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             columns = reader.fieldnames or []
-            column = text_column or next((name for name in TEXT_COLUMNS if name in columns), columns[0] if columns else None)
+            column = text_column or next(
+                (name for name in TEXT_COLUMNS if name in columns), columns[0] if columns else None
+            )
             if column not in columns:
                 raise ValueError(f"text column {column!r} not in {path} (columns: {columns})")
             rows = [(row[column], _label(row.get("label"))) for row in reader if row.get(column)]

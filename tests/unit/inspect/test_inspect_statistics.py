@@ -149,8 +149,10 @@ def test_streaming_equals_all_at_once(encoder):
     one_by_one = analyzer.analyze_attention_distribution([(_padded([example]),) for example in examples])
     everything = analyzer.analyze_attention_distribution([_padded(examples)])
     in_pairs = analyzer.analyze_attention_distribution(
-        [{"input_ids": _padded(examples[i:i + 2]), "mask": _padded(examples[i:i + 2]) != 0}
-         for i in range(0, len(examples), 2)]
+        [
+            {"input_ids": _padded(examples[i : i + 2]), "mask": _padded(examples[i : i + 2]) != 0}
+            for i in range(0, len(examples), 2)
+        ]
     )
     assert one_by_one.examples == everything.examples == in_pairs.examples == len(examples)
     assert one_by_one.rows == everything.rows == in_pairs.rows

@@ -166,3 +166,40 @@ def test_console_entry_runs_in_a_fresh_process(run_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "o" / "report.html").is_file()
+
+
+def test_checkpoint_dir_window_and_importance_needs_a_classifier(run_dir, tmp_path, capsys):
+    out = tmp_path / "inspect"
+    code = main(
+        [
+            "inspect",
+            "--model",
+            str(run_dir / "checkpoints" / "best"),
+            "--text",
+            "a very bad plot .",
+            "--out",
+            str(out),
+            "--format",
+            "svg",
+            "--window",
+            "1:4",
+        ]
+    )
+    assert code == 0 and (out / "head_L2_H1.svg").is_file() and not (out / "model.png").exists()
+    data = tmp_path / "texts.txt"
+    data.write_text("a bad plot .\nthe movie was fun !\n")
+    code = main(
+        [
+            "analyze",
+            "--model",
+            str(run_dir),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "a"),
+            "--importance",
+            "--no-progress",
+        ]
+    )
+    assert code == 2
+    assert "label" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,9 +91,12 @@ def resolve_model(spec: str) -> ResolvedModel:
     """Load the model and tokenizer ``spec`` names (see the module docstring).
 
     Raises:
+        FileNotFoundError: ``spec`` is a path that does not exist.
         ValueError: when nothing can be loaded from ``spec``; the message says why.
     """
     path = Path(spec)
+    if not path.exists() and (os.sep in spec or spec.startswith(".")):
+        raise FileNotFoundError(f"--model {spec!r}: no such directory")
     if path.is_file():
         raise ValueError(
             f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"

@@ -184,7 +184,8 @@ class AttentionAnalyzer:
             dataloader: an iterable of batches (a tensor of ids, ``(ids, labels)`` as in
                 the article, or a dict with ``input_ids`` and optionally ``mask``,
                 ``labels``, ``alignment``).
-            head_mask: analyse with these heads switched off (see :func:`mask_heads`).
+            head_mask: analyse with these heads switched off (see :func:`mask_heads`); a
+                switched-off head's weights are zero, so its statistics are ``None``.
             progress: show a progress bar (tqdm, on stderr).
             total: number of examples, for the progress bar.
 

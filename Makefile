@@ -31,6 +31,7 @@ $(CHROMIUM):
 
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/analyze.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,10 +1,10 @@
 """Look inside attention: capture, statistics, rollout, head importance, pictures, report.
 
-    from attnlab.inspect import capture_attention, AttentionAnalyzer
+from attnlab.inspect import capture_attention, AttentionAnalyzer
 
-    with capture_attention(model) as captured:
-        model(ids)
-    captured.attentions["layer_1"]          # [B, H, T, T], eval mode, per head
+with capture_attention(model) as captured:
+    model(ids)
+captured.attentions["layer_1"]          # [B, H, T, T], eval mode, per head
 """
 
 from .analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
@@ -47,6 +46,7 @@ def analyze_rows(
     *,
     batch_size: int = 32,
     max_length: int = 128,
+    max_attention_cells: Optional[int] = 32 * 64 * 64,
     sparsity_threshold: float = 0.1,
     top_k: int = 3,
     importance: bool = False,
@@ -59,6 +59,9 @@ def analyze_rows(
         model: the model; tokenizer: its ``tokenizers.Tokenizer``.
         rows: ``[(text, label or None), ...]``.
         batch_size, max_length: batching of the texts.
+        max_attention_cells: at most this many ``B * T * T`` cells a batch (long texts
+            come in smaller batches), which keeps peak memory independent of the data;
+            ``None`` for plain ``batch_size`` batches.
         sparsity_threshold, top_k: see :class:`~attnlab.inspect.AttentionAnalyzer`.
         importance: also compute head importance (needs labels and a model with logits).
         head_mask: heads to switch off, ``{"layer_k": [heads]}`` (0-based).
@@ -74,15 +77,30 @@ def analyze_rows(
     )
 
     def batches():
-        return encode_batches(rows, tokenizer, batch_size=batch_size, max_length=max_length, pad_id=pad_id)
+        return encode_batches(
+            rows,
+            tokenizer,
+            batch_size=batch_size,
+            max_length=max_length,
+            pad_id=pad_id,
+            max_attention_cells=max_attention_cells,
+        )
 
-    total = math.ceil(len(rows) / batch_size)
-    statistics = analyzer.analyze_attention_distribution(batches(), head_mask=head_mask, progress=progress, total=total)
+    statistics = analyzer.analyze_attention_distribution(
+        batches(), head_mask=head_mask, progress=progress, total=len(rows)
+    )
     if importance:
         if any(label is None for _, label in rows):
             raise ValueError("--importance needs a label for every text")
         statistics.head_importance = analyzer.head_importance(batches()).tolist()
-    statistics.settings.update({"batch_size": batch_size, "max_length": max_length, "texts": len(rows)})
+    statistics.settings.update(
+        {
+            "batch_size": batch_size,
+            "max_length": max_length,
+            "max_attention_cells": max_attention_cells,
+            "texts": len(rows),
+        }
+    )
     return statistics
 
 
@@ -132,7 +150,9 @@ def write_statistics(
 
         matrices["head_importance"] = np.asarray(statistics.head_importance)
     for name, matrix in matrices.items():
-        written = save_figure(plot_statistic(matrix, name, layers=statistics.layers), out / "plots" / name, formats)
+        written = save_figure(
+            plot_statistic(matrix, name, layers=statistics.layers), out / "plots" / name, formats
+        )
         figures += written
         png = next((path for path in written if path.suffix == ".png"), None)
         if png is not None:
@@ -140,11 +160,13 @@ def write_statistics(
     extra = {}
     if statistics.rollout:
         rows_html = "".join(
-            f"<tr><th>{html.escape(layer)}</th><td>{values['entropy']:.3f}</td><td>{values['self']:.3f}</td></tr>"
+            f"<tr><th>{html.escape(layer)}</th>"
+            f"<td>{values['entropy']:.3f}</td><td>{values['self']:.3f}</td></tr>"
             for layer, values in statistics.rollout.items()
         )
         extra["Attention rollout (Abnar & Zuidema, 2020)"] = (
-            '<table class="stats"><thead><tr><th>after layer</th><th>row entropy</th><th>share kept by the token itself</th>'
+            '<table class="stats"><thead><tr><th>after layer</th><th>row entropy</th>'
+            "<th>share kept by the token itself</th>"
             f"</tr></thead><tbody>{rows_html}</tbody></table>"
         )
     if statistics.head_importance is not None:

@@ -10,11 +10,15 @@ def _heads(value: str) -> tuple[str, list[int]]:
         layer, heads = value.split(":")
         return layer, [int(head) for head in heads.split(",") if head]
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"--mask-heads must be LAYER:H,H (e.g. layer_2:0,3), got {value!r}") from error
+        raise argparse.ArgumentTypeError(
+            f"--mask-heads must be LAYER:H,H (e.g. layer_2:0,3), got {value!r}"
+        ) from error
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="run directory, checkpoint directory, pretrained directory or name")
+    parser.add_argument(
+        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+    )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--split", default=None, help="split of the embedded data (default: all)")
@@ -22,13 +26,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128, help="tokens kept per text")
-    parser.add_argument("--sparsity-threshold", type=float, default=0.1,
-                        help="a key counts as unattended below this weight")
+    parser.add_argument(
+        "--max-attention-cells",
+        type=int,
+        default=32 * 64 * 64,
+        help="at most this many B*T*T cells a batch: long texts come in smaller batches, "
+        "so peak memory does not depend on the data",
+    )
+    parser.add_argument(
+        "--sparsity-threshold", type=float, default=0.1, help="a key counts as unattended below this weight"
+    )
     parser.add_argument("--top-k", type=int, default=3, help="k of the top-k attention mass")
-    parser.add_argument("--importance", action="store_true",
-                        help="also compute head importance (Michel et al. 2019; needs labels and a classifier)")
-    parser.add_argument("--mask-heads", type=_heads, action="append", default=None, metavar="LAYER:H,H",
-                        help="switch heads off (0-based), e.g. layer_2:0,3; repeatable")
+    parser.add_argument(
+        "--importance",
+        action="store_true",
+        help="also compute head importance (Michel et al. 2019; needs labels and a classifier)",
+    )
+    parser.add_argument(
+        "--mask-heads",
+        type=_heads,
+        action="append",
+        default=None,
+        metavar="LAYER:H,H",
+        help="switch heads off (0-based), e.g. layer_2:0,3; repeatable",
+    )
     parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -48,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         batch_size=args.batch_size,
         max_length=args.max_length,
+        max_attention_cells=args.max_attention_cells,
         sparsity_threshold=args.sparsity_threshold,
         top_k=args.top_k,
         importance=args.importance,

@@ -30,11 +30,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .batches import as_analysis_batch
+from .batches import AnalysisBatch, as_analysis_batch
 from .capture import capture_attention, find_attention_modules
 from .heads import LossFn, default_loss, forward_batch, head_importance, mask_heads
 from .rollout import attention_rollout
 from .statistics import HeadStatistics
+
+# Statistics are computed on at most this many attention weights at once (16 MiB in
+# float32 per temporary), whatever the batch and the text lengths.
+_CHUNK_CELLS = 1 << 22
 
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult", "find_pad_id"]
 
@@ -180,9 +184,10 @@ class AttentionAnalyzer:
             dataloader: an iterable of batches (a tensor of ids, ``(ids, labels)`` as in
                 the article, or a dict with ``input_ids`` and optionally ``mask``,
                 ``labels``, ``alignment``).
-            head_mask: analyse with these heads switched off (see :func:`mask_heads`).
+            head_mask: analyse with these heads switched off (see :func:`mask_heads`); a
+                switched-off head's weights are zero, so its statistics are ``None``.
             progress: show a progress bar (tqdm, on stderr).
-            total: number of batches, for the progress bar.
+            total: number of examples, for the progress bar.
 
         Returns:
             :class:`AttentionStatistics`.
@@ -192,24 +197,24 @@ class AttentionAnalyzer:
         )
         rollout_sums: dict[str, list[float]] = {}
         examples = tokens = 0
-        batches = dataloader
-        if progress:
-            from tqdm.auto import tqdm
-
-            batches = tqdm(dataloader, total=total, desc="analyze", unit="batch")
-        with torch.no_grad(), capture_attention(self.model) as captured:
-            ablation = mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()
-            with ablation:
-                for batch in batches:
-                    normalised = as_analysis_batch(batch, self.pad_id)
-                    captured.clear()
-                    forward_batch(self.model, batch, self.pad_id)
-                    mask = normalised.mask
-                    self._add_statistics(statistics, captured.attentions, normalised)
-                    if self.rollout:
-                        self._add_rollout(rollout_sums, captured.attentions, mask)
-                    examples += normalised.input_ids.shape[0]
-                    tokens += int(mask.sum())
+        ablation = mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()
+        with (
+            torch.no_grad(),
+            capture_attention(self.model) as captured,
+            ablation,
+            _progress(progress, total) as bar,
+        ):
+            for batch in dataloader:
+                normalised = as_analysis_batch(batch, self.pad_id)
+                captured.clear()
+                forward_batch(self.model, batch, self.pad_id)
+                self._add_statistics(statistics, captured.attentions, normalised)
+                if self.rollout:
+                    self._add_rollout(rollout_sums, captured.attentions, normalised.mask)
+                examples += normalised.input_ids.shape[0]
+                tokens += int(normalised.mask.sum())
+                if bar is not None:
+                    bar.update(normalised.input_ids.shape[0])
         if examples == 0:
             raise ValueError("dataloader yielded no batch")
         means = statistics.means()
@@ -227,17 +232,31 @@ class AttentionAnalyzer:
         )
 
     @staticmethod
-    def _add_statistics(statistics: HeadStatistics, attentions: dict[str, Tensor], batch) -> None:
+    def _add_statistics(
+        statistics: HeadStatistics, attentions: dict[str, Tensor], batch: AnalysisBatch
+    ) -> None:
         mask = batch.mask
         shapes = {tuple(weights.shape) for weights in attentions.values()}
-        if len(shapes) == 1:  # every layer alike: one pass over all layers
-            groups = [(list(attentions), torch.stack(list(attentions.values())))]  # [L, B, H, T, S]
+        if len(shapes) == 1:  # every layer alike: all layers in one pass
+            groups = [list(attentions)]
         else:
-            groups = [([name], weights[None]) for name, weights in attentions.items()]
-        for names, weights in groups:
-            S = weights.shape[-1]
-            key_mask = mask if S == mask.shape[1] else torch.ones(mask.shape[0], S, dtype=torch.bool, device=mask.device)
-            statistics.update(names, weights, mask, key_mask, alignment=batch.alignment, input_ids=batch.input_ids)
+            groups = [[name] for name in attentions]
+        for names in groups:
+            B, H, T, S = attentions[names[0]].shape
+            key_mask = mask if S == mask.shape[1] else torch.ones(B, S, dtype=torch.bool, device=mask.device)
+            # a few examples at a time, so the temporaries never pass _CHUNK_CELLS elements
+            step = max(1, _CHUNK_CELLS // (len(names) * H * T * S))
+            for start in range(0, B, step):
+                part = slice(start, start + step)
+                weights = torch.stack([attentions[name][part] for name in names])  # [L, b, H, T, S]
+                statistics.update(
+                    names,
+                    weights,
+                    mask[part],
+                    key_mask[part],
+                    alignment=None if batch.alignment is None else batch.alignment[part],
+                    input_ids=batch.input_ids[part],
+                )
 
     def _add_rollout(self, sums: dict[str, list[float]], attentions: dict[str, Tensor], mask: Tensor) -> None:
         shapes = {tuple(weights.shape) for weights in attentions.values()}
@@ -268,7 +287,9 @@ class AttentionAnalyzer:
         self, dataloader: Iterable[Any], *, loss_fn: Optional[LossFn] = None, normalize: bool = False
     ) -> Tensor:
         """``[L, H]`` head importance (Michel et al., 2019); see :func:`head_importance`."""
-        return head_importance(self.model, dataloader, loss_fn=loss_fn, pad_id=self.pad_id, normalize=normalize)
+        return head_importance(
+            self.model, dataloader, loss_fn=loss_fn, pad_id=self.pad_id, normalize=normalize
+        )
 
     def evaluate(
         self,
@@ -290,7 +311,10 @@ class AttentionAnalyzer:
         total_loss = correct = examples = 0.0
         has_accuracy = True
         try:
-            with torch.no_grad(), (mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()):
+            with (
+                torch.no_grad(),
+                mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext(),
+            ):
                 for batch in dataloader:
                     normalised = as_analysis_batch(batch, self.pad_id)
                     output = forward_batch(self.model, batch, self.pad_id)
@@ -307,7 +331,17 @@ class AttentionAnalyzer:
                 module.training = mode
         if examples == 0:
             raise ValueError("dataloader yielded no batch")
-        return EvaluationResult(total_loss / examples, correct / examples if has_accuracy else None, int(examples))
+        return EvaluationResult(
+            total_loss / examples, correct / examples if has_accuracy else None, int(examples)
+        )
+
+
+def _progress(show: bool, total: Optional[int]):
+    if not show:
+        return contextlib.nullcontext()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="analyze", unit="example")
 
 
 def _describe(head_mask: Any) -> Any:

@@ -48,7 +48,8 @@ def _check_ids(input_ids: Any) -> Tensor:
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
         raise ValueError(
-            f"input_ids must be an integer tensor [B, T], got dtype {input_ids.dtype} shape {tuple(input_ids.shape)}"
+            f"input_ids must be an integer tensor [B, T], "
+            f"got dtype {input_ids.dtype} shape {tuple(input_ids.shape)}"
         )
     return input_ids
 

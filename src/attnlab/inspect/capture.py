@@ -100,7 +100,10 @@ class AttentionCapture:
 
 def _asker(module: nn.Module):
     per_head = {"need_weights": True}
-    if isinstance(module, MultiHeadAttention) or "average_attn_weights" in inspect.signature(module.forward).parameters:
+    if (
+        isinstance(module, MultiHeadAttention)
+        or "average_attn_weights" in inspect.signature(module.forward).parameters
+    ):
         per_head["average_attn_weights"] = False
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

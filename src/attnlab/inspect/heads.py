@@ -29,7 +29,9 @@ def _heads_per_layer(modules: Mapping[str, nn.Module]) -> list[int]:
     for name, module in modules.items():
         heads = getattr(module, "num_heads", None)
         if not isinstance(heads, int):
-            raise TypeError(f"{name} ({type(module).__name__}) has no int num_heads attribute; cannot mask its heads")
+            raise TypeError(
+                f"{name} ({type(module).__name__}) has no int num_heads attribute; cannot mask its heads"
+            )
         counts.append(heads)
     return counts
 
@@ -99,9 +101,13 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
 
 
 def forward_batch(model: nn.Module, batch: Any, pad_id: Optional[int] = None) -> Any:
-    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.batches`)."""
+    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.batches`).
+
+    The padding mask goes to the model whenever it is known (given by the batch or found
+    from ``pad_id``), so the model never attends to padding the statistics leave out.
+    """
     normalised = as_analysis_batch(batch, pad_id)
-    if normalised.mask_given:
+    if normalised.mask_given or pad_id is not None:
         return model(normalised.input_ids, mask=normalised.mask)
     return model(normalised.input_ids)
 
@@ -110,7 +116,12 @@ def default_loss(output: Any, batch: Any) -> Tensor:
     """Cross-entropy of ``output.logits`` (or ``output[0]`` when 2-D) against the batch's labels."""
     labels = as_analysis_batch(batch).labels
     logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, (tuple, list)) and isinstance(output[0], Tensor) and output[0].dim() == 2:
+    if (
+        logits is None
+        and isinstance(output, (tuple, list))
+        and isinstance(output[0], Tensor)
+        and output[0].dim() == 2
+    ):
         logits = output[0]
     if logits is None or labels is None:
         raise ValueError(

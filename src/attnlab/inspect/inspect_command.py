@@ -14,17 +14,33 @@ def _window(value: str) -> tuple[int, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="run directory, checkpoint directory, pretrained directory or name")
+    parser.add_argument(
+        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+    )
     parser.add_argument("--text", required=True, help="the text to inspect")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--layer", type=int, default=None, help="1-based layer of the single-head picture (default: last)")
+    parser.add_argument(
+        "--layer", type=int, default=None, help="1-based layer of the single-head picture (default: last)"
+    )
     parser.add_argument("--head", type=int, default=1, help="1-based head of the single-head picture")
-    parser.add_argument("--format", nargs="+", default=["png", "svg"], choices=["png", "svg"], dest="formats",
-                        help="picture formats")
+    parser.add_argument(
+        "--format",
+        nargs="+",
+        default=["png", "svg"],
+        choices=["png", "svg"],
+        dest="formats",
+        help="picture formats",
+    )
     parser.add_argument("--max-length", type=int, default=512, help="tokens kept from the text")
-    parser.add_argument("--max-tokens", type=int, default=128,
-                        help="beyond this many positions, pictures and report pool neighbouring positions")
-    parser.add_argument("--window", type=_window, default=None, help="START:STOP positions of the single-head picture")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="beyond this many positions, pictures and report pool neighbouring positions",
+    )
+    parser.add_argument(
+        "--window", type=_window, default=None, help="START:STOP positions of the single-head picture"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -104,8 +104,13 @@ def write_inspection(
     statistics = HeadStatistics(token_groups=special_token_groups(tokenizer))
     for name, weights in attentions.items():
         square = weights.shape[-1] == weights.shape[-2]
-        statistics.update(name, weights[None], mask, mask if square else torch.ones(1, weights.shape[-1], dtype=torch.bool),
-                          input_ids=input_ids)
+        statistics.update(
+            name,
+            weights[None],
+            mask,
+            mask if square else torch.ones(1, weights.shape[-1], dtype=torch.bool),
+            input_ids=input_ids,
+        )
     means = statistics.means()
     tables = {stat: [means[name][stat] for name in names] for stat in next(iter(means.values()))}
     square = all(weights.shape[-1] == weights.shape[-2] == len(tokens) for weights in attentions.values())
@@ -113,12 +118,19 @@ def write_inspection(
 
     figures: list[Path] = []
     with_labels = dict(max_tokens=max_tokens)
-    figures += save_figure(plot_model(attentions, title=f"{model_name}: attention per layer and head"), out / "model", formats)
+    figures += save_figure(
+        plot_model(attentions, title=f"{model_name}: attention per layer and head"), out / "model", formats
+    )
     for index, name in enumerate(names, 1):
         figure = plot_layer(attentions[name], tokens, title=f"{name}", max_tokens=min(max_tokens, 64))
         figures += save_figure(figure, out / f"layer_{index}", formats)
-    figure = plot_head(attentions[names[layer - 1]][head - 1], tokens, title=f"{names[layer - 1]}, head {head}",
-                       window=window, **with_labels)
+    figure = plot_head(
+        attentions[names[layer - 1]][head - 1],
+        tokens,
+        title=f"{names[layer - 1]}, head {head}",
+        window=window,
+        **with_labels,
+    )
     figures += save_figure(figure, out / f"head_L{layer}_H{head}", formats)
     report = write_report(
         out / "report.html",

@@ -30,8 +30,13 @@ __all__ = ["render_report", "write_report", "render_summary", "stats_tables_html
 def json_for_script(value: Any) -> str:
     """JSON that is safe inside a ``<script>`` element (no ``</script>``, no ``<!--``)."""
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e") \
-        .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _pack(values: np.ndarray) -> str:
@@ -43,17 +48,40 @@ def _pack(values: np.ndarray) -> str:
 def _page(title: str, body: str, *, script: str = "", data: Optional[dict] = None) -> str:
     data_block = (
         f'<script id="attnlab-data" type="application/json">{json_for_script(data)}</script>\n'
-        if data is not None else ""
+        if data is not None
+        else ""
     )
     script_block = f"<script>{script}</script>\n" if script else ""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # an empty icon, so the browser does not ask for /favicon.ico
-        "<link rel=\"icon\" href=\"data:,\">\n"
+        '<link rel="icon" href="data:,">\n'
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         f"{body}\n{data_block}{script_block}</body>\n</html>\n"
     )
+
+
+def _meta_html(meta: Optional[Mapping[str, str]], limit: int = 300) -> str:
+    """Escaped ``label: text`` lines; long texts are cut, with the whole text one click away."""
+    lines = []
+    for key, value in (meta or {}).items():
+        text = str(value)
+        shown = html.escape(text if len(text) <= limit else text[:limit] + "…")
+        if len(text) > limit:
+            shown += f"<details><summary>whole text</summary>{html.escape(text)}</details>"
+        lines.append(f'<p class="meta"><b>{html.escape(str(key))}:</b> {shown}</p>')
+    return "".join(lines)
+
+
+def _bucket_labels(labels: Sequence[str], tokens: Sequence[str], width: int = 18) -> list[str]:
+    """``"12-17 the film is…"``: a bucket's position range and the start of its text."""
+    named = []
+    for label in labels:
+        start, stop = (int(part) for part in label.split("-"))
+        text = " ".join(tokens[start : stop + 1])
+        named.append(f"{label} {text[:width]}{'…' if len(text) > width else ''}")
+    return named
 
 
 def _format(value: Optional[float]) -> str:
@@ -85,8 +113,14 @@ def stats_tables_html(
         for layer, row in zip(layers, matrix):
             cells = []
             for value in row:
-                shade = 0.0 if value is None or not math.isfinite(value) or high == low else (value - low) / (high - low)
-                cells.append(f'<td style="background: rgba(33,102,172,{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>')
+                shade = (
+                    0.0
+                    if value is None or not math.isfinite(value) or high == low
+                    else (value - low) / (high - low)
+                )
+                cells.append(
+                    f'<td style="background: rgba(33,102,172,{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>'
+                )
             body.append(f"<tr><th>{html.escape(layer)}</th>{''.join(cells)}</tr>")
         caption = html.escape(name)
         if descriptions and name in descriptions:
@@ -95,7 +129,7 @@ def stats_tables_html(
             f'<table class="stats" data-statistic="{html.escape(name)}"><caption>{caption}</caption>'
             f"<thead><tr><th>layer \\ head</th>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )
-    return "\n".join(parts)
+    return '<div class="tables">' + "\n".join(parts) + "</div>"
 
 
 STATISTIC_DESCRIPTIONS = {
@@ -162,7 +196,7 @@ def render_report(
         nonlocal shown_tokens, buckets
         reduced, labels, _ = bucket_attention(matrix, list(map(str, tokens)), max_tokens=max_tokens)
         if len(labels) != len(tokens):
-            shown_tokens, buckets = labels, True
+            shown_tokens, buckets = _bucket_labels(labels, list(map(str, tokens))), True
         return reduced
 
     T = min(len(tokens), max_tokens)
@@ -174,7 +208,10 @@ def render_report(
     if rollout is not None:
         rollout_array = _numpy(rollout)
         if rollout_array.shape != (len(maps), len(tokens), len(tokens)):
-            raise ValueError(f"rollout must be [L, T, T] = {(len(maps), len(tokens), len(tokens))}, got {rollout_array.shape}")
+            raise ValueError(
+                f"rollout must be [L, T, T] = {(len(maps), len(tokens), len(tokens))}, "
+                f"got {rollout_array.shape}"
+            )
         rollout_packed = np.stack([reduce(matrix) for matrix in rollout_array])
     data = {
         "tokens": shown_tokens,
@@ -184,18 +221,20 @@ def render_report(
         "weights": _pack(packed),
         "rollout": _pack(rollout_packed) if rollout_packed is not None else None,
     }
-    meta_lines = "".join(
-        f'<p class="meta"><b>{html.escape(str(key))}:</b> {html.escape(str(value))}</p>'
-        for key, value in (meta or {}).items()
-    )
+    meta_lines = _meta_html(meta)
     bucket_note = (
-        f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets of neighbouring positions '
-        "(rows averaged, columns summed); labels give position ranges.</p>" if buckets else ""
+        f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets '
+        "of neighbouring positions "
+        "(rows averaged, columns summed); labels give position ranges.</p>"
+        if buckets
+        else ""
     )
     tables = (
-        "<section id=\"statistics\"><h2>Statistics of this input</h2>"
+        '<section id="statistics"><h2>Statistics of this input</h2>'
         + stats_tables_html(statistics, names, descriptions=STATISTIC_DESCRIPTIONS)
-        + "</section>" if statistics else ""
+        + "</section>"
+        if statistics
+        else ""
     )
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>
@@ -224,7 +263,9 @@ def render_report(
     return _page(title, body, script=SCRIPT, data=data)
 
 
-def write_report(path: Union[str, Path], attentions: Mapping[str, Any], tokens: Sequence[str], **options: Any) -> Path:
+def write_report(
+    path: Union[str, Path], attentions: Mapping[str, Any], tokens: Sequence[str], **options: Any
+) -> Path:
     """Write :func:`render_report` to ``path`` (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,10 +292,7 @@ def render_summary(
         images: ``{caption: path to a PNG}``.
         extra_tables: ``{heading: ready HTML}`` (built with escaping by the caller).
     """
-    meta_lines = "".join(
-        f'<p class="meta"><b>{html.escape(str(key))}:</b> {html.escape(str(value))}</p>'
-        for key, value in (meta or {}).items()
-    )
+    meta_lines = _meta_html(meta)
     figures = []
     for caption, image in (images or {}).items():
         encoded = base64.b64encode(Path(image).read_bytes()).decode("ascii")
@@ -263,7 +301,8 @@ def render_summary(
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
     extra = "".join(
-        f"<section><h2>{html.escape(heading)}</h2>{content}</section>" for heading, content in (extra_tables or {}).items()
+        f"<section><h2>{html.escape(heading)}</h2>{content}</section>"
+        for heading, content in (extra_tables or {}).items()
     )
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>

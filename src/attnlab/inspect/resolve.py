@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,11 +91,16 @@ def resolve_model(spec: str) -> ResolvedModel:
     """Load the model and tokenizer ``spec`` names (see the module docstring).
 
     Raises:
+        FileNotFoundError: ``spec`` is a path that does not exist.
         ValueError: when nothing can be loaded from ``spec``; the message says why.
     """
     path = Path(spec)
+    if not path.exists() and (os.sep in spec or spec.startswith(".")):
+        raise FileNotFoundError(f"--model {spec!r}: no such directory")
     if path.is_file():
-        raise ValueError(f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}")
+        raise ValueError(
+            f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
+        )
     if path.is_dir():
         checkpoint = _checkpoint_dir(path)
         if checkpoint is not None:
@@ -105,6 +111,8 @@ def resolve_model(spec: str) -> ResolvedModel:
                 model, tokenizer = _load_bare_encoder(checkpoint)
                 return ResolvedModel(model, tokenizer, spec, source)
             loaded = load_model(path)
+            if loaded.tokenizer is None:
+                raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
             return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
     try:
         from ..models.pretrained import from_pretrained, load_tokenizer  # type: ignore[import-not-found]

@@ -111,10 +111,12 @@ def row_statistics(
     log_n = n.log()  # [B, 1, 1]
     values = {
         "entropy": entropy,
-        "normalized_entropy": torch.where(log_n > 0, entropy / log_n.clamp_min(1e-12), torch.zeros_like(entropy)),
+        "normalized_entropy": torch.where(
+            log_n > 0, entropy / log_n.clamp_min(1e-12), torch.zeros_like(entropy)
+        ),
         # padded keys (weight 0) are always below the threshold: take them back out
         "sparsity": ((p < sparsity_threshold).sum(-1) - (S - n)) / n.clamp_min(1),
-        "top_k_mass": ordered[..., -min(top_k, S):].sum(-1),
+        "top_k_mass": ordered[..., -min(top_k, S) :].sum(-1),
         "gini": (ordered * gini_coefficients).sum(-1),
         "mean_offset": p @ positions - queries[:, 0],  # rows sum to 1: sum_s p_s (s - t)
         "mean_distance": (p * (positions - queries).abs()).sum(-1),  # |s - t| is [T, S]
@@ -133,9 +135,9 @@ def row_statistics(
     else:
         values["alignment_score"] = (p * reference[:, None]).sum(-1)
     has_reference = counted & reference.any(-1)[:, None, :]  # [B, H, T]
-    values["alignment_argmax"] = reference[:, None].expand(B, H, T, S).gather(
-        -1, p.argmax(-1, keepdim=True)
-    )[..., 0].float()
+    values["alignment_argmax"] = (
+        reference[:, None].expand(B, H, T, S).gather(-1, p.argmax(-1, keepdim=True))[..., 0].float()
+    )
     rows["alignment_score"] = rows["alignment_argmax"] = has_reference
 
     if key_groups:
@@ -169,14 +171,19 @@ class HeadStatistics:
         top_k: int = 3,
         token_groups: Optional[Mapping[str, Collection[int]]] = None,
     ) -> None:
-        if isinstance(sparsity_threshold, bool) or not isinstance(sparsity_threshold, (int, float)) \
-                or not 0.0 < sparsity_threshold <= 1.0:
+        if (
+            isinstance(sparsity_threshold, bool)
+            or not isinstance(sparsity_threshold, (int, float))
+            or not 0.0 < sparsity_threshold <= 1.0
+        ):
             raise ValueError(f"sparsity_threshold must be a float in (0, 1], got {sparsity_threshold!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive int, got {top_k!r}")
         self.sparsity_threshold = float(sparsity_threshold)
         self.top_k = top_k
-        self.token_groups = {name: sorted(set(int(i) for i in ids)) for name, ids in (token_groups or {}).items()}
+        self.token_groups = {
+            name: sorted(set(int(i) for i in ids)) for name, ids in (token_groups or {}).items()
+        }
         self._sums: dict[str, dict[str, Tensor]] = {}
         self._rows: dict[str, dict[str, Tensor]] = {}
 
@@ -236,7 +243,9 @@ class HeadStatistics:
         statistics = list(values)
         stacked = torch.stack([values[name] for name in statistics]).view(-1, L, B, H, T)  # [N, L, B, H, T]
         counted = torch.stack([rows[name] for name in statistics]).view(-1, L, B, H, T)
-        totals = torch.where(counted, stacked, torch.zeros_like(stacked)).sum((2, 4)).double().cpu()  # [N, L, H]
+        totals = (
+            torch.where(counted, stacked, torch.zeros_like(stacked)).sum((2, 4)).double().cpu()
+        )  # [N, L, H]
         counts = counted.sum((2, 4)).double().cpu()  # [N, L, H]
         for index, name in enumerate(names):
             sums = self._sums.setdefault(name, {})
@@ -265,4 +274,3 @@ class HeadStatistics:
     def row_counts(self) -> dict[str, list[int]]:
         """``{layer: [rows counted per head]}`` for the base statistics."""
         return {layer: [int(c) for c in rows["entropy"].tolist()] for layer, rows in self._rows.items()}
-

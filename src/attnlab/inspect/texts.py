@@ -46,14 +46,18 @@ def load_texts(
         try:
             from ..data.rotten_tomatoes import load_rotten_tomatoes  # type: ignore[import-not-found]
         except ImportError as error:
-            raise ValueError(f"the embedded data set is not available in this installation ({error})") from error
+            raise ValueError(
+                f"the embedded data set is not available in this installation ({error})"
+            ) from error
         splits = load_rotten_tomatoes()
         names = [split] if split else ["train", "validation", "test"]
         rows: list[tuple[str, Optional[int]]] = []
         for name in names:
-            if name not in splits:
-                raise ValueError(f"split must be one of {sorted(splits)}, got {name!r}")
-            rows.extend((text, _label(label)) for text, label in splits[name])
+            try:
+                examples = splits[name]
+            except KeyError as error:
+                raise ValueError(f"split must be train, validation or test, got {name!r}") from error
+            rows.extend((text, _label(label)) for text, label in examples)
         return rows[:limit]
     path = Path(spec)
     if not path.is_file():
@@ -63,7 +67,9 @@ def load_texts(
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             columns = reader.fieldnames or []
-            column = text_column or next((name for name in TEXT_COLUMNS if name in columns), columns[0] if columns else None)
+            column = text_column or next(
+                (name for name in TEXT_COLUMNS if name in columns), columns[0] if columns else None
+            )
             if column not in columns:
                 raise ValueError(f"text column {column!r} not in {path} (columns: {columns})")
             rows = [(row[column], _label(row.get("label"))) for row in reader if row.get(column)]
@@ -87,6 +93,20 @@ def _real_ids(encoding: Any) -> list[int]:
     return [token_id for token_id, keep in zip(encoding.ids, encoding.attention_mask) if keep]
 
 
+def _padded(part: list[tuple[list[int], Optional[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    T = max(1, max(len(ids) for ids, _ in part))
+    input_ids = torch.full((len(part), T), pad_id, dtype=torch.long)  # [B, T]
+    mask = torch.zeros(len(part), T, dtype=torch.bool)  # [B, T]
+    for row, (ids, _) in enumerate(part):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[row, : len(ids)] = True
+    batch = {"input_ids": input_ids, "mask": mask}
+    labels = [label for _, label in part]
+    if all(label is not None for label in labels):
+        batch["labels"] = torch.tensor(labels, dtype=torch.long)
+    return batch
+
+
 def encode_batches(
     rows: Iterable[tuple[str, Optional[int]]],
     tokenizer: Any,
@@ -94,12 +114,17 @@ def encode_batches(
     batch_size: int = 32,
     max_length: int = 128,
     pad_id: int = 0,
+    max_attention_cells: Optional[int] = None,
     sort_window: int = 32,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Tokenize lazily and yield padded batches ``{"input_ids", "mask", ["labels"]}``.
 
     Texts are read ``batch_size * sort_window`` at a time and sorted by length inside
-    that window, so batches carry little padding while memory stays bounded.
+    that window, so batches carry little padding while memory stays bounded. With
+    ``max_attention_cells``, a batch of long texts holds fewer of them: ``B * T * T``
+    stays within the budget (at least one text a batch), so the attention maps of the
+    longest batch, and with them the peak memory, do not depend on how long the
+    longest text of the data happens to be.
 
     Shape:
         ``input_ids`` ``[B, T]`` long, ``mask`` ``[B, T]`` bool (``True`` on real
@@ -107,6 +132,8 @@ def encode_batches(
     """
     if batch_size < 1 or max_length < 1:
         raise ValueError(f"batch_size and max_length must be >= 1, got {batch_size} and {max_length}")
+    if max_attention_cells is not None and max_attention_cells < 1:
+        raise ValueError(f"max_attention_cells must be >= 1, got {max_attention_cells}")
     window: list[tuple[str, Optional[int]]] = []
 
     def flush(chunk: list[tuple[str, Optional[int]]]) -> Iterator[dict[str, torch.Tensor]]:
@@ -115,19 +142,18 @@ def encode_batches(
             ((_real_ids(encoding)[:max_length], label) for encoding, (_, label) in zip(encodings, chunk)),
             key=lambda item: len(item[0]),
         )
-        for start in range(0, len(items), batch_size):
-            part = items[start:start + batch_size]
-            T = max(1, max(len(ids) for ids, _ in part))
-            input_ids = torch.full((len(part), T), pad_id, dtype=torch.long)  # [B, T]
-            mask = torch.zeros(len(part), T, dtype=torch.bool)  # [B, T]
-            for row, (ids, _) in enumerate(part):
-                input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                mask[row, : len(ids)] = True
-            batch = {"input_ids": input_ids, "mask": mask}
-            labels = [label for _, label in part]
-            if all(label is not None for label in labels):
-                batch["labels"] = torch.tensor(labels, dtype=torch.long)
-            yield batch
+        part: list[tuple[list[int], Optional[int]]] = []
+        for item in items:  # ascending length: the newest item sets the batch's T
+            T = max(1, len(item[0]))
+            full = len(part) == batch_size or (
+                max_attention_cells is not None and part and (len(part) + 1) * T * T > max_attention_cells
+            )
+            if full:
+                yield _padded(part, pad_id)
+                part = []
+            part.append(item)
+        if part:
+            yield _padded(part, pad_id)
 
     for row in rows:
         window.append(row)

@@ -18,7 +18,9 @@ WORDS = "the a movie film was is great bad fun boring and but not very plot acti
 def tiny_tokenizer() -> Tokenizer:
     """Word-level tokenizer: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, punctuation, a few words."""
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", ",", ".", "!", "<", ">", "script", "/"] + WORDS
-    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(vocabulary)}, unk_token="[UNK]"))
+    tokenizer = Tokenizer(
+        models.WordLevel({token: i for i, token in enumerate(vocabulary)}, unk_token="[UNK]")
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
@@ -38,7 +40,10 @@ def save_tiny_run(directory: Path, seed: int = 0) -> Path:
     model = tiny_encoder(seed)
     checkpoint = directory / "checkpoints" / "best"
     checkpoint.mkdir(parents=True)
-    save_file({f"encoder.{k}": v.contiguous() for k, v in model.state_dict().items()}, str(checkpoint / "model.safetensors"))
+    save_file(
+        {f"encoder.{k}": v.contiguous() for k, v in model.state_dict().items()},
+        str(checkpoint / "model.safetensors"),
+    )
     (checkpoint / "config.json").write_text(
         json.dumps({"model_type": "encoder", "encoder": model.config.to_dict(), "head": {}})
     )

@@ -25,13 +25,18 @@ class TinyClassifier(nn.Module):
         self.head = nn.Linear(encoder.d_model, classes, dtype=encoder.embedding.weight.dtype)
 
     def forward(self, input_ids, mask=None, *, output_attentions=False, head_mask=None):
-        hidden, attentions = self.encoder(input_ids, mask, output_attentions=output_attentions, head_mask=head_mask)
+        hidden, attentions = self.encoder(
+            input_ids, mask, output_attentions=output_attentions, head_mask=head_mask
+        )
         return ClassifierOutput(self.head(hidden.mean(1)), attentions)
 
 
 def _batches():
     torch.manual_seed(3)
-    return [(torch.randint(1, 20, (3, 6)), torch.tensor([0, 1, 1])), (torch.randint(1, 20, (2, 4)), torch.tensor([1, 0]))]
+    return [
+        (torch.randint(1, 20, (3, 6)), torch.tensor([0, 1, 1])),
+        (torch.randint(1, 20, (2, 4)), torch.tensor([1, 0])),
+    ]
 
 
 def test_mask_heads_matches_the_model_head_mask(encoder):

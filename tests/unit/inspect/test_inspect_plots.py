@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.inspect.plots import bucket_attention, plot_head, plot_layer, plot_model, plot_statistic, save_figure
+from attnlab.inspect.plots import (
+    bucket_attention,
+    plot_head,
+    plot_layer,
+    plot_model,
+    plot_statistic,
+    save_figure,
+)
 
 
 def test_bucketing_keeps_row_mass_and_names_ranges():

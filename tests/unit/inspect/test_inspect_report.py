@@ -47,8 +47,12 @@ def test_json_for_script_cannot_close_the_script():
 
 
 def test_tokens_never_reach_the_page_as_markup():
-    page = render_report(_attentions(HOSTILE), HOSTILE, meta={"text": "<b>bold</b>"},
-                         statistics={"entropy": [[1.0, 2.0, None]] * 2})
+    page = render_report(
+        _attentions(HOSTILE),
+        HOSTILE,
+        meta={"text": "<b>bold</b>"},
+        statistics={"entropy": [[1.0, 2.0, None]] * 2},
+    )
     assert "window.__pwned" in page  # present, but only inside the escaped JSON
     assert "<script>window.__pwned" not in page and "<img" not in page
     assert "&lt;b&gt;bold&lt;/b&gt;" in page
@@ -59,7 +63,9 @@ def test_tokens_never_reach_the_page_as_markup():
 def test_summary_page_inlines_its_images(tmp_path):
     png = tmp_path / "x.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n")
-    page = render_summary({"entropy": [[0.5, None]]}, ["layer_1"], meta={"data": "<x>"}, images={"entropy <1>": png})
+    page = render_summary(
+        {"entropy": [[0.5, None]]}, ["layer_1"], meta={"data": "<x>"}, images={"entropy <1>": png}
+    )
     assert "data:image/png;base64," in page and "&lt;x&gt;" in page and "entropy &lt;1&gt;" in page
 
 
@@ -67,7 +73,7 @@ def test_long_inputs_are_pooled_in_the_report():
     tokens = [f"w{i}" for i in range(300)]
     page = render_report(_attentions(tokens, layers=1, heads=1), tokens, max_tokens=100)
     data = json.loads(re.search(r'type="application/json">(.*?)</script>', page, re.S).group(1))
-    assert len(data["tokens"]) == 100 and data["tokens"][0] == "0-2"
+    assert len(data["tokens"]) == 100 and data["tokens"][0] == "0-2 w0 w1 w2"
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +93,13 @@ def opened(browser, tmp_path):
     tokens = HOSTILE
     attentions = _attentions(tokens)
     rollout = attention_rollout({n: w[None] for n, w in attentions.items()})[:, 0]
-    path = write_report(tmp_path / "report.html", attentions, tokens, statistics={"entropy": [[1.0, 2.0, 3.0]] * 2},
-                        rollout=rollout)
+    path = write_report(
+        tmp_path / "report.html",
+        attentions,
+        tokens,
+        statistics={"entropy": [[1.0, 2.0, 3.0]] * 2},
+        rollout=rollout,
+    )
     page = browser.new_page()
     problems, requests = [], []
     page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
@@ -101,7 +112,9 @@ def opened(browser, tmp_path):
 
 
 def _cell_colours(page, row):
-    return page.eval_on_selector_all(f"#heatmap tbody tr[data-row='{row}'] td", "cells => cells.map(c => c.style.background)")
+    return page.eval_on_selector_all(
+        f"#heatmap tbody tr[data-row='{row}'] td", "cells => cells.map(c => c.style.background)"
+    )
 
 
 def test_page_loads_without_errors_or_network(opened):
@@ -130,7 +143,10 @@ def test_clicking_a_head_changes_the_view(opened):
     page.click("#layer-buttons button[data-layer='1']")
     assert page.get_attribute("#heatmap", "data-layer") == "1"
     page.click("#grid canvas[data-layer='0'][data-head='1']")  # the model grid selects too
-    assert (page.get_attribute("#heatmap", "data-layer"), page.get_attribute("#heatmap", "data-head")) == ("0", "1")
+    assert (page.get_attribute("#heatmap", "data-layer"), page.get_attribute("#heatmap", "data-head")) == (
+        "0",
+        "1",
+    )
     page.click("#head-buttons button[data-head='rollout']")
     assert page.get_attribute("#heatmap", "data-head") == "rollout"
 
@@ -140,7 +156,9 @@ def test_hovering_a_token_highlights_its_row(opened):
     page.click("#layer-buttons button[data-layer='1']")
     page.click("#head-buttons button[data-head='2']")
     page.hover("#tokens .token[data-index='6']")
-    highlighted = page.eval_on_selector_all("#heatmap tbody tr.highlight", "rows => rows.map(r => r.dataset.row)")
+    highlighted = page.eval_on_selector_all(
+        "#heatmap tbody tr.highlight", "rows => rows.map(r => r.dataset.row)"
+    )
     assert highlighted == ["6"]
     assert page.get_attribute("#heatmap", "data-row") == "6"
     expected = attentions["layer_2"][2]  # [T, T]
@@ -150,5 +168,7 @@ def test_hovering_a_token_highlights_its_row(opened):
     assert by == pytest.approx(expected[:, 6].tolist(), abs=1e-3)
     assert "[6] movie" in page.inner_text("#hover-info")
     page.hover("#tokens .token[data-index='2']")
-    assert page.eval_on_selector_all("#heatmap tbody tr.highlight", "rows => rows.map(r => r.dataset.row)") == ["2"]
+    assert page.eval_on_selector_all(
+        "#heatmap tbody tr.highlight", "rows => rows.map(r => r.dataset.row)"
+    ) == ["2"]
     assert problems == []

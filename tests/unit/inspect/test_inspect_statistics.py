@@ -149,8 +149,10 @@ def test_streaming_equals_all_at_once(encoder):
     one_by_one = analyzer.analyze_attention_distribution([(_padded([example]),) for example in examples])
     everything = analyzer.analyze_attention_distribution([_padded(examples)])
     in_pairs = analyzer.analyze_attention_distribution(
-        [{"input_ids": _padded(examples[i:i + 2]), "mask": _padded(examples[i:i + 2]) != 0}
-         for i in range(0, len(examples), 2)]
+        [
+            {"input_ids": _padded(examples[i : i + 2]), "mask": _padded(examples[i : i + 2]) != 0}
+            for i in range(0, len(examples), 2)
+        ]
     )
     assert one_by_one.examples == everything.examples == in_pairs.examples == len(examples)
     assert one_by_one.rows == everything.rows == in_pairs.rows
@@ -184,3 +186,17 @@ def test_default_band_equals_the_explicit_reference(T, S):
     explicit, _ = row_statistics(weights, query_mask, key_mask, alignment=neighbour_alignment(T, S))
     assert torch.allclose(default["alignment_score"], explicit["alignment_score"], atol=1e-6)
     assert torch.equal(default["alignment_argmax"], explicit["alignment_argmax"])
+
+
+def test_chunked_statistics_equal_one_pass(encoder, monkeypatch):
+    import attnlab.inspect.analyzer as analyzer_module
+
+    torch.manual_seed(2)
+    examples = [torch.randint(1, 20, (length,)).tolist() for length in (4, 11, 6, 9, 2)]
+    batch = [(_padded(examples),)]
+    whole = AttentionAnalyzer(encoder).analyze_attention_distribution(batch)
+    monkeypatch.setattr(analyzer_module, "_CHUNK_CELLS", 1)  # one example at a time
+    chunked = AttentionAnalyzer(encoder).analyze_attention_distribution(batch)
+    assert chunked.rows == whole.rows
+    for name in whole.keys():
+        assert chunked.matrix(name) == pytest.approx(whole.matrix(name), rel=1e-5, abs=1e-6), name

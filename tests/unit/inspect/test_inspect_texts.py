@@ -46,3 +46,35 @@ def test_batch_forms():
         as_analysis_batch({"input_ids": ids, "alignment": torch.ones(1, 3, 2)})
     with pytest.raises(TypeError, match="batch"):
         as_analysis_batch(3)
+
+
+def test_embedded_data_splits(monkeypatch):
+    import sys
+    import types
+
+    class Splits:  # indexable by name only, like the data package's result
+        def __getitem__(self, name):
+            data = {"train": [("a", 1), ("b", 0)], "validation": [("c", 1)], "test": [("d", 0)]}
+            if name not in data:
+                raise KeyError(name)
+            return data[name]
+
+    module = types.ModuleType("attnlab.data.rotten_tomatoes")
+    module.load_rotten_tomatoes = Splits
+    monkeypatch.setitem(sys.modules, "attnlab.data.rotten_tomatoes", module)
+    if "attnlab.data" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "attnlab.data", types.ModuleType("attnlab.data"))
+    assert load_texts("rotten_tomatoes") == [("a", 1), ("b", 0), ("c", 1), ("d", 0)]
+    assert load_texts("rotten_tomatoes", split="validation") == [("c", 1)]
+    assert load_texts("rotten_tomatoes", limit=3)[-1] == ("c", 1)
+    with pytest.raises(ValueError, match="split"):
+        load_texts("rotten_tomatoes", split="dev")
+
+
+def test_attention_cell_budget_shrinks_batches_of_long_texts(tokenizer):
+    short = [("bad", 0)] * 6  # 3 tokens with [CLS] and [SEP]
+    long = [("the movie was very very very boring and not fun", 1)] * 3  # 12 tokens
+    batches = list(encode_batches(short + long, tokenizer, batch_size=4, max_attention_cells=4 * 3 * 3 + 1))
+    sizes = [tuple(batch["input_ids"].shape) for batch in batches]
+    assert sizes == [(4, 3), (2, 3), (1, 12), (1, 12), (1, 12)]
+    assert sum(size[0] for size in sizes) == 9

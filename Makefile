@@ -29,8 +29,11 @@ $(CHROMIUM):
 	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium
 
+# Timings mean something only on an otherwise idle machine. `make bench BENCH_ARGS=--quick`
+# runs the attention benchmark on small sizes.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/attention.py $(BENCH_ARGS)
 	$(PY) benchmarks/analyze.py
 
 clean:

@@ -181,8 +181,11 @@ class MultiHeadAttention(nn.Module):
         B, T, E = query.shape
         if self.packed and query is key and key is value:
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # [B, T, 3E]
-            qkv = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            return qkv[0], qkv[1], qkv[2]  # each [B, H, T, D]
+            # unbind, not three indexings: its backward stacks the three gradients
+            # straight into the [B, T, 3, H, D] layout of `qkv` (one copy), where
+            # indexing would build and sum three zero-filled [B, T, 3E] gradients.
+            q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).unbind(2)  # each [B, T, H, D]
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # each [B, H, T, D]
         w_q, w_k, w_v = self._weights()
         b_q, b_k, b_v = self._biases()
         q = self._split_heads(F.linear(query, w_q, b_q))

@@ -116,8 +116,11 @@ class CrossModalAttention(nn.Module):
         visual_dim: width ``V`` of the visual features.
         text_dim: width ``E`` of the text states (the block's working width).
         num_heads: heads ``H`` of each direction's attention; must divide ``text_dim``.
-        dropout: dropout on attention probabilities and residual branches.
+        dropout: dropout on the residual branches (and on attention probabilities
+            unless ``attention_dropout`` says otherwise).
         gate: ``"sigmoid"`` or ``"tanh0"``.
+        attention_dropout: dropout on attention probabilities; ``None`` = ``dropout``.
+            0 keeps torch's fused attention kernel in training.
 
     Shape:
         ``visual_features`` ``[B, S, V]``, ``text_features`` ``[B, T, E]``,
@@ -141,6 +144,7 @@ class CrossModalAttention(nn.Module):
         dropout: float = 0.1,
         *,
         gate: str = "sigmoid",
+        attention_dropout: Optional[float] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -149,6 +153,8 @@ class CrossModalAttention(nn.Module):
         check_positive_int("text_dim", text_dim)
         check_positive_int("num_heads", num_heads)
         dropout = check_probability("dropout", dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        attention_dropout = check_probability("attention_dropout", attention_dropout)
         if gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
         factory = {"device": device, "dtype": dtype}
@@ -158,8 +164,8 @@ class CrossModalAttention(nn.Module):
         self.gate_kind = gate
         self.visual_proj = nn.Linear(visual_dim, text_dim, **factory)
         # One module per direction: the article reuses a single one for both.
-        self.text_to_visual = MultiHeadAttention(text_dim, num_heads, dropout, **factory)
-        self.visual_to_text = MultiHeadAttention(text_dim, num_heads, dropout, **factory)
+        self.text_to_visual = MultiHeadAttention(text_dim, num_heads, attention_dropout, **factory)
+        self.visual_to_text = MultiHeadAttention(text_dim, num_heads, attention_dropout, **factory)
         self.norm1 = nn.LayerNorm(text_dim, **factory)
         self.norm2 = nn.LayerNorm(text_dim, **factory)
         self.dropout = nn.Dropout(dropout)

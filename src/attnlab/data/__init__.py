@@ -1,0 +1,1 @@
+"""Embedded data sets, loaders, tokenization and collation."""

@@ -1,0 +1,1 @@
+"""Task models built on the encoder."""

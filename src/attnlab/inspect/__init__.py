@@ -1,0 +1,1 @@
+"""Attention capture, analysis, plots and reports."""

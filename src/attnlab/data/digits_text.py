@@ -185,12 +185,21 @@ def digits_text_tokenizer():
     return tokenizer
 
 
-def collate_digits_text(examples: Sequence[DigitsTextExample], tokenizer) -> dict[str, "torch.Tensor"]:
+def collate_digits_text(
+    examples: Sequence[DigitsTextExample], tokenizer, *, share_images: bool = False
+) -> dict[str, "torch.Tensor"]:
     """Batch examples into tensors for :class:`~attnlab.models.image_text.ImageTextModel`.
+
+    Args:
+        examples: the pairs to batch.
+        tokenizer: from :func:`digits_text_tokenizer`.
+        share_images: keep each distinct image once and add ``image_index`` (the image
+            row of every statement), so the model encodes each image once.
 
     Returns:
         ``input_ids [B, T]`` (padded with id 0), ``mask [B, T]`` (``True`` on real
-        tokens), ``images [B, 8, 8]`` and ``labels [B]``.
+        tokens), ``images [B or N, 8, 8]``, ``labels [B]`` and, with ``share_images``,
+        ``image_index [B]``.
     """
     import torch
 
@@ -199,9 +208,17 @@ def collate_digits_text(examples: Sequence[DigitsTextExample], tokenizer) -> dic
     input_ids = torch.zeros(len(examples), T, dtype=torch.long)
     for row, encoding in enumerate(encodings):
         input_ids[row, : len(encoding.ids)] = torch.tensor(encoding.ids)
-    return {
-        "input_ids": input_ids,
-        "mask": input_ids != 0,
-        "images": torch.from_numpy(np.stack([example.image for example in examples])),
-        "labels": torch.tensor([example.label for example in examples]),
-    }
+    batch = {"input_ids": input_ids, "mask": input_ids != 0}
+    if share_images:
+        rows: dict[int, int] = {}
+        for example in examples:
+            rows.setdefault(example.image_id, len(rows))
+        unique = {image_id: None for image_id in rows}
+        for example in examples:
+            unique[example.image_id] = example.image
+        batch["images"] = torch.from_numpy(np.stack(list(unique.values())))
+        batch["image_index"] = torch.tensor([rows[example.image_id] for example in examples])
+    else:
+        batch["images"] = torch.from_numpy(np.stack([example.image for example in examples]))
+    batch["labels"] = torch.tensor([example.label for example in examples])
+    return batch

@@ -258,19 +258,43 @@ class ImageTextModel(nn.Module):
         *,
         images: Tensor,
         image_mask: Optional[Tensor] = None,
+        image_index: Optional[Tensor] = None,
         output_attentions: bool = False,
         head_mask: Optional[Tensor] = None,
     ) -> ImageTextOutput:
-        """Score ``(images, input_ids)`` pairs; ``head_mask`` applies to the text encoder."""
+        """Score ``(image, statement)`` pairs.
+
+        Args:
+            input_ids: ``[B, T]`` statement ids, ``[CLS]`` first.
+            mask: ``[B, T]``, ``True`` on real tokens; derived from ``pad_id`` when omitted.
+            images: ``[N, image_size, image_size]``; ``N == B`` unless ``image_index`` is given.
+            image_mask: ``[N, S]``, ``True`` on real patches; ``None`` = all real.
+            image_index: ``[B]`` row of ``images`` that each statement is about, so that
+                several statements about one image share a single image encoding.
+            output_attentions: also return every attention map (see :class:`ImageTextOutput`).
+            head_mask: ``[H]`` or ``[L, H]`` multipliers of the text encoder's heads.
+        """
         B, T = input_ids.shape
-        if images.shape[0] != B:
-            raise ValueError(f"images must have batch size {B} like input_ids, got shape {tuple(images.shape)}")
-        if image_mask is not None and image_mask.shape != (B, self.config.num_patches):
+        N = images.shape[0]
+        if image_index is None:
+            if N != B:
+                raise ValueError(
+                    f"images must have batch size {B} like input_ids (or pass image_index), "
+                    f"got shape {tuple(images.shape)}"
+                )
+        elif image_index.shape != (B,) or (B and (int(image_index.min()) < 0 or int(image_index.max()) >= N)):
+            raise ValueError(f"image_index must be [B] = [{B}] with values in [0, {N}), got {image_index.tolist()}")
+        if image_mask is not None and image_mask.shape != (N, self.config.num_patches):
             raise ValueError(
-                f"image_mask must be [B, S] = [{B}, {self.config.num_patches}], got {tuple(image_mask.shape)}"
+                f"image_mask must be [N, S] = [{N}, {self.config.num_patches}], got {tuple(image_mask.shape)}"
             )
         text_mask = input_ids != self.config.pad_id if mask is None else mask.bool()  # [B, T]
         visual, visual_attentions = self.encode_image(images, image_mask, output_attentions=output_attentions)
+        if image_index is not None:
+            visual = visual[image_index]  # [B, S, V]
+            image_mask = None if image_mask is None else image_mask[image_index]  # [B, S]
+            if visual_attentions is not None:
+                visual_attentions = {name: value[image_index] for name, value in visual_attentions.items()}
         text, attentions = self.text_encoder(
             input_ids, text_mask, output_attentions=output_attentions, head_mask=head_mask
         )  # [B, T, E]

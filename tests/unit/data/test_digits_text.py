@@ -93,3 +93,11 @@ def test_collate_pads_with_zero_and_marks_real_tokens(splits):
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         load_digits_text(**kwargs)
+
+
+def test_collate_can_share_each_image_between_its_statements(splits):
+    examples = splits["test"][:8]  # two images, four statements each
+    batch = collate_digits_text(examples, digits_text_tokenizer(), share_images=True)
+    assert batch["images"].shape == (2, 8, 8)
+    assert batch["image_index"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    np.testing.assert_array_equal(batch["images"][1].numpy(), examples[4].image)

@@ -99,3 +99,14 @@ def test_config_round_trip_and_validation():
         ImageTextConfig.from_dict({"vocab_size": 3, "colour": 1})
     with pytest.raises(ValueError, match="images"):
         ImageTextModel(_config())(torch.tensor([[2, 3]]), images=torch.rand(1, 7, 7))
+
+
+def test_image_index_shares_one_image_encoding_between_statements():
+    torch.manual_seed(0)
+    model = ImageTextModel(_config()).eval()
+    input_ids, images = _batch()
+    repeated = model(input_ids, images=images[[1, 1]]).logits
+    shared = model(input_ids, images=images[1:], image_index=torch.tensor([0, 0])).logits
+    torch.testing.assert_close(shared, repeated)
+    with pytest.raises(ValueError, match="image_index"):
+        model(input_ids, images=images[1:], image_index=torch.tensor([0, 1]))

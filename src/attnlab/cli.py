@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("attnlab.demo", "run the demonstration job on the embedded data"),
+    "train": ("attnlab.train.command", "train a classifier on the embedded data or your CSV/JSONL file"),
 }
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
@@ -111,6 +112,7 @@ class ImageTextOutput(NamedTuple):
             or ``None``.
         gates: each cross-modal layer's gate (see :class:`CrossModalOutput`); empty for
             the baseline.
+        loss: mean cross-entropy when ``labels`` were given, else ``None``.
     """
 
     logits: Tensor
@@ -119,6 +121,7 @@ class ImageTextOutput(NamedTuple):
     cross_attentions: Optional[dict[str, Tensor]]
     visual_to_text_attentions: Optional[dict[str, Tensor]]
     gates: dict[str, Tensor]
+    loss: Optional[Tensor] = None
 
 
 class PatchEmbedding(nn.Module):
@@ -206,6 +209,8 @@ class ImageTextModel(nn.Module):
         (torch.Size([1, 2]), torch.Size([1, 4, 3, 16]))
     """
 
+    model_type = "image_text"
+
     def __init__(self, config: ImageTextConfig, *, device=None, dtype=None) -> None:
         super().__init__()
         if not isinstance(config, ImageTextConfig):
@@ -238,6 +243,20 @@ class ImageTextModel(nn.Module):
             head_in = config.visual_dim + config.d_model
         self.head = _ClassificationHead(head_in, config.d_model, config.num_labels, config.dropout, factory)
 
+    @property
+    def encoder(self) -> TransformerEncoder:
+        """The text encoder (its config goes to ``config.json`` as ``"encoder"``)."""
+        return self.text_encoder
+
+    def head_config(self) -> dict[str, Any]:
+        """The whole :class:`ImageTextConfig`, saved as ``config.json``'s ``"head"``."""
+        return self.config.to_dict()
+
+    @classmethod
+    def from_model_config(cls, config: dict[str, Any], *, device=None, dtype=None) -> "ImageTextModel":
+        """Rebuild from a ``config.json`` dict written by :func:`attnlab.models.save_model`."""
+        return cls(ImageTextConfig.from_dict(config["head"]), device=device, dtype=dtype)
+
     def encode_image(
         self, images: Tensor, image_mask: Optional[Tensor] = None, *, output_attentions: bool = False
     ) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
@@ -259,6 +278,7 @@ class ImageTextModel(nn.Module):
         images: Tensor,
         image_mask: Optional[Tensor] = None,
         image_index: Optional[Tensor] = None,
+        labels: Optional[Tensor] = None,
         output_attentions: bool = False,
         head_mask: Optional[Tensor] = None,
     ) -> ImageTextOutput:
@@ -271,6 +291,7 @@ class ImageTextModel(nn.Module):
             image_mask: ``[N, S]``, ``True`` on real patches; ``None`` = all real.
             image_index: ``[B]`` row of ``images`` that each statement is about, so that
                 several statements about one image share a single image encoding.
+            labels: ``[B]`` class ids; when given, ``loss`` is their mean cross-entropy.
             output_attentions: also return every attention map (see :class:`ImageTextOutput`).
             head_mask: ``[H]`` or ``[L, H]`` multipliers of the text encoder's heads.
         """
@@ -303,7 +324,8 @@ class ImageTextModel(nn.Module):
         gates: dict[str, Tensor] = {}
         if self.config.fusion == "concat":
             pooled = torch.cat([masked_mean(visual, image_mask).squeeze(1), text[:, 0]], dim=-1)  # [B, V + E]
-            return ImageTextOutput(self.head(pooled), attentions, visual_attentions, None, None, gates)
+            logits = self.head(pooled)  # [B, num_labels]
+            return ImageTextOutput(logits, attentions, visual_attentions, None, None, gates, _loss(logits, labels))
         for index, layer in enumerate(self.cross_layers):
             text, fused = layer(visual, text, image_mask, text_mask, output_attentions)
             visual = fused.visual_output  # [B, S, E]: the next layer's visual input
@@ -313,7 +335,11 @@ class ImageTextModel(nn.Module):
                 cross[name] = fused.text_to_visual_weights
                 backward[name] = fused.visual_to_text_weights
         logits = self.head(text[:, 0])  # [B, num_labels], from the [CLS] state
-        return ImageTextOutput(logits, attentions, visual_attentions, cross, backward, gates)
+        return ImageTextOutput(logits, attentions, visual_attentions, cross, backward, gates, _loss(logits, labels))
+
+
+def _loss(logits: Tensor, labels: Optional[Tensor]) -> Optional[Tensor]:
+    return None if labels is None else F.cross_entropy(logits.float(), labels)
 
 
 def gate_summary(gates: dict[str, Tensor]) -> dict[str, float]:

@@ -110,3 +110,23 @@ def test_image_index_shares_one_image_encoding_between_statements():
     torch.testing.assert_close(shared, repeated)
     with pytest.raises(ValueError, match="image_index"):
         model(input_ids, images=images[1:], image_index=torch.tensor([0, 1]))
+
+
+def test_labels_give_the_mean_cross_entropy():
+    model = ImageTextModel(_config()).eval()
+    input_ids, images = _batch()
+    labels = torch.tensor([1, 0])
+    out = model(input_ids, images=images, labels=labels)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+    assert model(input_ids, images=images).loss is None
+
+
+def test_save_and_load_round_trip(tmp_path):
+    from attnlab.models import load_model, save_model
+
+    model = ImageTextModel(_config(gate="tanh0")).eval()
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert isinstance(loaded.model, ImageTextModel) and loaded.config["model_type"] == "image_text"
+    input_ids, images = _batch()
+    torch.testing.assert_close(loaded.model(input_ids, images=images).logits, model(input_ids, images=images).logits)

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("attnlab.demo", "run the demonstration job on the embedded data"),
     "train": ("attnlab.train.command", "train a classifier on the embedded data or your CSV/JSONL file"),
+    "image-attention": ("attnlab.inspect.digits_attention",
+                        "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
 }
 
 

@@ -62,3 +62,14 @@ def test_tasks_register_once():
     assert {"text-classification", "digits-text"} <= set(task_names())
     with pytest.raises(ValueError, match="already registered"):
         register_task(Task("digits-text", "again", run=lambda *a, **k: None))
+
+
+def test_image_attention_command_draws_pngs_and_scores_alignment(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--quiet", *TINY]) == 0
+    pictures = tmp_path / "pictures"
+    assert main(["image-attention", "--run", str(out), "--out", str(pictures), "--examples", "2"]) == 0
+    assert "attention mass on inked patches" in capsys.readouterr().out
+    alignment = json.loads((pictures / "alignment.json").read_text())
+    assert set(alignment) == {"layer_1"} and 0.0 <= alignment["layer_1"]["mass"] <= 1.0
+    assert len(list(pictures.glob("*.png"))) == 2

@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test bench clean
 
@@ -20,8 +21,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m attnlab.demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests
+
+# The report tests drive a real headless browser: Debian's chromium, installed once.
+$(CHROMIUM):
+	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium
 
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py

@@ -27,6 +27,8 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models.pretrained import from_pretrained
+from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
@@ -44,9 +46,11 @@ __all__ = [
     "ScaledDotProductAttention",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "TransformerTrainer",
     "attention",
     "causal_mask",
     "combine_masks",
+    "from_pretrained",
     "padding_mask",
     "padding_mask_from_ids",
 ]

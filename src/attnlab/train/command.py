@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"data.path={_toml_string(args.data)}"] if args.data else [])
     config = resolve_run_config(args.config, overrides)
     info = init_distributed()
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.ERROR)  # one process speaks
     device = args.device
     if device is None and torch.cuda.is_available() and info.world_size > 1:
         device = f"cuda:{info.local_rank}"

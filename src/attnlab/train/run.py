@@ -143,11 +143,12 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfi
         if not config_path.is_file():
             raise FileNotFoundError(f"cannot resume: {config_path} does not exist")
         return RunConfig.from_json(config_path)
-    if config_path.exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
     if distributed_info().is_main:
+        if config_path.exists():
+            raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+    _barrier()
     return config
 
 
@@ -168,6 +169,8 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
     config = _prepare_run_dir(config, run_dir, resume)
     train = config.train
     info = distributed_info()
+    if train.num_threads is not None:
+        torch.set_num_threads(train.num_threads)
     seed_everything(train.seed)
     splits = load_splits(config)
     tokenizer = _tokenizer(config, splits, run_dir, resume)
@@ -189,6 +192,7 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
                         early_stopping_patience=train.early_stopping_patience, save_every=train.save_every,
                         resume_from=resume_from)
     best = run_dir / "checkpoints" / "best"
+    _barrier()  # process 0 may still be writing the last best checkpoint
     if (best / MODEL_FILE).is_file():
         safetensors.torch.load_model(trainer.model, str(best / MODEL_FILE), device=str(trainer.device))
     test = trainer.evaluate(test_set, collate_fn=collate, batch_size=train.eval_batch_size)

@@ -113,11 +113,12 @@ class TrainSettings:
     mlm_steps: int = 0  # masked-LM pre-training steps on the training texts, before classifying
     mlm_learning_rate: float = 1e-3
     mlm_probability: float = 0.15
+    num_threads: Optional[int] = None  # torch's CPU threads per process; None: torch's default
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "gradient_accumulation_steps", "log_every", "eval_batch_size"):
             _positive(f"train.{name}", getattr(self, name))
-        for name in ("max_steps", "eval_every", "save_every", "early_stopping_patience"):
+        for name in ("max_steps", "eval_every", "save_every", "early_stopping_patience", "num_threads"):
             if getattr(self, name) is not None:
                 _positive(f"train.{name}", getattr(self, name))
         for name in ("learning_rate", "mlm_learning_rate"):

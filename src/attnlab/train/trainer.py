@@ -355,10 +355,11 @@ class TransformerTrainer:
 
         state = load_trainer_state(directory)
         safetensors.torch.load_model(self.model, str(Path(directory) / MODEL_FILE), device=str(self.device))
-        self.optimizer.load_state_dict(state["optimizer"])
         self.total_steps = state["total_steps"]
         self.scheduler = self._build_scheduler(self.total_steps)
         self.scheduler.load_state_dict(state["scheduler"])
+        # after the scheduler: building one resets the optimizer's rates, loading restores them
+        self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.state = TrainerState(**state["trainer"])

@@ -50,3 +50,18 @@ def test_gradcheck(kind: str, need_weights: bool) -> None:
         return (out, weights) if need_weights else out
 
     assert torch.autograd.gradcheck(function, (q, k, v), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "reference"])
+def test_full_jacobian_gradcheck_with_fully_masked_row(need_weights: bool) -> None:
+    """The whole Jacobian (not random projections) on a tiny case with an empty row."""
+    mask = torch.tensor([[True, False, True], [False, False, False]])  # [T, S]; query 1 has no key
+    q = torch.randn(1, 1, 2, 2, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 3, 2, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 1, 3, 2, dtype=torch.float64, requires_grad=True)
+
+    def function(q, k, v):
+        out, weights = attention(q, k, v, mask, need_weights=need_weights)
+        return (out, weights) if need_weights else out
+
+    assert torch.autograd.gradcheck(function, (q, k, v), eps=1e-6, atol=1e-7, rtol=1e-5)

@@ -52,6 +52,10 @@ def _case(kind: str) -> tuple[Optional[Tensor], bool, Optional[Tensor], Optional
         allowed = torch.ones(B, 1, 1, S, dtype=torch.bool)
         allowed[0, ..., :2] = False  # query 0 and 1 of batch 0 then have no key left
         return allowed, True, allowed & causal_mask(T, S), None
+    if kind == "causal_and_float":
+        additive = torch.randn(B, 1, 1, S)
+        additive[0, ..., 0] = float("-inf")  # query 0 of batch 0 then has no key left
+        return additive, True, causal_mask(T, S), additive
     if kind == "fully_masked":
         allowed = torch.zeros(T, S, dtype=torch.bool)
         return allowed, False, allowed, None
@@ -67,6 +71,7 @@ KINDS = [
     "causal_flag",
     "causal_mask",
     "causal_and_padding",
+    "causal_and_float",
     "fully_masked",
 ]
 
@@ -108,7 +113,9 @@ def test_fused_and_reference_match_golden(kind: str, golden) -> None:
         torch.testing.assert_close(fused, ref, rtol=0, atol=bound + ref_error)
 
 
-@pytest.mark.parametrize("kind", ["bool_padding", "bool_random", "float_additive", "causal_and_padding", "fully_masked"])
+@pytest.mark.parametrize(
+    "kind", ["bool_padding", "bool_random", "float_additive", "causal_and_padding", "causal_and_float", "fully_masked"]
+)
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_fully_masked_rows_give_exact_zeros_forward_and_backward(kind: str, need_weights: bool, golden) -> None:
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)

@@ -73,3 +73,16 @@ def test_defect1_scaled_dot_product_attention_module() -> None:
     out, weights = module(q, k, v, mask, need_weights=True)
     assert torch.equal(out[0, 0, 1], torch.zeros(4))
     assert torch.equal(weights[0, 0, 1], torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "reference"])
+def test_defect1_half_precision_module_with_fully_padded_sequence(dtype: torch.dtype, need_weights: bool) -> None:
+    mha = MultiHeadAttention(16, 4, dropout=0.0, dtype=dtype)
+    x = torch.randn(2, 4, 16, dtype=dtype, requires_grad=True)
+    real = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    out, _ = mha(x, x, x, key_padding_mask=real, need_weights=need_weights)
+    out.float().square().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    for name, parameter in mha.named_parameters():
+        assert torch.isfinite(parameter.grad).all(), name

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import safetensors.torch
+import torch
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -105,6 +106,8 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
     config = _prepare_run_dir(config, run_dir, resume)
     data, train = config.data, config.train
     info = distributed_info()
+    if train.num_threads is not None:
+        torch.set_num_threads(train.num_threads)
     seed_everything(train.seed)
     fractions = (1.0 - data.validation_fraction - data.test_fraction, data.validation_fraction, data.test_fraction)
     splits = load_digits_text(seed=data.split_seed, statements_per_image=config.image.statements_per_image,

@@ -2,9 +2,10 @@
 
 ``attnlab image-attention --run DIR --out PICTURES`` draws, for a few held-out
 examples, every cross-modal layer's text -> patch attention over the image (per head
-and averaged) and writes ``alignment.json``: per layer, the attention mass that the
-statement's tokens put on inked patches over the whole test split, beside uniform
-attention's share (see :func:`attnlab.inspect.image_attention.alignment_score`).
+and averaged), and writes ``alignment.json`` and ``report.html`` (the inspection
+summary page with the pictures inlined): per layer and head, the attention mass that
+the statement's tokens put on inked patches over the whole test split, beside uniform
+attention's share.
 """
 
 from __future__ import annotations
@@ -17,39 +18,79 @@ from typing import Sequence
 import torch
 
 from ..data.digits_text import DigitsTextExample, collate_digits_text
-from .image_attention import alignment_score, ink_patches, plot_text_to_image_attention
+from .image_attention import ink_patches, plot_text_to_image_attention
+from .report import render_summary
+from .statistics import row_statistics
 
-__all__ = ["cross_attention_alignment", "draw_examples", "add_arguments", "run"]
+__all__ = ["cross_attention_alignment", "draw_examples", "write_html_summary", "add_arguments", "run"]
 
 
 @torch.no_grad()
 def cross_attention_alignment(model, tokenizer, examples: Sequence[DigitsTextExample], *,
-                              batch_size: int = 256) -> dict[str, dict[str, float]]:
-    """Per cross-modal layer: mean attention mass of real text tokens on inked patches.
+                              batch_size: int = 256) -> dict[str, dict]:
+    """Per cross-modal layer and head: how much the text's attention lies on inked patches.
+
+    The per-head figures are the inspection statistics ``alignment_score`` (attention
+    mass on the reference patches) and ``alignment_argmax`` (how often the most attended
+    patch is inked) of :func:`attnlab.inspect.statistics.row_statistics`, with the
+    inked patches of each image as every real token's reference; ``chance`` is the mass
+    uniform attention would put there.
 
     Returns:
-        ``{"layer_1": {"mass": .., "chance": .., "lift": ..}, ...}`` over ``examples``.
+        ``{"layer_1": {"mass": .., "chance": .., "lift": .., "argmax": ..,
+        "heads": {"alignment_score": [H], "alignment_argmax": [H]}}, ...}``.
     """
     model.eval()
     patch_size = model.config.patch_size
-    sums: dict[str, list[float]] = {}
-    count = 0
+    sums: dict[str, dict[str, torch.Tensor]] = {}
+    chance_total = rows_total = 0.0
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
         batch = collate_digits_text(chunk, tokenizer)
         out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
         reference = ink_patches(batch["images"], patch_size)  # [B, S]
+        B, S = reference.shape
+        query_mask = batch["mask"]  # [B, T]
+        chance = reference.float().mean(-1, keepdim=True).expand_as(query_mask)  # [B, T]
+        chance_total += float(chance[query_mask].sum())
+        rows_total += float(query_mask.sum())
         for name, weights in (out.cross_attentions or {}).items():
-            score = alignment_score(weights, reference, batch["mask"])
-            totals = sums.setdefault(name, [0.0, 0.0])
-            totals[0] += score.mass * len(chunk)
-            totals[1] += score.chance * len(chunk)
-        count += len(chunk)
+            values, rows = row_statistics(weights, query_mask, torch.ones(B, S, dtype=torch.bool),
+                                          alignment=reference[:, None, :])
+            totals = sums.setdefault(name, {})
+            for statistic in ("alignment_score", "alignment_argmax"):
+                counted = rows[statistic].double()  # [B, H, T]
+                value = (values[statistic].double() * counted).sum((0, 2))  # [H]
+                totals[statistic] = totals.get(statistic, 0) + value
+                totals[statistic + "_rows"] = totals.get(statistic + "_rows", 0) + counted.sum((0, 2))
+    chance = chance_total / max(rows_total, 1.0)
     result = {}
-    for name, (mass, chance) in sums.items():
-        mass, chance = mass / max(count, 1), chance / max(count, 1)
-        result[name] = {"mass": mass, "chance": chance, "lift": mass / chance if chance else 0.0}
+    for name, totals in sums.items():
+        heads = {statistic: (totals[statistic] / totals[statistic + "_rows"].clamp_min(1)).tolist()
+                 for statistic in ("alignment_score", "alignment_argmax")}
+        mass = sum(heads["alignment_score"]) / len(heads["alignment_score"])
+        result[name] = {
+            "mass": mass,
+            "chance": chance,
+            "lift": mass / chance if chance else 0.0,
+            "argmax": sum(heads["alignment_argmax"]) / len(heads["alignment_argmax"]),
+            "heads": heads,
+        }
     return result
+
+
+def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path], *, meta: dict) -> Path:
+    """The inspection summary page: per-head alignment tables and the PNGs, inlined."""
+    layers = list(alignment)
+    tables = {statistic: [alignment[layer]["heads"][statistic] for layer in layers]
+              for statistic in ("alignment_score", "alignment_argmax")}
+    chance = next(iter(alignment.values()))["chance"] if alignment else 0.0
+    meta = {**meta, "reference": f"patches with ink; uniform attention would put {chance:.3f} of its mass there"}
+    page = render_summary(tables, layers, title="attnlab: text-token to image-patch attention", meta=meta,
+                          images={caption: image for caption, image in images.items()})
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path
 
 
 @torch.no_grad()
@@ -112,8 +153,12 @@ def run(args: argparse.Namespace) -> int:
     paths = []
     for layer in alignment:
         paths += draw_examples(model, tokenizer, chosen, args.out, layer=layer)
+    captions = {f"{path.stem}: " + chosen[index % len(chosen)].text: path for index, path in enumerate(paths)}
+    report = write_html_summary(args.out / "report.html", alignment, captions,
+                                meta={"model": str(args.run), "examples": f"{len(test_examples)} held-out statements"})
     for layer, score in alignment.items():
         print(f"{layer}: attention mass on inked patches {score['mass']:.3f} "
-              f"(uniform {score['chance']:.3f}, lift {score['lift']:.2f})")
-    print(f"wrote {len(paths)} PNGs and alignment.json to {args.out}")
+              f"(uniform {score['chance']:.3f}, lift {score['lift']:.2f}; most attended patch inked "
+              f"{score['argmax']:.3f})")
+    print(f"wrote {len(paths)} PNGs, alignment.json and {report.name} to {args.out}")
     return 0

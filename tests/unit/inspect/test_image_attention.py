@@ -69,3 +69,16 @@ def test_plot_writes_a_png_per_head_and_mean(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="tokens"):
         plot_text_to_image_attention(_image(), weights, ["a"], tmp_path / "x.png", patch_size=2)
+
+
+def test_alignment_score_agrees_with_the_inspection_statistics():
+    from attnlab.inspect.statistics import row_statistics
+
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.softmax(torch.randn(3, 2, 4, 16, generator=generator), dim=-1)
+    reference = torch.rand(3, 16, generator=generator) > 0.6
+    query_mask = torch.tensor([[True] * 4, [True] * 2 + [False] * 2, [True] * 3 + [False]])
+    values, rows = row_statistics(weights, query_mask, torch.ones(3, 16, dtype=torch.bool),
+                                  alignment=reference[:, None, :])
+    expected = values["alignment_score"][rows["alignment_score"]].mean()
+    assert alignment_score(weights, reference, query_mask).mass == pytest.approx(float(expected), rel=1e-5)

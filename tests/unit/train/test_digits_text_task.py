@@ -72,4 +72,7 @@ def test_image_attention_command_draws_pngs_and_scores_alignment(tmp_path, capsy
     assert "attention mass on inked patches" in capsys.readouterr().out
     alignment = json.loads((pictures / "alignment.json").read_text())
     assert set(alignment) == {"layer_1"} and 0.0 <= alignment["layer_1"]["mass"] <= 1.0
+    assert len(alignment["layer_1"]["heads"]["alignment_score"]) == 2  # one per head
     assert len(list(pictures.glob("*.png"))) == 2
+    page = (pictures / "report.html").read_text()
+    assert "alignment_score" in page and "data:image/png;base64" in page

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -126,11 +127,13 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
                                  tokenizer=tokenizer, device=device, callbacks=[GateLogger(model)],
                                  **_trainer_options(config, quiet))
     collate = _Collate(tokenizer)
+    start = time.perf_counter()
     state = trainer.fit(train_set, validation_set, collate_fn=collate, batch_size=train.batch_size,
                         epochs=train.epochs, max_steps=train.max_steps, eval_every=train.eval_every,
                         eval_batch_size=train.eval_batch_size, metric=train.metric,
                         early_stopping_patience=train.early_stopping_patience, save_every=train.save_every,
                         resume_from=resume_from)
+    train_seconds = time.perf_counter() - start
     best = run_dir / "checkpoints" / "best"
     if (best / MODEL_FILE).is_file():
         safetensors.torch.load_model(trainer.model, str(best / MODEL_FILE), device=str(trainer.device))
@@ -141,6 +144,7 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
         "best_step": state.best_step,
         f"best_validation_{train.metric}": state.best_metric,
         "steps": state.step,
+        "train_seconds": round(train_seconds, 1),  # this call's fit(), validation included
         "checkpoint": "checkpoints/best" if (best / MODEL_FILE).is_file() else "checkpoints/last",
         "label_names": ["false", "true"],
         "sizes": {name: {"images": len({e.image_id for e in examples}), "statements": len(examples)}

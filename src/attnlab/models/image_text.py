@@ -7,9 +7,9 @@ Two fusions share the encoders and the head, so they can be compared on equal te
 
 * ``fusion="cross_attention"``: :class:`~attnlab.attention.CrossModalAttention` layers
   (each followed by a feed-forward block) fuse the patches into the text states; the
-  head reads the ``[CLS]`` (first) text state.
-* ``fusion="concat"``: the baseline; the mean of the patch states and the ``[CLS]``
-  text state are concatenated and handed to the head, with no cross-attention.
+  head reads the ``[CLS]`` (first) text state, or the mean of the text states.
+* ``fusion="concat"``: the baseline; the mean of the patch states and the pooled text
+  states are concatenated and handed to the head, with no cross-attention.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..layers.ffn import PositionWiseFFN
 __all__ = ["ImageTextConfig", "ImageTextModel", "ImageTextOutput", "PatchEmbedding", "gate_summary"]
 
 FUSIONS = ("cross_attention", "concat")
+POOLINGS = ("first", "mean")
 
 
 @dataclass
@@ -55,6 +56,7 @@ class ImageTextConfig:
     num_labels: int = 2
     gate: str = "sigmoid"
     fusion: str = "cross_attention"
+    pooling: str = "first"  # what the head reads: the [CLS] state ("first") or the mean of real tokens
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "image_size", "patch_size", "visual_dim", "visual_layers", "d_model",
@@ -73,6 +75,8 @@ class ImageTextConfig:
                 raise ValueError(f"{name}={getattr(self, name)} is not divisible by num_heads={self.num_heads}")
         if self.gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {FUSIONS}, got {self.fusion!r}")
         if self.fusion == "cross_attention" and self.cross_layers == 0:
@@ -243,6 +247,11 @@ class ImageTextModel(nn.Module):
             head_in = config.visual_dim + config.d_model
         self.head = _ClassificationHead(head_in, config.d_model, config.num_labels, config.dropout, factory)
 
+    def _pool(self, text: Tensor, text_mask: Tensor) -> Tensor:
+        if self.config.pooling == "first":
+            return text[:, 0]  # [B, E], the [CLS] state
+        return masked_mean(text, text_mask).squeeze(1)  # [B, E]
+
     @property
     def encoder(self) -> TransformerEncoder:
         """The text encoder (its config goes to ``config.json`` as ``"encoder"``)."""
@@ -323,7 +332,8 @@ class ImageTextModel(nn.Module):
         backward: Optional[dict[str, Tensor]] = {} if output_attentions else None
         gates: dict[str, Tensor] = {}
         if self.config.fusion == "concat":
-            pooled = torch.cat([masked_mean(visual, image_mask).squeeze(1), text[:, 0]], dim=-1)  # [B, V + E]
+            image_summary = masked_mean(visual, image_mask).squeeze(1)  # [B, V]
+            pooled = torch.cat([image_summary, self._pool(text, text_mask)], dim=-1)  # [B, V + E]
             logits = self.head(pooled)  # [B, num_labels]
             return ImageTextOutput(logits, attentions, visual_attentions, None, None, gates, _loss(logits, labels))
         for index, layer in enumerate(self.cross_layers):
@@ -334,7 +344,7 @@ class ImageTextModel(nn.Module):
             if cross is not None:
                 cross[name] = fused.text_to_visual_weights
                 backward[name] = fused.visual_to_text_weights
-        logits = self.head(text[:, 0])  # [B, num_labels], from the [CLS] state
+        logits = self.head(self._pool(text, text_mask))  # [B, num_labels]
         return ImageTextOutput(logits, attentions, visual_attentions, cross, backward, gates, _loss(logits, labels))
 
 

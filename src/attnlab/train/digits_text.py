@@ -96,7 +96,7 @@ def build_image_text_model(config: RunConfig, vocab_size: int, pad_id: int = 0) 
         visual_layers=image.visual_layers, d_model=model.d_model, text_layers=model.num_layers,
         num_heads=model.num_heads, d_ff=model.d_ff, cross_layers=image.cross_layers, dropout=model.dropout,
         attention_dropout=model.attention_dropout, max_len=max(config.data.max_length, 16), pad_id=pad_id,
-        gate=image.gate, fusion=image.fusion,
+        gate=image.gate, fusion=image.fusion, pooling=model.pooling,
     ))
 
 

@@ -7,6 +7,8 @@ The article's names are importable from here::
 
 from .attention import (
     AttentionResult,
+    CrossModalAttention,
+    CrossModalOutput,
     MultiHeadAttention,
     RotaryEmbedding,
     ScaledDotProductAttention,
@@ -32,6 +34,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionResult",
+    "CrossModalAttention",
+    "CrossModalOutput",
     "EncoderConfig",
     "EncoderOutput",
     "LearnedPositionalEmbedding",

@@ -1,5 +1,6 @@
 """Attention kernels and modules."""
 
+from .cross_modal import CrossModalAttention, CrossModalOutput
 from .functional import AttentionResult, attention, fused_attention, reference_attention
 from .masks import (
     causal_mask,
@@ -14,6 +15,8 @@ from .multihead import MultiHeadAttention, ScaledDotProductAttention
 from .rotary import RotaryEmbedding
 
 __all__ = [
+    "CrossModalAttention",
+    "CrossModalOutput",
     "AttentionResult",
     "attention",
     "fused_attention",

@@ -21,8 +21,11 @@ def test_article_defaults() -> None:
     assert (config.d_model, config.num_layers, config.num_heads, config.d_ff, config.dropout, config.max_len) == (
         512, 6, 8, 2048, 0.1, 5000
     )
-    assert config.effective_attention_dropout == 0.1
-    assert EncoderConfig(100, attention_dropout=0.0).effective_attention_dropout == 0.0
+    # Attention-probability dropout is off by default (it costs the fused kernel);
+    # attention_dropout=None restores the article's behaviour of reusing `dropout`.
+    assert config.effective_attention_dropout == 0.0
+    assert EncoderConfig(100, attention_dropout=None).effective_attention_dropout == 0.1
+    assert EncoderConfig(100, attention_dropout=0.2).effective_attention_dropout == 0.2
 
 
 def test_model_keeps_its_config() -> None:

@@ -469,6 +469,8 @@ def _machine() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # tables appear as they are measured
     if args.memory_case:
         print(json.dumps(measure_peak_memory(MhaCase(**json.loads(args.memory_case)))))
         return 0

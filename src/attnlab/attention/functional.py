@@ -10,10 +10,6 @@ Two paths compute the same function:
 * **reference** (``need_weights=True``): explicit ``matmul -> softmax -> matmul`` that
   returns the exact per-head attention probabilities.
 
-With dropout on the probabilities (``dropout_p > 0``) on CPU the reference path runs
-too, without returning weights: torch's kernel would leave its flash path for a math
-path that builds the same ``[T, S]`` matrix, and attnlab's dropout is cheaper there.
-
 Both treat a *fully masked* query row (no key may be attended) the same way: its
 output and its weights are zero, and gradients through it are zero, never NaN.
 """
@@ -204,8 +200,8 @@ def attention(
             additive float mask, broadcastable to ``[B, H, T, S]``; given as
             ``[T, S]``, ``[B, T, S]`` or ``[B, H, T, S]``.
         dropout_p: dropout on the attention probabilities. Pass 0 in evaluation.
-            Any value above 0 leaves the flash kernel for a slower path that builds
-            the ``[T, S]`` matrix (on CPU, the reference path, weights discarded).
+            Any value above 0 makes torch leave its flash kernel for a slower path
+            that builds the ``[T, S]`` matrix.
         is_causal: also forbid attending to later keys (top-left aligned).
         scale: score scale; defaults to ``1 / sqrt(D)``.
         need_weights: return the attention probabilities.
@@ -228,12 +224,6 @@ def attention(
         return reference_attention(
             query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
-    if dropout_p > 0.0 and query.device.type == "cpu":
-        # torch's kernel has no fused path with dropout on CPU: both build [T, S].
-        output = reference_attention(
-            query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        ).output
-        return AttentionResult(output, None)
     output = fused_attention(
         query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )

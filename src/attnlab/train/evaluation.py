@@ -68,9 +68,10 @@ def evaluate_model(
             loss_total += float(output.loss) * units
             count += units
             logits = output.logits.float()
-            if target.dim() > 1:
+            if target.dim() > 1:  # masked LM: labelled tokens only
                 keep = target != -100
-                predictions.append(logits.argmax(-1)[keep])
+                predicted = logits.argmax(-1)
+                predictions.append(predicted if predicted.dim() == 1 else predicted[keep])
                 labels.append(target[keep])
             else:
                 predictions.append(logits.argmax(-1))

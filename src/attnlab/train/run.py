@@ -27,7 +27,7 @@ from ..data import (
 from ..data.tokenization import TOKENIZER_KINDS
 from ..models import EncoderClassifier, EncoderForMaskedLM, build_encoder, load_pretrained_tokenizer
 from ..models.serialization import MODEL_FILE, TOKENIZER_FILE
-from .checkpoint import TRAINER_STATE_FILE
+from .checkpoint import TRAINER_STATE_FILE, set_rng_state
 from .distributed import distributed_info
 from .run_config import RunConfig
 from .tasks import get_task
@@ -125,6 +125,7 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
         state = torch.load(last / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
         if state["trainer"]["step"] >= train.mlm_steps:
             safetensors.torch.load_model(lm, str(last / MODEL_FILE))
+            set_rng_state(state["rng"])  # where an uninterrupted run starts classifying
             return
     else:
         last = None

@@ -41,9 +41,13 @@ def test_masked_lm_ties_weights_and_ignores_unlabelled():
     model = EncoderForMaskedLM(tiny_encoder())
     assert model.decoder.weight is model.encoder.embedding.weight
     ids = torch.tensor([[2, 7, 8, 3]])
-    out = model(ids, labels=torch.tensor([[-100, 7, -100, -100]]))
-    assert out.logits.shape == (1, 4, 40)
-    expected = torch.nn.functional.cross_entropy(out.logits[0, 1:2], torch.tensor([7]))
+    model.eval()
+    full = model(ids).logits
+    assert full.shape == (1, 4, 40)
+    out = model(ids, labels=torch.tensor([[-100, 7, -100, 9]]))
+    assert out.logits.shape == (2, 40)  # the labelled positions only
+    torch.testing.assert_close(out.logits, full[0, [1, 3]])
+    expected = torch.nn.functional.cross_entropy(full[0, [1, 3]], torch.tensor([7, 9]))
     torch.testing.assert_close(out.loss, expected)
     assert model(ids, labels=torch.full((1, 4), -100)).loss.item() == 0.0
 

@@ -167,3 +167,19 @@ def test_visualize_attention_is_headless_eval_mode_and_restores_mode(tmp_path, m
         trainer.visualize_attention(ids, layer_idx=5)
     with pytest.raises(ValueError, match="head_idx=2"):
         trainer.visualize_attention(ids, head_idx=2)
+
+
+def test_masked_lm_training_and_evaluation(dataset):
+    from attnlab.data import MaskedLMCollator, TokenizedDataset
+    from attnlab.layers import TransformerEncoder
+    from attnlab.models import EncoderForMaskedLM
+
+    torch.manual_seed(0)
+    model = EncoderForMaskedLM(TransformerEncoder(30, d_model=16, num_layers=1, num_heads=2, d_ff=32, pad_id=0))
+    texts = TokenizedDataset(dataset.input_ids)
+    collate = MaskedLMCollator(0, 4, 30, [0, 1, 2, 4], probability=0.3)
+    trainer = TransformerTrainer(model, 3e-3, 2, quiet=True)
+    before = trainer.evaluate(texts, collate_fn=collate)
+    trainer.fit(texts, collate_fn=collate, batch_size=8, epochs=3)
+    after = trainer.evaluate(texts, collate_fn=collate)
+    assert after["loss"] < before["loss"] and 0.0 <= after["accuracy"] <= 1.0

@@ -36,9 +36,9 @@ from .heads import LossFn, default_loss, forward_batch, head_importance, mask_he
 from .rollout import attention_rollout
 from .statistics import HeadStatistics
 
-# Statistics are computed on at most this many attention weights at once (16 MiB in
+# Statistics are computed on at most this many attention weights at once (4 MiB in
 # float32 per temporary), whatever the batch and the text lengths.
-_CHUNK_CELLS = 1 << 22
+_CHUNK_CELLS = 1 << 20
 
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult", "find_pad_id"]
 

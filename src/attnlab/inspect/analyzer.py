@@ -36,10 +36,6 @@ from .heads import LossFn, default_loss, forward_batch, head_importance, mask_he
 from .rollout import attention_rollout
 from .statistics import HeadStatistics
 
-# Statistics are computed on at most this many attention weights at once (16 MiB in
-# float32 per temporary), whatever the batch and the text lengths.
-_CHUNK_CELLS = 1 << 22
-
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult", "find_pad_id"]
 
 
@@ -244,19 +240,10 @@ class AttentionAnalyzer:
         for names in groups:
             B, H, T, S = attentions[names[0]].shape
             key_mask = mask if S == mask.shape[1] else torch.ones(B, S, dtype=torch.bool, device=mask.device)
-            # a few examples at a time, so the temporaries never pass _CHUNK_CELLS elements
-            step = max(1, _CHUNK_CELLS // (len(names) * H * T * S))
-            for start in range(0, B, step):
-                part = slice(start, start + step)
-                weights = torch.stack([attentions[name][part] for name in names])  # [L, b, H, T, S]
-                statistics.update(
-                    names,
-                    weights,
-                    mask[part],
-                    key_mask[part],
-                    alignment=None if batch.alignment is None else batch.alignment[part],
-                    input_ids=batch.input_ids[part],
-                )
+            weights = torch.stack([attentions[name] for name in names])  # [L, B, H, T, S]
+            statistics.update(
+                names, weights, mask, key_mask, alignment=batch.alignment, input_ids=batch.input_ids
+            )
 
     def _add_rollout(self, sums: dict[str, list[float]], attentions: dict[str, Tensor], mask: Tensor) -> None:
         shapes = {tuple(weights.shape) for weights in attentions.values()}

@@ -20,6 +20,7 @@ import contextlib
 import inspect
 from typing import Any, Iterator, Optional, Sequence
 
+import torch
 from torch import Tensor, nn
 
 from ..attention.multihead import MultiHeadAttention
@@ -87,8 +88,6 @@ class AttentionCapture:
 
     def stacked(self) -> Tensor:
         """All layers as one tensor ``[L, B, H, T, S]`` (layers must share their shapes)."""
-        import torch
-
         if not self.attentions:
             raise ValueError("nothing captured yet: run the model inside the capture_attention block")
         return torch.stack([self.attentions[name] for name in self.paths if name in self.attentions])

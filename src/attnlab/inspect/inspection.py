@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from .analyzer import find_pad_id
 from .capture import capture_attention
 from .heads import forward_batch
 from .plots import plot_head, plot_layer, plot_model, save_figure
@@ -117,7 +118,6 @@ def write_inspection(
     rollout = attention_rollout({n: w[None] for n, w in attentions.items()}, mask)[:, 0] if square else None
 
     figures: list[Path] = []
-    with_labels = dict(max_tokens=max_tokens)
     figures += save_figure(
         plot_model(attentions, title=f"{model_name}: attention per layer and head"), out / "model", formats
     )
@@ -129,7 +129,7 @@ def write_inspection(
         tokens,
         title=f"{names[layer - 1]}, head {head}",
         window=window,
-        **with_labels,
+        max_tokens=max_tokens,
     )
     figures += save_figure(figure, out / f"head_L{layer}_H{head}", formats)
     report = write_report(
@@ -147,8 +147,6 @@ def write_inspection(
 
 def pad_id_for(tokenizer: Any, model: nn.Module) -> int:
     """Padding id: the tokenizer's ``[PAD]``/``<pad>``, else the model's ``pad_id``, else 0."""
-    from .analyzer import find_pad_id
-
     for candidate in (find_tokenizer_pad_id(tokenizer), find_pad_id(model)):
         if candidate is not None:
             return candidate

@@ -56,9 +56,13 @@ BASE_STATISTICS = (
 ALIGNMENT_STATISTICS = ("alignment_score", "alignment_argmax")
 
 
-def neighbour_alignment(T: int, S: int, device=None) -> Tensor:
-    """Default reference alignment: ``True`` where ``|s - t| == 1``; ``[T, S]`` bool."""
-    offsets = torch.arange(S, device=device)[None, :] - torch.arange(T, device=device)[:, None]  # [T, S]
+def neighbour_alignment(T: int, S: int, device=None, *, query_start: int = 0) -> Tensor:
+    """Default reference alignment: ``True`` where ``|s - t| == 1``; ``[T, S]`` bool.
+
+    ``query_start`` is the position of the first query row (for a block of rows).
+    """
+    queries = torch.arange(query_start, query_start + T, device=device)[:, None]  # [T, 1]
+    offsets = torch.arange(S, device=device)[None, :] - queries  # [T, S]
     return offsets.abs() == 1
 
 
@@ -71,6 +75,7 @@ def row_statistics(
     top_k: int = 3,
     alignment: Optional[Tensor] = None,
     key_groups: Optional[Mapping[str, Tensor]] = None,
+    query_start: int = 0,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Every statistic for every query row of one batch (see the module docstring).
 
@@ -83,6 +88,8 @@ def row_statistics(
         alignment: reference alignment (``True`` = query ``t`` aligns with key ``s``);
             default the previous/next-token band.
         key_groups: ``{name: [B, S] bool}``, keys that belong to each token group.
+        query_start: position of the first query row, when ``weights`` holds a block of
+            rows ``query_start .. query_start + T - 1`` (the alignment then covers those rows).
 
     Returns:
         ``(values, rows)``: ``values[name]`` ``[B, H, T]`` per-row statistics and
@@ -100,7 +107,7 @@ def row_statistics(
     p.div_(row_mass.clamp_min(torch.finfo(p.dtype).tiny))
     n = key_mask.sum(-1).view(B, 1, 1).float()  # [B, 1, 1] real keys per example
     positions = torch.arange(S, device=p.device, dtype=p.dtype)  # [S]
-    queries = torch.arange(T, device=p.device, dtype=p.dtype)[:, None]  # [T, 1]
+    queries = torch.arange(query_start, query_start + T, device=p.device, dtype=p.dtype)[:, None]  # [T, 1]
 
     # Padded keys hold 0 and every weight is >= 0, so after an ascending sort the real
     # keys' weights fill the last n places: rank r (1-based) is rank r - (S - n) among them.
@@ -125,10 +132,10 @@ def row_statistics(
     rows = {name: counted for name in values}
 
     if alignment is None:
-        reference = neighbour_alignment(T, S, p.device)[None] & key_mask[:, None, :]  # [B, T, S]
+        reference = neighbour_alignment(T, S, p.device, query_start=query_start)[None] & key_mask[:, None, :]
     else:
         reference = alignment.bool().to(p.device).expand(B, T, S) & key_mask[:, None, :]  # [B, T, S]
-    if alignment is None and T == S:  # the band is two diagonals: no [B, H, T, S] product needed
+    if alignment is None and T == S and query_start == 0:  # the band is two diagonals: no product needed
         previous = F.pad(p.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0))  # [B, H, T]: p[t, t-1]
         following = F.pad(p.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1))  # [B, H, T]: p[t, t+1]
         values["alignment_score"] = previous + following
@@ -157,6 +164,9 @@ class HeadStatistics:
         sparsity_threshold: weight below which a key counts as unattended.
         top_k: number of largest weights in ``top_k_mass``.
         token_groups: ``{name: token ids}``; adds ``mass_<name>`` (e.g. ``{"cls": [101]}``).
+        chunk_cells: most attention weights handled at once (blocks of examples, and of
+            query rows for long inputs), which bounds the temporaries; the result does
+            not depend on it.
 
     Example:
         >>> stats = HeadStatistics()
@@ -170,6 +180,7 @@ class HeadStatistics:
         sparsity_threshold: float = 0.1,
         top_k: int = 3,
         token_groups: Optional[Mapping[str, Collection[int]]] = None,
+        chunk_cells: int = 1 << 20,
     ) -> None:
         if (
             isinstance(sparsity_threshold, bool)
@@ -179,6 +190,9 @@ class HeadStatistics:
             raise ValueError(f"sparsity_threshold must be a float in (0, 1], got {sparsity_threshold!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
+            raise ValueError(f"chunk_cells must be a positive int, got {chunk_cells!r}")
+        self.chunk_cells = chunk_cells
         self.sparsity_threshold = float(sparsity_threshold)
         self.top_k = top_k
         self.token_groups = {
@@ -231,22 +245,40 @@ class HeadStatistics:
                 f"got {tuple(query_mask.shape)} and {tuple(key_mask.shape)}"
             )
         groups = self._group_masks(input_ids) if input_ids is not None and input_ids.shape == (B, S) else {}
-        values, rows = row_statistics(
-            weights.reshape(L * B, H, T, S),  # layers side by side in the batch dimension
-            query_mask.bool().repeat(L, 1),
-            key_mask.bool().repeat(L, 1),
-            sparsity_threshold=self.sparsity_threshold,
-            top_k=self.top_k,
-            alignment=None if alignment is None else alignment.expand(B, T, S).repeat(L, 1, 1),
-            key_groups={name: members.repeat(L, 1) for name, members in groups.items()},
-        )
-        statistics = list(values)
-        stacked = torch.stack([values[name] for name in statistics]).view(-1, L, B, H, T)  # [N, L, B, H, T]
-        counted = torch.stack([rows[name] for name in statistics]).view(-1, L, B, H, T)
-        totals = (
-            torch.where(counted, stacked, torch.zeros_like(stacked)).sum((2, 4)).double().cpu()
-        )  # [N, L, H]
-        counts = counted.sum((2, 4)).double().cpu()  # [N, L, H]
+        flat = weights.reshape(L * B, H, T, S)  # layers side by side in the batch dimension
+        query_mask, key_mask = query_mask.bool().repeat(L, 1), key_mask.bool().repeat(L, 1)
+        if alignment is not None:
+            alignment = alignment.bool().expand(B, T, S).repeat(L, 1, 1)  # [L * B, T, S]
+        groups = {name: members.repeat(L, 1) for name, members in groups.items()}
+        # blocks of examples, or of query rows when one example alone is too large
+        rows_per_block = max(1, min(T, self.chunk_cells // (H * S)))
+        examples_per_block = max(1, self.chunk_cells // (H * T * S)) if rows_per_block == T else 1
+        totals = counts = None
+        for first in range(0, L * B, examples_per_block):
+            block = slice(first, first + examples_per_block)
+            for start in range(0, T, rows_per_block):
+                queries = slice(start, start + rows_per_block)
+                values, rows = row_statistics(
+                    flat[block, :, queries],
+                    query_mask[block, queries],
+                    key_mask[block],
+                    sparsity_threshold=self.sparsity_threshold,
+                    top_k=self.top_k,
+                    alignment=None if alignment is None else alignment[block, queries],
+                    key_groups={name: members[block] for name, members in groups.items()},
+                    query_start=start,
+                )
+                statistics = list(values)
+                stacked = torch.stack([values[name] for name in statistics])  # [N, b, H, t]
+                counted = torch.stack([rows[name] for name in statistics])
+                layer_of = torch.arange(first, first + stacked.shape[1], device=stacked.device) // B  # [b]
+                block_totals = torch.zeros(len(statistics), L, H, dtype=torch.float64, device=stacked.device)
+                block_counts = torch.zeros_like(block_totals)
+                block_totals.index_add_(1, layer_of, torch.where(counted, stacked, 0.0).sum(-1).double())
+                block_counts.index_add_(1, layer_of, counted.sum(-1).double())
+                totals = block_totals if totals is None else totals + block_totals
+                counts = block_counts if counts is None else counts + block_counts
+        totals, counts = totals.cpu(), counts.cpu()  # [N, L, H]
         for index, name in enumerate(names):
             sums = self._sums.setdefault(name, {})
             numbers = self._rows.setdefault(name, {})

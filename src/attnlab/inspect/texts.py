@@ -93,8 +93,13 @@ def _real_ids(encoding: Any) -> list[int]:
     return [token_id for token_id, keep in zip(encoding.ids, encoding.attention_mask) if keep]
 
 
-def _padded(part: list[tuple[list[int], Optional[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    T = max(1, max(len(ids) for ids, _ in part))
+def _padded_length(length: int, multiple: int, max_length: int) -> int:
+    """``length`` rounded up to a multiple, but never past ``max_length`` (nor below ``length``)."""
+    rounded = -(-max(1, length) // multiple) * multiple
+    return max(max(1, length), min(rounded, max_length))
+
+
+def _padded(part: list[tuple[list[int], Optional[int]]], pad_id: int, T: int) -> dict[str, torch.Tensor]:
     input_ids = torch.full((len(part), T), pad_id, dtype=torch.long)  # [B, T]
     mask = torch.zeros(len(part), T, dtype=torch.bool)  # [B, T]
     for row, (ids, _) in enumerate(part):
@@ -115,6 +120,7 @@ def encode_batches(
     max_length: int = 128,
     pad_id: int = 0,
     max_attention_cells: Optional[int] = None,
+    pad_to_multiple: int = 16,
     sort_window: int = 32,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Tokenize lazily and yield padded batches ``{"input_ids", "mask", ["labels"]}``.
@@ -124,7 +130,9 @@ def encode_batches(
     ``max_attention_cells``, a batch of long texts holds fewer of them: ``B * T * T``
     stays within the budget (at least one text a batch), so the attention maps of the
     longest batch, and with them the peak memory, do not depend on how long the
-    longest text of the data happens to be.
+    longest text of the data happens to be. Lengths are padded up to a multiple of
+    ``pad_to_multiple`` (at most ``max_length``): a handful of distinct batch shapes keeps
+    torch's per-shape caches, and memory with them, from growing with the data.
 
     Shape:
         ``input_ids`` ``[B, T]`` long, ``mask`` ``[B, T]`` bool (``True`` on real
@@ -132,6 +140,8 @@ def encode_batches(
     """
     if batch_size < 1 or max_length < 1:
         raise ValueError(f"batch_size and max_length must be >= 1, got {batch_size} and {max_length}")
+    if pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
     if max_attention_cells is not None and max_attention_cells < 1:
         raise ValueError(f"max_attention_cells must be >= 1, got {max_attention_cells}")
     window: list[tuple[str, Optional[int]]] = []
@@ -143,17 +153,19 @@ def encode_batches(
             key=lambda item: len(item[0]),
         )
         part: list[tuple[list[int], Optional[int]]] = []
+        length = 1
         for item in items:  # ascending length: the newest item sets the batch's T
-            T = max(1, len(item[0]))
+            T = _padded_length(len(item[0]), pad_to_multiple, max_length)
             full = len(part) == batch_size or (
                 max_attention_cells is not None and part and (len(part) + 1) * T * T > max_attention_cells
             )
             if full:
-                yield _padded(part, pad_id)
+                yield _padded(part, pad_id, length)
                 part = []
             part.append(item)
+            length = T
         if part:
-            yield _padded(part, pad_id)
+            yield _padded(part, pad_id, length)
 
     for row in rows:
         window.append(row)

@@ -188,15 +188,25 @@ def test_default_band_equals_the_explicit_reference(T, S):
     assert torch.equal(default["alignment_argmax"], explicit["alignment_argmax"])
 
 
-def test_chunked_statistics_equal_one_pass(encoder, monkeypatch):
-    import attnlab.inspect.analyzer as analyzer_module
-
+@pytest.mark.parametrize("chunk_cells", [1, 4 * 7 * 3, 4 * 7 * 7 * 3])
+def test_chunked_statistics_equal_one_pass(chunk_cells):
+    # blocks of 1 and of 3 query rows, blocks of 3 examples, against one pass
     torch.manual_seed(2)
-    examples = [torch.randint(1, 20, (length,)).tolist() for length in (4, 11, 6, 9, 2)]
-    batch = [(_padded(examples),)]
-    whole = AttentionAnalyzer(encoder).analyze_attention_distribution(batch)
-    monkeypatch.setattr(analyzer_module, "_CHUNK_CELLS", 1)  # one example at a time
-    chunked = AttentionAnalyzer(encoder).analyze_attention_distribution(batch)
-    assert chunked.rows == whole.rows
-    for name in whole.keys():
-        assert chunked.matrix(name) == pytest.approx(whole.matrix(name), rel=1e-5, abs=1e-6), name
+    L, B, H, T = 2, 5, 4, 7
+    weights = torch.softmax(torch.randn(L, B, H, T, T), -1)
+    mask = torch.rand(B, T) > 0.3
+    mask[:, 0] = True
+    weights = weights * mask[None, :, None, None, :]
+    alignment = torch.rand(B, T, T) > 0.7
+    ids = torch.randint(0, 5, (B, T))
+    results = []
+    for cells in (chunk_cells, 1 << 20):
+        stats = HeadStatistics(token_groups={"low": [0, 1]}, chunk_cells=cells)
+        stats.update(["layer_1", "layer_2"], weights, mask, mask, input_ids=ids)
+        stats.update(["layer_1", "layer_2"], weights, mask, mask, alignment=alignment, input_ids=ids)
+        results.append((stats.means(), stats.row_counts()))
+    (chunked, chunked_rows), (whole, whole_rows) = results
+    assert chunked_rows == whole_rows
+    for layer in whole:
+        for name, values in whole[layer].items():
+            assert chunked[layer][name] == pytest.approx(values, rel=1e-5, abs=1e-6), (layer, name)

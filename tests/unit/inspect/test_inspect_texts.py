@@ -26,7 +26,7 @@ def test_text_csv_and_jsonl_files(tmp_path):
 def test_batches_drop_tokenizer_padding_and_sort_by_length(tokenizer):
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=20)  # must not leak into the batches
     rows = [("the movie was great", 1), ("bad", 0), ("a very boring plot , but fun acting !", 1)]
-    batches = list(encode_batches(rows, tokenizer, batch_size=2, max_length=8, pad_id=0))
+    batches = list(encode_batches(rows, tokenizer, batch_size=2, max_length=8, pad_id=0, pad_to_multiple=1))
     assert [batch["input_ids"].shape for batch in batches] == [(2, 6), (1, 8)]
     assert batches[0]["mask"].sum(-1).tolist() == [3, 6]  # [CLS] bad [SEP]; [CLS] 4 words [SEP]
     assert batches[0]["labels"].tolist() == [0, 1]
@@ -74,7 +74,18 @@ def test_embedded_data_splits(monkeypatch):
 def test_attention_cell_budget_shrinks_batches_of_long_texts(tokenizer):
     short = [("bad", 0)] * 6  # 3 tokens with [CLS] and [SEP]
     long = [("the movie was very very very boring and not fun", 1)] * 3  # 12 tokens
-    batches = list(encode_batches(short + long, tokenizer, batch_size=4, max_attention_cells=4 * 3 * 3 + 1))
+    batches = list(
+        encode_batches(
+            short + long, tokenizer, batch_size=4, max_attention_cells=4 * 3 * 3 + 1, pad_to_multiple=1
+        )
+    )
     sizes = [tuple(batch["input_ids"].shape) for batch in batches]
     assert sizes == [(4, 3), (2, 3), (1, 12), (1, 12), (1, 12)]
     assert sum(size[0] for size in sizes) == 9
+
+
+def test_lengths_padded_to_a_multiple_within_max_length(tokenizer):
+    rows = [("bad", 0), ("the movie was very very very boring and not fun", 1)]  # 3 and 12 tokens
+    batches = list(encode_batches(rows, tokenizer, batch_size=1, max_length=14, pad_to_multiple=8))
+    assert [tuple(batch["input_ids"].shape) for batch in batches] == [(1, 8), (1, 14)]
+    assert [int(batch["mask"].sum()) for batch in batches] == [3, 12]

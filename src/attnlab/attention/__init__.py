@@ -1,5 +1,6 @@
 """Attention kernels and modules."""
 
+from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask
 from .functional import AttentionResult, attention, fused_attention, reference_attention
 from .masks import (
     causal_mask,
@@ -12,6 +13,8 @@ from .masks import (
 )
 from .multihead import MultiHeadAttention, ScaledDotProductAttention
 from .rotary import RotaryEmbedding
+from .sparse import SparseAttention
+from .sparse_pattern import block_pattern_density, draw_sparsity_pattern
 
 __all__ = [
     "AttentionResult",
@@ -28,4 +31,11 @@ __all__ = [
     "MultiHeadAttention",
     "ScaledDotProductAttention",
     "RotaryEmbedding",
+    "SparseAttention",
+    "BlockSparseResult",
+    "BlockSparseWeights",
+    "block_sparse_attention",
+    "block_sparse_mask",
+    "block_pattern_density",
+    "draw_sparsity_pattern",
 ]

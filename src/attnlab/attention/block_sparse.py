@@ -205,6 +205,48 @@ def _block_bias(
     return bias, positions
 
 
+def _attend_blocks_without_autograd(
+    query_blocks: Tensor, key_blocks: Tensor, value_blocks: Tensor, bias: Tensor, *, dropout_p: float, scale: float
+) -> Tensor:
+    """Attention of every block, the unmasked ones through the kernel without a mask.
+
+    Usually only the blocks at the sequence ends (and near padding) have a key to
+    remove; runs of the others skip the mask, which the CPU kernel otherwise reads per
+    score tile. Used without autograd only: the slices would cost the backward a
+    full-size gradient buffer per slice.
+    """
+    count, H, L, _ = query_blocks.shape
+    Dv = value_blocks.shape[-1]
+    plain = (bias == 0).all(dim=1).tolist()  # [B * N] bools: no key to remove
+    runs, start = [], None
+    for index, is_plain in enumerate(plain + [False]):
+        if is_plain and start is None:
+            start = index
+        elif not is_plain and start is not None:
+            if index - start >= 4:  # short runs are cheaper inside the masked call
+                runs.append((start, index))
+            start = None
+    if not runs:
+        return attention(
+            query_blocks, key_blocks, value_blocks, bias[:, None, None, :], dropout_p=dropout_p, scale=scale
+        ).output
+    output = query_blocks.new_empty(count, L, H, Dv).transpose(1, 2)  # [B * N, H, L, Dv]
+    rest = torch.ones(count, dtype=torch.bool)
+    for start, stop in runs:
+        output[start:stop] = F.scaled_dot_product_attention(
+            query_blocks[start:stop], key_blocks[start:stop], value_blocks[start:stop],
+            dropout_p=dropout_p, scale=scale,
+        )
+        rest[start:stop] = False
+    if bool(rest.any()):
+        index = rest.nonzero().squeeze(1).to(query_blocks.device)
+        output[index] = attention(
+            query_blocks[index], key_blocks[index], value_blocks[index], bias[index][:, None, None, :],
+            dropout_p=dropout_p, scale=scale,
+        ).output
+    return output
+
+
 def block_sparse_attention(
     query: Tensor,
     key: Tensor,
@@ -275,15 +317,22 @@ def block_sparse_attention(
 
     # Without padding, key mask, neighbours or global tokens every block sees all its keys.
     needs_mask = key_mask is not None or N * L != T or window > 0 or global_index.numel() > 0
-    block_out, block_weights = attention(
-        query_blocks,
-        key_blocks,
-        value_blocks,
-        bias[:, None, None, :] if needs_mask else None,  # [B * N, 1, 1, K]
-        dropout_p=dropout_p,
-        scale=scale,
-        need_weights=need_weights,
-    )  # [B * N, H, L, Dv], [B * N, H, L, K] | None
+    tracks_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if needs_mask and not need_weights and not tracks_grad:
+        block_out = _attend_blocks_without_autograd(
+            query_blocks, key_blocks, value_blocks, bias, dropout_p=dropout_p, scale=scale
+        )
+        block_weights = None
+    else:
+        block_out, block_weights = attention(
+            query_blocks,
+            key_blocks,
+            value_blocks,
+            bias[:, None, None, :] if needs_mask else None,  # [B * N, 1, 1, K]
+            dropout_p=dropout_p,
+            scale=scale,
+            need_weights=need_weights,
+        )  # [B * N, H, L, Dv], [B * N, H, L, K] | None
     Dv = value.shape[-1]
     output = block_out.transpose(1, 2).reshape(B, N * L, H, Dv)[:, :T].transpose(1, 2)  # [B, H, T, Dv]
     row_has_key = (bias > _NEG_INF).any(dim=1)  # [B * N]

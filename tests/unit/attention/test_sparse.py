@@ -436,3 +436,18 @@ def test_runs_on_cuda_and_matches_cpu() -> None:
     out_gpu, _ = attn_gpu(x_gpu, x_gpu, x_gpu, key_padding_mask=valid.cuda())
     out_gpu.sum().backward()
     torch.testing.assert_close(out_gpu.cpu(), out_cpu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch, length, window, globals_, padded", [(1, 300, 1, (), False), (3, 250, 2, (7,), True)])
+def test_inference_path_matches_the_autograd_path(batch, length, window, globals_, padded) -> None:
+    # Without autograd, long runs of unmasked blocks skip the mask; results must not change.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, 2, length, 8) for _ in range(3))
+    valid = None
+    if padded:
+        valid = torch.arange(length)[None] < torch.tensor([length, 200, 90])[:, None]
+    kwargs = dict(block_size=8, window=window, global_positions=globals_)
+    with torch.no_grad():
+        inference = block_sparse_attention(q, k, v, valid, **kwargs).output
+    training = block_sparse_attention(q.requires_grad_(True), k, v, valid, **kwargs).output
+    torch.testing.assert_close(inference, training.detach(), atol=1e-6, rtol=1e-5)

@@ -190,7 +190,7 @@ def run_train_child(args: argparse.Namespace) -> dict:
 
     step()  # creates the optimizer state, so the measured step is a steady one
     parameter_count = sum(p.numel() for p in parameters)
-    return {"method": "train", "T": T, "params": parameter_count, "step": _measure(step, args.repeats, False)}
+    return {"method": "train", "T": T, "params": parameter_count, "step": _measure(step, args.train_repeats, False)}
 
 
 # ------------------------------------------------------------------ parent
@@ -211,7 +211,7 @@ def _shared_flags(args: argparse.Namespace) -> list[str]:
         "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--block", str(args.block),
         "--window", str(args.window), "--repeats", str(args.repeats),
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
-        "--train-layers", str(args.train_layers),
+        "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
     ] + (["--check"] if args.check else [])
 
 
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-length", type=int, default=16384, help="0 skips the training step")
     parser.add_argument("--train-d-model", type=int, default=256)
     parser.add_argument("--train-layers", type=int, default=4)
+    parser.add_argument("--train-repeats", type=int, default=2, help="timed steps after one warm-up step")
     parser.add_argument(
         "--in-process", action="store_true",
         help="quick check: run every case in this process (memory figures are then not comparable)",

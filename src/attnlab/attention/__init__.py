@@ -1,5 +1,6 @@
 """Attention kernels and modules."""
 
+from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask
 from .cross_modal import CrossModalAttention, CrossModalOutput
 from .functional import AttentionResult, attention, fused_attention, reference_attention
 from .masks import (
@@ -13,6 +14,8 @@ from .masks import (
 )
 from .multihead import MultiHeadAttention, ScaledDotProductAttention
 from .rotary import RotaryEmbedding
+from .sparse import SparseAttention
+from .sparse_pattern import block_pattern_density, draw_sparsity_pattern
 
 __all__ = [
     "CrossModalAttention",
@@ -31,4 +34,11 @@ __all__ = [
     "MultiHeadAttention",
     "ScaledDotProductAttention",
     "RotaryEmbedding",
+    "SparseAttention",
+    "BlockSparseResult",
+    "BlockSparseWeights",
+    "block_sparse_attention",
+    "block_sparse_mask",
+    "block_pattern_density",
+    "draw_sparsity_pattern",
 ]

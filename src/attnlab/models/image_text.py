@@ -57,6 +57,7 @@ class ImageTextConfig:
     gate: str = "sigmoid"
     fusion: str = "cross_attention"
     pooling: str = "first"  # what the head reads: the [CLS] state ("first") or the mean of real tokens
+    null_slot: bool = False  # a "nothing here" slot for text -> patch attention (see CrossModalAttention)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "image_size", "patch_size", "visual_dim", "visual_layers", "d_model",
@@ -172,7 +173,7 @@ class _CrossModalLayer(nn.Module):
         super().__init__()
         self.cross = CrossModalAttention(
             visual_dim, config.d_model, config.num_heads, config.dropout, gate=config.gate,
-            attention_dropout=config.attention_dropout, **factory,
+            attention_dropout=config.attention_dropout, null_slot=config.null_slot, **factory,
         )
         self.ffn = PositionWiseFFN(config.d_model, config.d_ff, config.dropout, **factory)
         self.norm = nn.LayerNorm(config.d_model, **factory)

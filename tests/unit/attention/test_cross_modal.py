@@ -235,3 +235,16 @@ def test_bad_inputs_name_the_argument():
         module(visual, text, visual_mask[:, :-1])
     with pytest.raises(TypeError, match="text_mask"):
         module(visual, text, visual_mask, text_mask.float())
+
+
+def test_null_slot_takes_the_attention_the_patches_do_not_get():
+    module = _module(null_slot=True)
+    with torch.no_grad():
+        module.null_slot.normal_()
+    visual, text, visual_mask, text_mask = _inputs()
+    result = module(visual, text, visual_mask, text_mask, need_weights=True)
+    patches = result.text_to_visual_weights  # [B, H, T, S], the patches only
+    assert patches.shape == (B, H, T, S)
+    assert torch.all(patches.sum(-1) < 1) and torch.all(patches[1, :, :, ~visual_mask[1]] == 0)
+    nothing = module(visual, text, torch.zeros(B, S, dtype=torch.bool), text_mask, need_weights=True)
+    assert torch.isfinite(nothing.output).all() and torch.all(nothing.text_to_visual_weights == 0)

@@ -96,8 +96,8 @@ class CrossModalAttention(nn.Module):
         v      = visual_proj(visual)                              # [B, S, E]
         t2v    = attn_text_to_visual(q=text, k=v, v=v)            # keys masked by visual_mask
         v2t    = attn_visual_to_text(q=v, k=text, v=text)         # keys masked by text_mask
-        v_out  = norm2(v + drop(v2t))                             # [B, S, E]
-        pooled = masked mean of v_out over real patches, broadcast to [B, T, E]
+        v_out  = norm2(v + drop(v2t))                             # [B, S, E], for a next layer
+        pooled = masked mean of v over real patches, broadcast to [B, T, E]
 
     ``gate="sigmoid"`` (the article's gated fusion, done right)::
 
@@ -232,7 +232,9 @@ class CrossModalAttention(nn.Module):
             visual, text_features, text_features, key_padding_mask=text_mask, need_weights=need_weights
         )  # [B, S, E], [B, H, S, T] | None
         visual_out = self.norm2(visual + self.dropout(v2t))  # [B, S, E]
-        pooled = masked_mean(visual_out, visual_mask).expand(B, T, self.text_dim)  # [B, T, E]
+        # The image's own context: pooling the vision->text states instead would mostly
+        # hand the text back its own content and drown the image (training stalls).
+        pooled = masked_mean(visual, visual_mask).expand(B, T, self.text_dim)  # [B, T, E]
 
         if self.gate_proj is not None:
             text_enhanced = self.norm1(text_features + self.dropout(t2v))  # [B, T, E]

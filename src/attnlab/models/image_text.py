@@ -132,6 +132,9 @@ class ImageTextOutput(NamedTuple):
 class PatchEmbedding(nn.Module):
     """Cut a grey-scale image into square patches, embed each, add 2-D positions.
 
+    Pixels are expected in ``[0, 1]`` (ink high) and are centred to ``[-1, 1]`` before
+    the patch projection.
+
     The position of patch ``(row, col)`` is ``row_embedding[row] + col_embedding[col]``.
 
     Shape:
@@ -146,6 +149,10 @@ class PatchEmbedding(nn.Module):
         self.patch_size = patch_size
         self.grid_size = image_size // patch_size
         self.proj = nn.Linear(patch_size * patch_size, dim, **factory)
+        # No constant offset shared by every patch of every image: at initialisation the
+        # patch states then differ between images instead of mostly repeating the bias,
+        # which is what lets text and image interact from the first steps.
+        nn.init.zeros_(self.proj.bias)
         self.row_embedding = nn.Parameter(torch.randn(self.grid_size, dim, **factory) * 0.02)
         self.col_embedding = nn.Parameter(torch.randn(self.grid_size, dim, **factory) * 0.02)
 
@@ -161,7 +168,7 @@ class PatchEmbedding(nn.Module):
             raise ValueError(
                 f"images must be [B, {self.image_size}, {self.image_size}], got shape {tuple(images.shape)}"
             )
-        x = self.proj(self.patches(images))  # [B, S, V]
+        x = self.proj(self.patches(images) * 2.0 - 1.0)  # [B, S, V]; pixels centred: ink +1, paper -1
         position = (self.row_embedding[:, None, :] + self.col_embedding[None, :, :]).flatten(0, 1)  # [S, V]
         return x + position
 

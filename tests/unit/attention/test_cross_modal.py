@@ -193,7 +193,7 @@ def test_sigmoid_gate_lies_in_unit_interval_and_mixes_text_with_pooled_vision():
     visual, text, visual_mask, text_mask = _inputs()
     result = module(visual, text, visual_mask, text_mask)
     assert torch.all((result.gate > 0) & (result.gate < 1))
-    pooled = masked_mean(result.visual_output, visual_mask)  # [B, 1, E]
+    pooled = masked_mean(module.visual_proj(visual), visual_mask)  # [B, 1, E]: the image's own patches
     enhanced = module.norm1(text + module.text_to_visual(text, module.visual_proj(visual),
                                                           module.visual_proj(visual),
                                                           key_padding_mask=visual_mask).output)

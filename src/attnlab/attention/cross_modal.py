@@ -96,8 +96,8 @@ class CrossModalAttention(nn.Module):
         v      = visual_proj(visual)                              # [B, S, E]
         t2v    = attn_text_to_visual(q=text, k=v, v=v)            # keys masked by visual_mask
         v2t    = attn_visual_to_text(q=v, k=text, v=text)         # keys masked by text_mask
-        v_out  = norm2(v + drop(v2t))                             # [B, S, E]
-        pooled = masked mean of v_out over real patches, broadcast to [B, T, E]
+        v_out  = norm2(v + drop(v2t))                             # [B, S, E], for a next layer
+        pooled = masked mean of v over real patches, broadcast to [B, T, E]
 
     ``gate="sigmoid"`` (the article's gated fusion, done right)::
 
@@ -121,6 +121,12 @@ class CrossModalAttention(nn.Module):
         gate: ``"sigmoid"`` or ``"tanh0"``.
         attention_dropout: dropout on attention probabilities; ``None`` = ``dropout``.
             0 keeps torch's fused attention kernel in training.
+        null_slot: give text tokens a learned "nothing here" slot to attend to besides
+            the patches. How much a token attends to it then measures how little the
+            image matches it, which lets a statement be checked against the image from
+            the first steps of training; a sample without real patches attends to it
+            alone. The returned text -> patch weights cover the patches only (rows sum
+            to 1 minus the slot's share).
 
     Shape:
         ``visual_features`` ``[B, S, V]``, ``text_features`` ``[B, T, E]``,
@@ -145,6 +151,7 @@ class CrossModalAttention(nn.Module):
         *,
         gate: str = "sigmoid",
         attention_dropout: Optional[float] = None,
+        null_slot: bool = False,
         device=None,
         dtype=None,
     ) -> None:
@@ -169,6 +176,7 @@ class CrossModalAttention(nn.Module):
         self.norm1 = nn.LayerNorm(text_dim, **factory)
         self.norm2 = nn.LayerNorm(text_dim, **factory)
         self.dropout = nn.Dropout(dropout)
+        self.null_slot = nn.Parameter(torch.zeros(1, 1, text_dim, **factory)) if null_slot else None
         if gate == "sigmoid":
             self.gate_proj: Optional[nn.Linear] = nn.Linear(2 * text_dim, text_dim, **factory)
             self.register_parameter("gate_alpha", None)
@@ -210,14 +218,23 @@ class CrossModalAttention(nn.Module):
         visual = self.visual_proj(visual_features)  # [B, S, E]
         text_query = self.norm1(text_features) if self.gate_kind == "tanh0" else text_features
         # Each direction masks the modality it attends to (its keys).
+        keys, key_mask = visual, visual_mask
+        if self.null_slot is not None:
+            keys = torch.cat([self.null_slot.expand(B, 1, self.text_dim), visual], dim=1)  # [B, 1 + S, E]
+            if visual_mask is not None:
+                key_mask = torch.cat([visual_mask.new_ones(B, 1), visual_mask], dim=1)  # [B, 1 + S]
         t2v, t2v_weights = self.text_to_visual(
-            text_query, visual, visual, key_padding_mask=visual_mask, need_weights=need_weights
-        )  # [B, T, E], [B, H, T, S] | None
+            text_query, keys, keys, key_padding_mask=key_mask, need_weights=need_weights
+        )  # [B, T, E], [B, H, T, S (+ 1)] | None
+        if t2v_weights is not None and self.null_slot is not None:
+            t2v_weights = t2v_weights[..., 1:]  # [B, H, T, S]: the patches only
         v2t, v2t_weights = self.visual_to_text(
             visual, text_features, text_features, key_padding_mask=text_mask, need_weights=need_weights
         )  # [B, S, E], [B, H, S, T] | None
         visual_out = self.norm2(visual + self.dropout(v2t))  # [B, S, E]
-        pooled = masked_mean(visual_out, visual_mask).expand(B, T, self.text_dim)  # [B, T, E]
+        # The image's own context: pooling the vision->text states instead would mostly
+        # hand the text back its own content and drown the image (training stalls).
+        pooled = masked_mean(visual, visual_mask).expand(B, T, self.text_dim)  # [B, T, E]
 
         if self.gate_proj is not None:
             text_enhanced = self.norm1(text_features + self.dropout(t2v))  # [B, T, E]
@@ -231,5 +248,5 @@ class CrossModalAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"visual_dim={self.visual_dim}, text_dim={self.text_dim}, "
-            f"num_heads={self.num_heads}, gate={self.gate_kind!r}"
+            f"num_heads={self.num_heads}, gate={self.gate_kind!r}, null_slot={self.null_slot is not None}"
         )

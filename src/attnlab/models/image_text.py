@@ -57,6 +57,7 @@ class ImageTextConfig:
     gate: str = "sigmoid"
     fusion: str = "cross_attention"
     pooling: str = "first"  # what the head reads: the [CLS] state ("first") or the mean of real tokens
+    null_slot: bool = False  # a "nothing here" slot for text -> patch attention (see CrossModalAttention)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "image_size", "patch_size", "visual_dim", "visual_layers", "d_model",
@@ -131,6 +132,9 @@ class ImageTextOutput(NamedTuple):
 class PatchEmbedding(nn.Module):
     """Cut a grey-scale image into square patches, embed each, add 2-D positions.
 
+    Pixels are expected in ``[0, 1]`` (ink high) and are centred to ``[-1, 1]`` before
+    the patch projection.
+
     The position of patch ``(row, col)`` is ``row_embedding[row] + col_embedding[col]``.
 
     Shape:
@@ -145,6 +149,10 @@ class PatchEmbedding(nn.Module):
         self.patch_size = patch_size
         self.grid_size = image_size // patch_size
         self.proj = nn.Linear(patch_size * patch_size, dim, **factory)
+        # No constant offset shared by every patch of every image: at initialisation the
+        # patch states then differ between images instead of mostly repeating the bias,
+        # which is what lets text and image interact from the first steps.
+        nn.init.zeros_(self.proj.bias)
         self.row_embedding = nn.Parameter(torch.randn(self.grid_size, dim, **factory) * 0.02)
         self.col_embedding = nn.Parameter(torch.randn(self.grid_size, dim, **factory) * 0.02)
 
@@ -160,7 +168,7 @@ class PatchEmbedding(nn.Module):
             raise ValueError(
                 f"images must be [B, {self.image_size}, {self.image_size}], got shape {tuple(images.shape)}"
             )
-        x = self.proj(self.patches(images))  # [B, S, V]
+        x = self.proj(self.patches(images) * 2.0 - 1.0)  # [B, S, V]; pixels centred: ink +1, paper -1
         position = (self.row_embedding[:, None, :] + self.col_embedding[None, :, :]).flatten(0, 1)  # [S, V]
         return x + position
 
@@ -172,7 +180,7 @@ class _CrossModalLayer(nn.Module):
         super().__init__()
         self.cross = CrossModalAttention(
             visual_dim, config.d_model, config.num_heads, config.dropout, gate=config.gate,
-            attention_dropout=config.attention_dropout, **factory,
+            attention_dropout=config.attention_dropout, null_slot=config.null_slot, **factory,
         )
         self.ffn = PositionWiseFFN(config.d_model, config.d_ff, config.dropout, **factory)
         self.norm = nn.LayerNorm(config.d_model, **factory)

@@ -193,7 +193,7 @@ def test_sigmoid_gate_lies_in_unit_interval_and_mixes_text_with_pooled_vision():
     visual, text, visual_mask, text_mask = _inputs()
     result = module(visual, text, visual_mask, text_mask)
     assert torch.all((result.gate > 0) & (result.gate < 1))
-    pooled = masked_mean(result.visual_output, visual_mask)  # [B, 1, E]
+    pooled = masked_mean(module.visual_proj(visual), visual_mask)  # [B, 1, E]: the image's own patches
     enhanced = module.norm1(text + module.text_to_visual(text, module.visual_proj(visual),
                                                           module.visual_proj(visual),
                                                           key_padding_mask=visual_mask).output)
@@ -235,3 +235,16 @@ def test_bad_inputs_name_the_argument():
         module(visual, text, visual_mask[:, :-1])
     with pytest.raises(TypeError, match="text_mask"):
         module(visual, text, visual_mask, text_mask.float())
+
+
+def test_null_slot_takes_the_attention_the_patches_do_not_get():
+    module = _module(null_slot=True)
+    with torch.no_grad():
+        module.null_slot.normal_()
+    visual, text, visual_mask, text_mask = _inputs()
+    result = module(visual, text, visual_mask, text_mask, need_weights=True)
+    patches = result.text_to_visual_weights  # [B, H, T, S], the patches only
+    assert patches.shape == (B, H, T, S)
+    assert torch.all(patches.sum(-1) < 1) and torch.all(patches[1, :, :, ~visual_mask[1]] == 0)
+    nothing = module(visual, text, torch.zeros(B, S, dtype=torch.bool), text_mask, need_weights=True)
+    assert torch.isfinite(nothing.output).all() and torch.all(nothing.text_to_visual_weights == 0)

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -148,6 +149,8 @@ def from_pretrained(
     name_or_path: PathLike,
     *,
     strict: bool = True,
+    dropout: Optional[float] = None,
+    attention_dropout: Optional[float] = None,
     device: Optional[Union[str, torch.device]] = None,
     dtype: Optional[torch.dtype] = None,
 ) -> TransformerEncoder:
@@ -162,6 +165,9 @@ def from_pretrained(
             ``model.safetensors``.
         strict: with ``False``, tensors that belong to a task head on top of the
             encoder (``cls.*``, ``classifier.*``) are skipped instead of raising.
+        dropout: replaces the checkpoint's dropout (for fine-tuning).
+        attention_dropout: replaces the checkpoint's attention-probability dropout;
+            0 keeps the fused attention kernel during fine-tuning, which is faster.
         device: where to put the parameters.
         dtype: parameter dtype (default: torch's default, float32).
 
@@ -180,6 +186,10 @@ def from_pretrained(
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
     config = encoder_config_from_bert(_read_json(config_path), source=str(config_path))
+    changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
+               if value is not None}
+    if changes:
+        config = dataclasses.replace(config, **changes)  # validated again in __post_init__
     weights_path = _weights_file(directory)
     tensors = load_file(str(weights_path))
     state, skipped = bert_state_to_encoder(tensors, config, strict=strict, source=str(weights_path))

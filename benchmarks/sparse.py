@@ -214,7 +214,7 @@ def _spawn(child_args: list[str], args: argparse.Namespace) -> dict:
 def _shared_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--block", str(args.block),
-        "--window", str(args.window), "--repeats", str(args.repeats),
+        "--window", str(args.window), "--repeats", str(args.repeats), "--methods", *args.methods,
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
         "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
     ] + (["--check"] if args.check else [])
@@ -262,7 +262,7 @@ def run_parent(args: argparse.Namespace) -> int:
     print("-" * len(header))
     results: dict[tuple[str, int], dict] = {}
     for T in args.lengths:
-        for method in METHODS:
+        for method in args.methods:
             reason = _skip_reason(method, T, args)
             if reason is None:
                 result = _spawn(["--child", method, str(T)], args)
@@ -325,6 +325,7 @@ def _summarise(results: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block", type=int, default=128)

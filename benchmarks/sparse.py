@@ -93,7 +93,9 @@ def _block_mask_for_flex(T: int, block: int, window: int):
     # Valid neighbours first, then filler indices that the counts exclude.
     order = torch.argsort((~inside).to(torch.int8), dim=1, stable=True)
     kv_indices = torch.zeros(blocks, blocks, dtype=torch.int32)
-    kv_indices[:, : 2 * window + 1] = torch.gather(neighbours.clamp(0, blocks - 1), 1, order).to(torch.int32)
+    width = min(blocks, 2 * window + 1)  # counts never exceed either
+    ordered = torch.gather(neighbours.clamp(0, blocks - 1), 1, order)[:, :width]
+    kv_indices[:, :width] = ordered.to(torch.int32)
     return BlockMask.from_kv_blocks(
         counts[None, None], kv_indices[None, None], full_kv_num_blocks=None, BLOCK_SIZE=block
     )
@@ -158,7 +160,7 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
     try:
         result["fwd+bwd"] = _measure(forward_backward, repeats, warm_up)
     except Exception as error:  # flex has no CPU backward in this torch
-        result["fwd+bwd"] = {"skipped": f"{type(error).__name__}: {str(error).splitlines()[0][:90]}"}
+        result["fwd+bwd"] = {"skipped": f"{type(error).__name__}: {str(error).split('.')[0][:80]}"}
     return result
 
 
@@ -196,9 +198,12 @@ def run_train_child(args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------ parent
 def _spawn(child_args: list[str], args: argparse.Namespace) -> dict:
     if args.in_process:
-        if child_args[0] == "--train-child":
-            return run_train_child(args)
-        return run_child(child_args[1], int(child_args[2]), args)
+        try:
+            if child_args[0] == "--train-child":
+                return run_train_child(args)
+            return run_child(child_args[1], int(child_args[2]), args)
+        except Exception as error:
+            return {"error": f"{type(error).__name__}: {error}"[:120]}
     command = [sys.executable, str(Path(__file__).resolve()), *child_args, *_shared_flags(args)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -209,7 +214,7 @@ def _spawn(child_args: list[str], args: argparse.Namespace) -> dict:
 def _shared_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--block", str(args.block),
-        "--window", str(args.window), "--repeats", str(args.repeats),
+        "--window", str(args.window), "--repeats", str(args.repeats), "--methods", *args.methods,
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
         "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
     ] + (["--check"] if args.check else [])
@@ -257,7 +262,7 @@ def run_parent(args: argparse.Namespace) -> int:
     print("-" * len(header))
     results: dict[tuple[str, int], dict] = {}
     for T in args.lengths:
-        for method in METHODS:
+        for method in args.methods:
             reason = _skip_reason(method, T, args)
             if reason is None:
                 result = _spawn(["--child", method, str(T)], args)
@@ -320,6 +325,7 @@ def _summarise(results: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--block", type=int, default=128)

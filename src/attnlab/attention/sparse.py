@@ -289,6 +289,7 @@ class SparseAttention(nn.Module):
             )
         if need_weights and average_attn_weights and self.weights_layout == "blocks":
             raise ValueError("average_attn_weights=True needs weights_layout='dense'")
+        scale = None if head_mask is None else self._head_scale(head_mask, B).to(query.dtype)  # [B|1, H, 1, 1]
         q, k, v, summary_keys = self._project(query, key, value)  # [B, H, T, D] each
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
@@ -309,7 +310,6 @@ class SparseAttention(nn.Module):
             out = out + context * row_has_key[:, None, :, None].to(out.dtype)  # [B, H, T, D]
             if weights is not None:
                 weights = weights._replace(summary=summary_weights)
-        scale = None if head_mask is None else self._head_scale(head_mask, B).to(out.dtype)  # [B|1, H, 1, 1]
         if scale is not None:
             out = out * scale
         out = self.dense(out.transpose(1, 2).reshape(B, T, E))  # [B, T, E]

@@ -102,7 +102,7 @@ class CrossModalAttention(nn.Module):
     ``gate="sigmoid"`` (the article's gated fusion, done right)::
 
         t_enh  = norm1(text + drop(t2v))
-        g      = sigmoid(gate_proj([t_enh, pooled]))              # [B, T, E]
+        g      = sigmoid(gate_proj([t_enh, pooled, t_enh * pooled]))  # [B, T, E]
         output = g * t_enh + (1 - g) * pooled
 
     ``gate="tanh0"`` (Flamingo-style: ``t2v`` then takes ``norm1(text)`` as its query)::
@@ -178,7 +178,7 @@ class CrossModalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.null_slot = nn.Parameter(torch.zeros(1, 1, text_dim, **factory)) if null_slot else None
         if gate == "sigmoid":
-            self.gate_proj: Optional[nn.Linear] = nn.Linear(2 * text_dim, text_dim, **factory)
+            self.gate_proj: Optional[nn.Linear] = nn.Linear(3 * text_dim, text_dim, **factory)
             self.register_parameter("gate_alpha", None)
         else:
             self.gate_proj = None
@@ -238,7 +238,10 @@ class CrossModalAttention(nn.Module):
 
         if self.gate_proj is not None:
             text_enhanced = self.norm1(text_features + self.dropout(t2v))  # [B, T, E]
-            gate = torch.sigmoid(self.gate_proj(torch.cat([text_enhanced, pooled], dim=-1)))  # [B, T, E]
+            # The gate also sees the elementwise product of text and image: that lets a
+            # statement be compared with the image from the first steps of training.
+            features = torch.cat([text_enhanced, pooled, text_enhanced * pooled], dim=-1)  # [B, T, 3E]
+            gate = torch.sigmoid(self.gate_proj(features))  # [B, T, E]
             output = gate * text_enhanced + (1.0 - gate) * pooled
         else:
             gate = torch.tanh(self.gate_alpha)  # 0-d

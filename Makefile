@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test bench clean
 
@@ -20,16 +21,20 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m attnlab.demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests
 
-# Timings mean something only when nothing else heavy runs: where flock(1) exists, runs
-# that share BENCH_LOCK wait for each other. Options: `make bench BENCH_ARGS=--quick`.
-BENCH_LOCK ?= /tmp/attnlab-bench.lock
+# The report tests drive a real headless browser: Debian's chromium, installed once.
+$(CHROMIUM):
+	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium
+
+# Timings mean something only on an otherwise idle machine. `make bench BENCH_ARGS=--quick`
+# runs the attention benchmark on small sizes.
 BENCH_ARGS ?=
 bench: $(STAMP)
-	if command -v flock >/dev/null 2>&1; then flock $(BENCH_LOCK) $(PY) benchmarks/attention.py $(BENCH_ARGS); \
-	else $(PY) benchmarks/attention.py $(BENCH_ARGS); fi
+	$(PY) benchmarks/attention.py $(BENCH_ARGS)
+	$(PY) benchmarks/analyze.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

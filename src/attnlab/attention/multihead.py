@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from .functional import AttentionResult, attention
-from .masks import combine_masks, padding_to_attention_mask
+from .masks import combine_masks, padding_to_attention_mask, validate_attention_mask
 from .rotary import RotaryEmbedding
 
 __all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
@@ -239,6 +239,10 @@ class MultiHeadAttention(nn.Module):
         B, T, E = query.shape
         S = key.shape[1]
         if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor):
+                raise TypeError(
+                    f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}"
+                )
             if key_padding_mask.shape != (B, S):
                 raise ValueError(
                     f"key_padding_mask must be [B, S] = [{B}, {S}] with True on real keys, "
@@ -248,8 +252,10 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.to(query.dtype)
             else:
                 key_padding_mask = key_padding_mask.bool()
-            if mask is not None and mask.dim() == 2:
-                mask = mask[None, None]  # [1, 1, T, S], so both masks have rank 4
+            # Rank 4 first: a [B, T, S] mask would broadcast against [B, 1, 1, S] to [B, B, T, S].
+            mask = validate_attention_mask(
+                mask, batch=B, heads=self.num_heads, query_len=T, key_len=S, dtype=query.dtype
+            )  # [B|1, H|1, T|1, S|1] or None
             mask = combine_masks(mask, padding_to_attention_mask(key_padding_mask))
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
         if self.rotary is not None:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from ..attention.multihead import MultiHeadAttention
+from ..attention.sparse import SparseAttention
 from .dropout import Dropout
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
@@ -127,8 +128,22 @@ class TransformerEncoderLayer(nn.Module):
         return EncoderLayerOutput(x, weights)
 
 
-def build_self_attention(config: EncoderConfig) -> Optional[nn.Module]:
+def build_self_attention(config: EncoderConfig, *, device=None, dtype=None) -> Optional[nn.Module]:
     """The attention module a layer should use, or ``None`` for the default dense one."""
+    if config.attention == "sparse":
+        return SparseAttention(
+            config.d_model,
+            config.num_heads,
+            config.block_size,
+            config.effective_attention_dropout,
+            window=config.window,
+            global_summary=config.global_summary,
+            global_tokens=config.global_tokens,
+            bias=config.bias,
+            rotary=config.position == "rotary",
+            device=device,
+            dtype=dtype,
+        )
     return None
 
 
@@ -150,8 +165,12 @@ class TransformerEncoder(nn.Module):
         num_heads: attention heads ``H``.
         d_ff: feed-forward hidden width.
         dropout: dropout rate.
-        max_len: longest accepted input.
-        **options: further :class:`EncoderConfig` fields.
+        max_len: longest accepted input. Long inputs need ``max_len >= T`` with
+            sinusoidal or learned positions (the sinusoidal table holds
+            ``max_len * d_model`` floats: 16 MiB at 16384 x 256), or ``position="rotary"``.
+        **options: further :class:`EncoderConfig` fields; ``attention="sparse"`` (with
+            ``block_size``, ``window``, ``global_summary``, ``global_tokens``) puts a
+            :class:`~attnlab.attention.sparse.SparseAttention` in every layer, linear in ``T``.
 
     Shape:
         ``input_ids`` ``[B, T]`` integer; ``mask`` ``[B, T]`` (``True`` on real tokens)
@@ -211,7 +230,7 @@ class TransformerEncoder(nn.Module):
                 layer_norm_eps=config.layer_norm_eps,
                 bias=config.bias,
                 rotary=config.position == "rotary",
-                self_attention=build_self_attention(config),
+                self_attention=build_self_attention(config, **factory),
                 **factory,
             )
             for _ in range(num_layers)

@@ -7,9 +7,12 @@ The article's names are importable from here::
 
 from .attention import (
     AttentionResult,
+    CrossModalAttention,
+    CrossModalOutput,
     MultiHeadAttention,
     RotaryEmbedding,
     ScaledDotProductAttention,
+    SparseAttention,
     attention,
     causal_mask,
     combine_masks,
@@ -25,12 +28,15 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models.pretrained import from_pretrained
 from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionResult",
+    "CrossModalAttention",
+    "CrossModalOutput",
     "EncoderConfig",
     "EncoderOutput",
     "LearnedPositionalEmbedding",
@@ -39,12 +45,14 @@ __all__ = [
     "PositionWiseFFN",
     "RotaryEmbedding",
     "ScaledDotProductAttention",
+    "SparseAttention",
     "TransformerEncoder",
     "TransformerEncoderLayer",
     "TransformerTrainer",
     "attention",
     "causal_mask",
     "combine_masks",
+    "from_pretrained",
     "padding_mask",
     "padding_mask_from_ids",
 ]

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
+from .image_text import ImageTextModel
 from .masked_lm import EncoderForMaskedLM
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
-_MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM)}
+_MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
 _ENCODER_TYPE = "encoder"
 
 
@@ -68,8 +69,11 @@ def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module
     for key in ("model_type", "encoder"):
         if key not in config:
             raise ValueError(f"model config has no {key!r} key; got keys {sorted(config)}")
-    encoder = TransformerEncoder.from_config(EncoderConfig.from_dict(config["encoder"]), device=device, dtype=dtype)
     model_type = config["model_type"]
+    model_class = _MODEL_TYPES.get(model_type)
+    if hasattr(model_class, "from_model_config"):  # models that build their own encoders
+        return model_class.from_model_config(config, device=device, dtype=dtype)
+    encoder = TransformerEncoder.from_config(EncoderConfig.from_dict(config["encoder"]), device=device, dtype=dtype)
     if model_type == _ENCODER_TYPE:
         return encoder
     if model_type not in _MODEL_TYPES:

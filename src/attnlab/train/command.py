@@ -12,7 +12,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with [model], [data] and [train] tables")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one setting, e.g. --set train.epochs=2 (repeatable)")
+                        help="override one setting, e.g. --set train.epochs=2 or --set task=digits-text (repeatable)")
     parser.add_argument("--data", help="a CSV or JSONL file with text and label columns (default: the embedded "
                                        "Rotten Tomatoes snippets)")
     parser.add_argument("--out", type=Path, default=Path("runs/default"), help="the run directory (default: %(default)s)")
@@ -26,14 +26,13 @@ def run(args: argparse.Namespace) -> int:
 
     from .distributed import init_distributed, shutdown_distributed
     from .run import train_run
-    from .run_config import RunConfig
+    from .run_config import resolve_run_config
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     if args.resume and (args.config or args.overrides or args.data):
         raise ValueError("--resume continues a run with its saved config.json; drop --config/--set/--data")
-    config = RunConfig.from_toml(args.config) if args.config else RunConfig()
     overrides = list(args.overrides) + ([f"data.path={_toml_string(args.data)}"] if args.data else [])
-    config = config.with_overrides(overrides)
+    config = resolve_run_config(args.config, overrides)
     info = init_distributed()
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)  # one process speaks

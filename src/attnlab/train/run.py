@@ -30,9 +30,10 @@ from ..models.serialization import MODEL_FILE, TOKENIZER_FILE
 from .checkpoint import TRAINER_STATE_FILE, set_rng_state
 from .distributed import distributed_info
 from .run_config import RunConfig
+from .tasks import get_task
 from .trainer import TransformerTrainer
 
-__all__ = ["RunResult", "train_run", "load_splits", "seed_everything"]
+__all__ = ["RunResult", "train_run", "train_text_classification", "load_splits", "seed_everything"]
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
@@ -154,7 +155,17 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfi
 
 def train_run(config: RunConfig, run_dir: Union[str, Path], *, resume: bool = False, quiet: bool = False,
               device: Optional[str] = None) -> RunResult:
-    """Run the whole job; returns the test report (process 0 writes every file)."""
+    """Run the whole job of the config's task; returns the test report (process 0 writes every file)."""
+    if resume:
+        config_path = Path(run_dir) / CONFIG_FILE
+        if config_path.is_file():
+            config = RunConfig.from_json(config_path)
+    return get_task(config.data.task).run(config, run_dir, resume=resume, quiet=quiet, device=device)
+
+
+def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, resume: bool = False,
+                              quiet: bool = False, device: Optional[str] = None) -> RunResult:
+    """The text-classification task: tokenizer, encoder classifier, training, test report."""
     run_dir = Path(run_dir)
     config = _prepare_run_dir(config, run_dir, resume)
     train = config.train

@@ -19,9 +19,13 @@ from typing import Any, Optional, Sequence, Union
 from ..data.tokenization import TOKENIZER_KINDS
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
+from .tasks import DEFAULT_TASK, get_task, task_names
 from .trainer import METRICS, PRECISIONS
 
-__all__ = ["ModelSettings", "DataSettings", "TrainSettings", "RunConfig", "parse_override"]
+__all__ = [
+    "ModelSettings", "DataSettings", "TrainSettings", "ImageSettings", "RunConfig", "parse_override",
+    "resolve_run_config",
+]
 
 
 @dataclass
@@ -56,6 +60,7 @@ class ModelSettings:
 class DataSettings:
     """Where the examples come from and how they become token ids."""
 
+    task: str = DEFAULT_TASK  # what kind of run (see attnlab.train.tasks); e.g. "digits-text"
     dataset: str = "rotten_tomatoes"  # the embedded data set, unless `path` is set
     path: Optional[str] = None  # your own CSV / JSONL file
     format: Optional[str] = None  # "csv" | "jsonl"; None: from the file suffix
@@ -73,6 +78,7 @@ class DataSettings:
     train_limit: Optional[int] = None  # use only the first N training examples (quick runs)
 
     def __post_init__(self) -> None:
+        _choice("data.task", self.task, task_names())
         if self.path is None and self.dataset != "rotten_tomatoes":
             raise ValueError(f"data.dataset must be 'rotten_tomatoes' (or set data.path), got {self.dataset!r}")
         for name in ("vocab_size", "max_length", "min_frequency"):
@@ -125,16 +131,39 @@ class TrainSettings:
         _probability("train.mlm_probability", self.mlm_probability)
 
 
-_SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainSettings}
+@dataclass
+class ImageSettings:
+    """The image side of image–text tasks (``task=digits-text``); other tasks ignore it.
+    The text side and the fusion width come from ``[model]``."""
+
+    patch_size: int = 2  # 2x2-pixel patches: 16 per 8x8 digit
+    visual_dim: int = 64
+    visual_layers: int = 2
+    cross_layers: int = 2
+    gate: str = "sigmoid"  # "sigmoid" | "tanh0" (starts as the identity on the text)
+    fusion: str = "cross_attention"  # "cross_attention" | "concat" (the baseline)
+    statements_per_image: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "visual_dim", "visual_layers", "cross_layers", "statements_per_image"):
+            _positive(f"image.{name}", getattr(self, name))
+        _choice("image.gate", self.gate, ("sigmoid", "tanh0"))
+        _choice("image.fusion", self.fusion, ("cross_attention", "concat"))
+        if self.statements_per_image % 2:
+            raise ValueError(f"image.statements_per_image must be even, got {self.statements_per_image}")
+
+
+_SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainSettings, "image": ImageSettings}
 
 
 @dataclass
 class RunConfig:
-    """A whole run: ``model``, ``data`` and ``train`` sections."""
+    """A whole run: ``model``, ``data``, ``train`` (and ``image``) sections."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
+    image: ImageSettings = field(default_factory=ImageSettings)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -175,6 +204,38 @@ class RunConfig:
             section, key, value = parse_override(override)
             values[section][key] = value
         return RunConfig.from_dict(values)
+
+
+def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """The run's config: defaults, then the task's defaults, then the TOML file, then overrides.
+
+    The task (``data.task``) is read from the overrides, else the file, else the default.
+    """
+    explicit: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            explicit = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: invalid TOML ({error})") from None
+    parsed = [parse_override(override) for override in overrides]
+    task = explicit.get("data", {}).get("task", DEFAULT_TASK) if isinstance(explicit.get("data"), dict) else DEFAULT_TASK
+    for section, key, value in parsed:
+        if (section, key) == ("data", "task"):
+            task = value
+    values = RunConfig().to_dict()
+    if isinstance(task, str) and task in task_names():
+        for section, key, value in map(parse_override, get_task(task).defaults):
+            values[section][key] = value
+    for section, given in explicit.items():
+        if section not in values or not isinstance(given, dict):
+            return RunConfig.from_dict(explicit)  # reports the bad section
+        values[section].update(given)
+    for section, key, value in parsed:
+        values[section][key] = value
+    return RunConfig.from_dict(values)
 
 
 def parse_override(override: str) -> tuple[str, str, Any]:

@@ -57,8 +57,10 @@ def test_metrics_logger_truncates_replayed_steps(tmp_path):
     assert len(lines) == 3 and '"step": 3' in lines[-1]
 
 
-@pytest.mark.skipif(tensorboard_available(), reason="tensorboard is installed")
-def test_tensorboard_logger_names_the_extra(tmp_path):
+def test_tensorboard_logger_names_the_extra(tmp_path, monkeypatch):
+    import attnlab.train.callbacks as callbacks
+
+    monkeypatch.setattr(callbacks, "tensorboard_available", lambda: False)
     with pytest.raises(ImportError, match=r"attnlab\[tensorboard\]"):
         TensorBoardLogger(tmp_path)
 

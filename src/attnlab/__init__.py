@@ -7,9 +7,12 @@ The article's names are importable from here::
 
 from .attention import (
     AttentionResult,
+    CrossModalAttention,
+    CrossModalOutput,
     MultiHeadAttention,
     RotaryEmbedding,
     ScaledDotProductAttention,
+    SparseAttention,
     attention,
     causal_mask,
     combine_masks,
@@ -26,11 +29,14 @@ from .layers import (
     TransformerEncoderLayer,
 )
 from .models.pretrained import from_pretrained
+from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionResult",
+    "CrossModalAttention",
+    "CrossModalOutput",
     "EncoderConfig",
     "EncoderOutput",
     "LearnedPositionalEmbedding",
@@ -39,8 +45,10 @@ __all__ = [
     "PositionWiseFFN",
     "RotaryEmbedding",
     "ScaledDotProductAttention",
+    "SparseAttention",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "TransformerTrainer",
     "attention",
     "causal_mask",
     "combine_masks",

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from ..attention.multihead import MultiHeadAttention
+from ..attention.sparse import SparseAttention
+from .dropout import Dropout
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding
@@ -53,9 +55,11 @@ class TransformerEncoderLayer(nn.Module):
         d_model: model width ``E``.
         num_heads: attention heads ``H``.
         d_ff: feed-forward hidden width.
-        dropout: dropout on the residual branches (and on attention probabilities
-            unless ``attention_dropout`` says otherwise).
-        attention_dropout: dropout on attention probabilities; ``None`` = ``dropout``.
+        dropout: dropout on the residual branches and inside the feed-forward net.
+        attention_dropout: dropout on attention probabilities. 0 by default, unlike
+            the article: any value above 0 makes torch leave its fused attention
+            kernel in training (slower, ``[B, H, T, T]`` memory). ``None`` = ``dropout``,
+            the article's behaviour.
         norm_first: pre-norm instead of post-norm.
         activation: feed-forward activation name or callable.
         layer_norm_eps: LayerNorm epsilon.
@@ -75,7 +79,7 @@ class TransformerEncoderLayer(nn.Module):
         d_ff: int,
         dropout: float = 0.1,
         *,
-        attention_dropout: Optional[float] = None,
+        attention_dropout: Optional[float] = 0.0,
         norm_first: bool = False,
         activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
         layer_norm_eps: float = 1e-5,
@@ -97,7 +101,7 @@ class TransformerEncoderLayer(nn.Module):
         self.ffn = PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
 
     def _attend(
         self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor]
@@ -124,8 +128,22 @@ class TransformerEncoderLayer(nn.Module):
         return EncoderLayerOutput(x, weights)
 
 
-def build_self_attention(config: EncoderConfig) -> Optional[nn.Module]:
+def build_self_attention(config: EncoderConfig, *, device=None, dtype=None) -> Optional[nn.Module]:
     """The attention module a layer should use, or ``None`` for the default dense one."""
+    if config.attention == "sparse":
+        return SparseAttention(
+            config.d_model,
+            config.num_heads,
+            config.block_size,
+            config.effective_attention_dropout,
+            window=config.window,
+            global_summary=config.global_summary,
+            global_tokens=config.global_tokens,
+            bias=config.bias,
+            rotary=config.position == "rotary",
+            device=device,
+            dtype=dtype,
+        )
     return None
 
 
@@ -136,6 +154,9 @@ class TransformerEncoder(nn.Module):
     initialisation (Xavier-uniform matrices, embeddings ``N(0, d_model^-0.5)``).
     Every option of :class:`~attnlab.layers.encoder_config.EncoderConfig` can be passed
     as a keyword (``pad_id``, ``norm_first``, ``position``, ``attention_dropout``, ...).
+    ``dropout`` applies to the embeddings, residual branches and feed-forward nets;
+    attention probabilities are not dropped unless ``attention_dropout`` says so
+    (``attention_dropout=None`` drops them with ``dropout``, as the article does).
 
     Args:
         vocab_size: number of token ids.
@@ -144,8 +165,12 @@ class TransformerEncoder(nn.Module):
         num_heads: attention heads ``H``.
         d_ff: feed-forward hidden width.
         dropout: dropout rate.
-        max_len: longest accepted input.
-        **options: further :class:`EncoderConfig` fields.
+        max_len: longest accepted input. Long inputs need ``max_len >= T`` with
+            sinusoidal or learned positions (the sinusoidal table holds
+            ``max_len * d_model`` floats: 16 MiB at 16384 x 256), or ``position="rotary"``.
+        **options: further :class:`EncoderConfig` fields; ``attention="sparse"`` (with
+            ``block_size``, ``window``, ``global_summary``, ``global_tokens``) puts a
+            :class:`~attnlab.attention.sparse.SparseAttention` in every layer, linear in ``T``.
 
     Shape:
         ``input_ids`` ``[B, T]`` integer; ``mask`` ``[B, T]`` (``True`` on real tokens)
@@ -192,7 +217,7 @@ class TransformerEncoder(nn.Module):
         self.embedding_norm = (
             nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.embedding_norm else None
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(
                 d_model,
@@ -205,7 +230,7 @@ class TransformerEncoder(nn.Module):
                 layer_norm_eps=config.layer_norm_eps,
                 bias=config.bias,
                 rotary=config.position == "rotary",
-                self_attention=build_self_attention(config),
+                self_attention=build_self_attention(config, **factory),
                 **factory,
             )
             for _ in range(num_layers)

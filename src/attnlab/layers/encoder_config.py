@@ -11,7 +11,7 @@ from .._checks import check_positive_int, check_probability
 __all__ = ["EncoderConfig"]
 
 POSITIONS = ("sinusoidal", "learned", "rotary", "none")
-ATTENTIONS = ("dense",)
+ATTENTIONS = ("dense", "sparse")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 
 
@@ -20,6 +20,10 @@ class EncoderConfig:
     """Everything needed to rebuild a :class:`~attnlab.TransformerEncoder`.
 
     The first seven fields are the article's constructor arguments, with its defaults.
+    One default differs from the article: ``attention_dropout`` is 0, not ``dropout``
+    (attention-probability dropout disables the fused attention kernel in training and
+    costs time and ``T^2`` memory; see the design notes). ``attention_dropout=None``
+    gives the article's behaviour.
     """
 
     vocab_size: int
@@ -29,9 +33,12 @@ class EncoderConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     max_len: int = 5000
-    # Dropout on attention probabilities; None = same as `dropout` (the article's
-    # behaviour). 0 keeps torch's flash kernel in training, which is much faster.
-    attention_dropout: Optional[float] = None
+    # Dropout on attention probabilities. 0 by default: any value above 0 makes torch
+    # leave its fused (flash) attention kernel in training for a path that builds the
+    # [B, H, T, T] matrix, slower and with T^2 memory; `dropout` still regularises the
+    # embeddings, residual branches and feed-forward net. None = same as `dropout`
+    # (the article's and BERT's behaviour).
+    attention_dropout: Optional[float] = 0.0
     pad_id: Optional[int] = None  # when set, padding masks are derived from input ids
     norm_first: bool = False  # False: post-norm, as in the article and BERT
     activation: str = "gelu"
@@ -42,7 +49,13 @@ class EncoderConfig:
     embedding_norm: bool = False  # LayerNorm after the embeddings (BERT)
     final_norm: bool = True  # LayerNorm after the last layer (the article)
     bias: bool = True
+    # "dense": MultiHeadAttention. "sparse": SparseAttention, O(T * block) for long inputs;
+    # the four fields below configure it and must keep their defaults with "dense".
     attention: str = "dense"
+    block_size: int = 32  # positions per block (the article's default)
+    window: int = 0  # neighbouring blocks attended on each side; 0 = own block only
+    global_summary: bool = True  # the article's pooled global context, added to every position
+    global_tokens: tuple[int, ...] = ()  # positions that attend to all and are attended by all
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
@@ -67,10 +80,31 @@ class EncoderConfig:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        self._check_sparse_options()
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+
+    def _check_sparse_options(self) -> None:
+        check_positive_int("block_size", self.block_size)
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 0:
+            raise ValueError(f"window must be an int >= 0 (blocks on each side), got {self.window!r}")
+        if isinstance(self.global_tokens, (str, bytes)) or not hasattr(self.global_tokens, "__iter__"):
+            raise ValueError(f"global_tokens must be a sequence of positions, got {self.global_tokens!r}")
+        self.global_tokens = tuple(self.global_tokens)  # a list after a JSON round trip
+        if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in self.global_tokens):
+            raise ValueError(f"global_tokens must hold non-negative int positions, got {self.global_tokens!r}")
+        if self.attention != "sparse":
+            changed = [
+                name
+                for name, default in (("block_size", 32), ("window", 0), ("global_summary", True), ("global_tokens", ()))
+                if getattr(self, name) != default
+            ]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} only apply to attention='sparse', but attention={self.attention!r}"
+                )
 
     @property
     def effective_attention_dropout(self) -> float:

@@ -24,7 +24,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -151,8 +151,9 @@ def finetune_with_own_loop(splits, settings: dict[str, Any], log=print) -> dict[
     return {"test_accuracy": _accuracy(model, tokenizer, splits["test"]), "train_seconds": train_seconds}
 
 
-def finetune_with_trainer(settings: dict[str, Any], out_dir: Path) -> dict[str, float]:
-    """Fine-tune through ``attnlab.train`` (``model.pretrained = "minilm"``)."""
+def finetune_with_trainer(settings: dict[str, Any], out_dir: Path, extra_overrides: Sequence[str] = ()) -> dict[str, float]:
+    """Fine-tune through ``attnlab.train`` (``model.pretrained = "minilm"``); ``extra_overrides``
+    are further ``section.key=value`` settings of the run."""
     from attnlab.train.run import train_run
     from attnlab.train.run_config import RunConfig
 
@@ -167,6 +168,7 @@ def finetune_with_trainer(settings: dict[str, Any], out_dir: Path) -> dict[str, 
         f"train.learning_rate={settings['learning_rate']}",
         f"train.warmup_steps={max(1, int(settings['warmup_fraction'] * steps))}",
         f"train.weight_decay={settings['weight_decay']}",
+        *extra_overrides,
     ]
     config = RunConfig().with_overrides(overrides)
     start = time.perf_counter()

@@ -178,3 +178,11 @@ def test_pickle_only_checkpoint_is_refused(tiny_checkpoint):
 def test_bert_style_config_refuses_to_override_what_makes_it_bert():
     with pytest.raises(ValueError, match="position"):
         bert_style_config(100, position="sinusoidal")
+
+
+def test_dropout_can_be_replaced_for_fine_tuning(tiny_checkpoint):
+    model = from_pretrained(tiny_checkpoint, dropout=0.2, attention_dropout=0.0)
+    assert model.config.dropout == 0.2 and model.config.attention_dropout == 0.0
+    assert model.layers[0].self_attn.dropout == 0.0
+    with pytest.raises(ValueError, match="dropout"):
+        from_pretrained(tiny_checkpoint, dropout=1.5)

@@ -1,8 +1,9 @@
 """Demonstration job: train the default encoder on the embedded Rotten Tomatoes snippets.
 
 Trains from scratch (tokenizer, encoder, classifier) with the default run config, reports
-test accuracy, shows a few predictions and writes one attention map, all into the run
-directory. A few minutes on two CPU cores.
+test accuracy, shows a few predictions, writes one attention map and ends with the
+interactive attention report (``inspect/report.html``), all in the run directory. A few
+minutes on two CPU cores.
 """
 
 from __future__ import annotations
@@ -75,7 +76,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"results in {args.out}/: test_report.json, metrics.jsonl, config.json, tokenizer.json, "
           f"checkpoints/best/, checkpoints/last/")
     print(f"load it with: attnlab.models.load_model({str(args.out)!r})")
+    print(f"attention report of the first example (open it in a browser): {_write_report(args.out)}")
     return 0
+
+
+def _write_report(run_dir: Path) -> Path:
+    """Pictures and the interactive attention report of the first example, in ``run_dir/inspect``."""
+    from .inspect.inspection import write_inspection
+    from .models import load_model
+
+    model, tokenizer, _ = load_model(run_dir)
+    inspection = write_inspection(model, tokenizer, EXAMPLES[0], run_dir / "inspect", formats=("png",),
+                                  model_name=str(run_dir))
+    return inspection.report
 
 
 def main() -> int:

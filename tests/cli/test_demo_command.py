@@ -15,4 +15,6 @@ def test_demo_runs_end_to_end_on_a_small_budget(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "test accuracy" in printed and f"results in {out}/" in printed
     assert (out / "attention.png").is_file() and (out / "test_report.json").is_file()
+    assert printed.rstrip().endswith(str(out / "inspect" / "report.html"))
+    assert (out / "inspect" / "report.html").is_file() and (out / "inspect" / "model.png").is_file()
     assert main(args) == 0  # a previous demo run in the same place is replaced

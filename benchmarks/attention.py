@@ -281,8 +281,16 @@ def peak_memory_in_subprocess(case: MhaCase) -> dict:
 # --------------------------------------------------------------------------- timing
 
 
-def interleaved_medians(runs: dict[str, Callable[[], object]], warmup: int, repeats: int) -> dict[str, float]:
-    """Median seconds of each run, called in turn (A, B, C, A, B, C, ...) after warm-up."""
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: the median (reported) and the fastest repeat (a noise gauge)."""
+
+    median: float
+    fastest: float
+
+
+def interleaved_timings(runs: dict[str, Callable[[], object]], warmup: int, repeats: int) -> dict[str, Timing]:
+    """Time each run, calling them in turn (A, B, C, A, B, C, ...) after warm-up."""
     for run in runs.values():
         for _ in range(warmup):
             run()
@@ -292,7 +300,7 @@ def interleaved_medians(runs: dict[str, Callable[[], object]], warmup: int, repe
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    return {name: Timing(statistics.median(values), min(values)) for name, values in seconds.items()}
 
 
 # --------------------------------------------------------------------------- MHA section
@@ -306,7 +314,7 @@ def bench_mha(args: argparse.Namespace) -> None:
     for mode in args.modes:
         label = "inference: eval() + no_grad()" if mode == "fwd" else "training: forward + backward"
         print(f"\n### {mode} ({label})")
-        header = (f"{'T':>5} {'B':>2}  {'implementation':<16} {'time ms':>9} {'vs nn.MHA':>9} "
+        header = (f"{'T':>5} {'B':>2}  {'implementation':<16} {'time ms':>9} {'min ms':>9} {'vs nn.MHA':>9} "
                   f"{'peak MiB':>9} {'vs naive':>8} {'max|diff|':>9}")
         print(header)
         print("-" * len(header))
@@ -319,7 +327,7 @@ def bench_mha(args: argparse.Namespace) -> None:
             runs = {impl: _mha_runner(case, modules[impl], call, x, grad) for impl, case in cases.items()}
             outputs = {impl: run() for impl, run in runs.items()}
             repeats = max(2, args.repeats // 2) if length >= 4096 else args.repeats
-            times = interleaved_medians(runs, args.warmup, repeats)
+            times = interleaved_timings(runs, args.warmup, repeats)
             memory = {}
             if args.memory:
                 memory = {impl: peak_memory_in_subprocess(case) for impl, case in cases.items()}
@@ -328,8 +336,9 @@ def bench_mha(args: argparse.Namespace) -> None:
                 diff = (outputs[impl] - outputs["attnlab fused"]).abs().max().item()
                 peak = memory[impl]["peak_extra"] / MIB if memory else float("nan")
                 naive_peak = memory["naive"]["peak_extra"] / MIB if memory else float("nan")
-                print(f"{length:>5} {batch:>2}  {impl:<16} {times[impl] * 1e3:>9.1f} "
-                      f"{times[impl] / times['torch.nn.MHA']:>8.2f}x {peak:>9.1f} "
+                timing, reference = times[impl], times["torch.nn.MHA"]
+                print(f"{length:>5} {batch:>2}  {impl:<16} {timing.median * 1e3:>9.1f} {timing.fastest * 1e3:>9.1f} "
+                      f"{timing.median / reference.median:>8.2f}x {peak:>9.1f} "
                       f"{peak / naive_peak if memory else float('nan'):>7.2f}x {diff:>9.1e}")
             del modules, runs, outputs, x, grad
             gc.collect()
@@ -401,7 +410,7 @@ def bench_encoder(args: argparse.Namespace) -> None:
     print(f"\n## Encoder training step: B={B}, T={T}, d_model={args.enc_d_model}, heads={args.enc_heads}, "
           f"d_ff={args.enc_d_ff}, layers={args.enc_layers}, vocab={args.vocab}, GELU, Adam")
     print(f"tokens/s = B*T / median step time of {args.enc_repeats} interleaved repeats "
-          f"after {args.warmup} warm-up")
+          f"after {args.warmup} warm-up; ratios are speed-ups (higher = faster than the reference)")
     baseline, same_attention = "torch.nn (dropout 0.1 incl. attention)", "torch.nn, attention dropout 0"
     for dtype in args.dtypes:
         models = _encoder_models(args)
@@ -411,15 +420,19 @@ def bench_encoder(args: argparse.Namespace) -> None:
             model.train()
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
             steps[name] = _train_step(model, optimizer, ids, dtype == "bf16")
-        times = interleaved_medians(steps, args.warmup, args.enc_repeats)
+        times = interleaved_timings(steps, args.warmup, args.enc_repeats)
         label = "float32" if dtype == "fp32" else "bfloat16 autocast"
         print(f"\n### {label}")
-        header = f"{'model':<40} {'step ms':>9} {'tokens/s':>9} {'vs torch.nn':>11} {'vs torch.nn attn-drop 0':>23}"
+        header = (f"{'model':<40} {'step ms':>9} {'min ms':>9} {'tokens/s':>9} {'vs torch.nn':>11} "
+                  f"{'vs torch.nn attn-drop 0':>23} {'vs torch.nn (min)':>17}")
         print(header)
         print("-" * len(header))
         for name in models:
-            print(f"{name:<40} {times[name] * 1e3:>9.0f} {B * T / times[name]:>9.0f} "
-                  f"{times[baseline] / times[name]:>10.2f}x {times[same_attention] / times[name]:>22.2f}x")
+            timing = times[name]
+            print(f"{name:<40} {timing.median * 1e3:>9.0f} {timing.fastest * 1e3:>9.0f} "
+                  f"{B * T / timing.median:>9.0f} {times[baseline].median / timing.median:>10.2f}x "
+                  f"{times[same_attention].median / timing.median:>22.2f}x "
+                  f"{times[baseline].fastest / timing.fastest:>16.2f}x")
         del models, steps
         gc.collect()
 

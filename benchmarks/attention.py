@@ -300,8 +300,8 @@ def interleaved_medians(runs: dict[str, Callable[[], object]], warmup: int, repe
 
 def bench_mha(args: argparse.Namespace) -> None:
     print(f"\n## Multi-head self-attention, E={args.d_model}, H={args.heads}, D={args.d_model // args.heads}")
-    print("time: median of %d interleaved repeats after %d warm-up; memory: %s" % (
-        args.repeats, args.warmup,
+    print("time: median of %d interleaved repeats (%d at T >= 4096) after %d warm-up; memory: %s" % (
+        args.repeats, max(2, args.repeats // 2), args.warmup,
         "peak extra resident memory of one call in a fresh process" if args.memory else "not measured"))
     for mode in args.modes:
         label = "inference: eval() + no_grad()" if mode == "fwd" else "training: forward + backward"
@@ -318,7 +318,7 @@ def bench_mha(args: argparse.Namespace) -> None:
             x, grad = _mha_inputs(cases["attnlab fused"])
             runs = {impl: _mha_runner(case, modules[impl], call, x, grad) for impl, case in cases.items()}
             outputs = {impl: run() for impl, run in runs.items()}
-            repeats = max(1, args.repeats // 2) if length >= 4096 else args.repeats
+            repeats = max(2, args.repeats // 2) if length >= 4096 else args.repeats
             times = interleaved_medians(runs, args.warmup, repeats)
             memory = {}
             if args.memory:
@@ -437,7 +437,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--lengths", nargs="+", type=int, help="MHA sequence lengths (default 256 1024 4096)")
     parser.add_argument("--batches", nargs="+", type=int, help="MHA batch per length (default 4 4 2)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="encoder dtypes")
-    parser.add_argument("--repeats", type=int, default=5, help="MHA timed repeats (halved at T >= 4096)")
+    parser.add_argument("--repeats", type=int, default=5, help="MHA timed repeats (halved, at least 2, at T >= 4096)")
     parser.add_argument("--enc-repeats", type=int, default=4, help="encoder timed steps per model")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")

@@ -2,6 +2,11 @@
 
 A trained tokenizer lowercases, splits BERT-style and wraps every text as
 ``[CLS] ... [SEP]``; its special tokens have fixed ids (``[PAD]`` is 0).
+
+The library's trainers break ties between equally frequent merges in hash order, so
+two trainings on the same texts can differ in a few tokens and in many ids. A run
+therefore saves its ``tokenizer.json``; resuming reads it back, and passing it as
+``data.tokenizer`` repeats a run exactly.
 """
 
 from __future__ import annotations

@@ -195,6 +195,7 @@ def finetune_minilm_section(settings: Optional[dict[str, Any]] = None, *, out_di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="keep the attnlab.train run directory here")
     parser.add_argument("--own-loop", action="store_true", help="use the minimal loop even if attnlab.train exists")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help=f"change a hyper-parameter, one of {sorted(HYPERPARAMETERS)}")
@@ -212,7 +213,7 @@ def main() -> None:
     if args.own_loop:
         result = {**finetune_with_own_loop(splits, settings), "via": "own loop"}
     else:
-        result = finetune_minilm_section(settings)
+        result = finetune_minilm_section(settings, out_dir=args.out)
     print(f"MiniLM fine-tuned ({result['via']}): test accuracy {result['test_accuracy']:.4f} "
           f"({100 * (result['test_accuracy'] - baseline):+.1f} points over TF-IDF), "
           f"training {result['train_seconds']:.0f} s")

@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-length", type=int, default=16384, help="0 skips the training step")
     parser.add_argument("--train-d-model", type=int, default=256)
     parser.add_argument("--train-layers", type=int, default=4)
-    parser.add_argument("--train-repeats", type=int, default=2, help="timed steps after one warm-up step")
+    parser.add_argument("--train-repeats", type=int, default=1, help="timed steps after one warm-up step")
     parser.add_argument(
         "--in-process", action="store_true",
         help="quick check: run every case in this process (memory figures are then not comparable)",

@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test bench clean
 
@@ -20,11 +21,20 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m attnlab.demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests
 
+# The report tests drive a real headless browser: Debian's chromium, installed once.
+$(CHROMIUM):
+	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium
+
+# Timings mean something only on an otherwise idle machine. `make bench BENCH_ARGS=--quick`
+# runs the attention benchmark on small sizes.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/attention.py $(BENCH_ARGS)
+	$(PY) benchmarks/analyze.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -7,6 +7,8 @@ The article's names are importable from here::
 
 from .attention import (
     AttentionResult,
+    CrossModalAttention,
+    CrossModalOutput,
     MultiHeadAttention,
     RotaryEmbedding,
     ScaledDotProductAttention,
@@ -26,11 +28,15 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models.pretrained import from_pretrained
+from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionResult",
+    "CrossModalAttention",
+    "CrossModalOutput",
     "EncoderConfig",
     "EncoderOutput",
     "LearnedPositionalEmbedding",
@@ -42,9 +48,11 @@ __all__ = [
     "SparseAttention",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "TransformerTrainer",
     "attention",
     "causal_mask",
     "combine_masks",
+    "from_pretrained",
     "padding_mask",
     "padding_mask_from_ids",
 ]

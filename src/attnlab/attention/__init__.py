@@ -1,6 +1,7 @@
 """Attention kernels and modules."""
 
 from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask
+from .cross_modal import CrossModalAttention, CrossModalOutput
 from .functional import AttentionResult, attention, fused_attention, reference_attention
 from .masks import (
     causal_mask,
@@ -17,6 +18,8 @@ from .sparse import SparseAttention
 from .sparse_pattern import block_pattern_density, draw_sparsity_pattern
 
 __all__ = [
+    "CrossModalAttention",
+    "CrossModalOutput",
     "AttentionResult",
     "attention",
     "fused_attention",

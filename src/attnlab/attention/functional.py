@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._dropout import dropout
 from .masks import causal_mask, validate_attention_mask
 
 __all__ = ["AttentionResult", "attention", "reference_attention", "fused_attention"]
@@ -170,7 +171,7 @@ def reference_attention(
     weights = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
     if rows is not None:
         weights = weights.masked_fill(~rows, 0.0)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    dropped = dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     output = torch.matmul(dropped, value)  # [B, H, T, Dv]
     return AttentionResult(output, weights)
 

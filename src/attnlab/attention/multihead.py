@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from .functional import AttentionResult, attention
-from .masks import combine_masks, padding_to_attention_mask
+from .masks import combine_masks, padding_to_attention_mask, validate_attention_mask
 from .rotary import RotaryEmbedding
 
 __all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
@@ -181,8 +181,11 @@ class MultiHeadAttention(nn.Module):
         B, T, E = query.shape
         if self.packed and query is key and key is value:
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # [B, T, 3E]
-            qkv = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            return qkv[0], qkv[1], qkv[2]  # each [B, H, T, D]
+            # unbind, not three indexings: its backward stacks the three gradients
+            # straight into the [B, T, 3, H, D] layout of `qkv` (one copy), where
+            # indexing would build and sum three zero-filled [B, T, 3E] gradients.
+            q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).unbind(2)  # each [B, T, H, D]
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # each [B, H, T, D]
         w_q, w_k, w_v = self._weights()
         b_q, b_k, b_v = self._biases()
         q = self._split_heads(F.linear(query, w_q, b_q))
@@ -236,6 +239,10 @@ class MultiHeadAttention(nn.Module):
         B, T, E = query.shape
         S = key.shape[1]
         if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor):
+                raise TypeError(
+                    f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}"
+                )
             if key_padding_mask.shape != (B, S):
                 raise ValueError(
                     f"key_padding_mask must be [B, S] = [{B}, {S}] with True on real keys, "
@@ -245,8 +252,10 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.to(query.dtype)
             else:
                 key_padding_mask = key_padding_mask.bool()
-            if mask is not None and mask.dim() == 2:
-                mask = mask[None, None]  # [1, 1, T, S], so both masks have rank 4
+            # Rank 4 first: a [B, T, S] mask would broadcast against [B, 1, 1, S] to [B, B, T, S].
+            mask = validate_attention_mask(
+                mask, batch=B, heads=self.num_heads, query_len=T, key_len=S, dtype=query.dtype
+            )  # [B|1, H|1, T|1, S|1] or None
             mask = combine_masks(mask, padding_to_attention_mask(key_padding_mask))
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
         if self.rotary is not None:

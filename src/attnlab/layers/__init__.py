@@ -1,11 +1,13 @@
 """Encoder building blocks."""
 
+from .dropout import Dropout
 from .encoder import EncoderLayerOutput, EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, RotaryEmbedding, sinusoidal_table
 
 __all__ = [
+    "Dropout",
     "EncoderConfig",
     "EncoderLayerOutput",
     "EncoderOutput",

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_int, check_probability
 from ..attention.multihead import MultiHeadAttention
 from ..attention.sparse import SparseAttention
+from .dropout import Dropout
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding
@@ -54,9 +55,11 @@ class TransformerEncoderLayer(nn.Module):
         d_model: model width ``E``.
         num_heads: attention heads ``H``.
         d_ff: feed-forward hidden width.
-        dropout: dropout on the residual branches (and on attention probabilities
-            unless ``attention_dropout`` says otherwise).
-        attention_dropout: dropout on attention probabilities; ``None`` = ``dropout``.
+        dropout: dropout on the residual branches and inside the feed-forward net.
+        attention_dropout: dropout on attention probabilities. 0 by default, unlike
+            the article: any value above 0 makes torch leave its fused attention
+            kernel in training (slower, ``[B, H, T, T]`` memory). ``None`` = ``dropout``,
+            the article's behaviour.
         norm_first: pre-norm instead of post-norm.
         activation: feed-forward activation name or callable.
         layer_norm_eps: LayerNorm epsilon.
@@ -76,7 +79,7 @@ class TransformerEncoderLayer(nn.Module):
         d_ff: int,
         dropout: float = 0.1,
         *,
-        attention_dropout: Optional[float] = None,
+        attention_dropout: Optional[float] = 0.0,
         norm_first: bool = False,
         activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
         layer_norm_eps: float = 1e-5,
@@ -98,7 +101,7 @@ class TransformerEncoderLayer(nn.Module):
         self.ffn = PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
 
     def _attend(
         self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor]
@@ -151,6 +154,9 @@ class TransformerEncoder(nn.Module):
     initialisation (Xavier-uniform matrices, embeddings ``N(0, d_model^-0.5)``).
     Every option of :class:`~attnlab.layers.encoder_config.EncoderConfig` can be passed
     as a keyword (``pad_id``, ``norm_first``, ``position``, ``attention_dropout``, ...).
+    ``dropout`` applies to the embeddings, residual branches and feed-forward nets;
+    attention probabilities are not dropped unless ``attention_dropout`` says so
+    (``attention_dropout=None`` drops them with ``dropout``, as the article does).
 
     Args:
         vocab_size: number of token ids.
@@ -211,7 +217,7 @@ class TransformerEncoder(nn.Module):
         self.embedding_norm = (
             nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.embedding_norm else None
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(
                 d_model,

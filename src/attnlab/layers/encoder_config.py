@@ -20,6 +20,10 @@ class EncoderConfig:
     """Everything needed to rebuild a :class:`~attnlab.TransformerEncoder`.
 
     The first seven fields are the article's constructor arguments, with its defaults.
+    One default differs from the article: ``attention_dropout`` is 0, not ``dropout``
+    (attention-probability dropout disables the fused attention kernel in training and
+    costs time and ``T^2`` memory; see the design notes). ``attention_dropout=None``
+    gives the article's behaviour.
     """
 
     vocab_size: int
@@ -29,9 +33,12 @@ class EncoderConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     max_len: int = 5000
-    # Dropout on attention probabilities; None = same as `dropout` (the article's
-    # behaviour). 0 keeps torch's flash kernel in training, which is much faster.
-    attention_dropout: Optional[float] = None
+    # Dropout on attention probabilities. 0 by default: any value above 0 makes torch
+    # leave its fused (flash) attention kernel in training for a path that builds the
+    # [B, H, T, T] matrix, slower and with T^2 memory; `dropout` still regularises the
+    # embeddings, residual branches and feed-forward net. None = same as `dropout`
+    # (the article's and BERT's behaviour).
+    attention_dropout: Optional[float] = 0.0
     pad_id: Optional[int] = None  # when set, padding masks are derived from input ids
     norm_first: bool = False  # False: post-norm, as in the article and BERT
     activation: str = "gelu"

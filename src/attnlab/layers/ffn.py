@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .dropout import Dropout
 
 __all__ = ["PositionWiseFFN", "resolve_activation"]
 
@@ -63,9 +64,9 @@ class PositionWiseFFN(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias, **factory)
         self.activation = resolve_activation(activation)
-        self.dropout1 = nn.Dropout(check_probability("dropout", dropout))
+        self.dropout1 = Dropout(check_probability("dropout", dropout))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias, **factory)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout2(self.linear2(self.dropout1(self.activation(self.linear1(x)))))

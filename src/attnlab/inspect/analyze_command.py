@@ -1,0 +1,87 @@
+"""``attnlab analyze``: attention statistics over a data set, as JSON, plots and an HTML summary."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _heads(value: str) -> tuple[str, list[int]]:
+    try:
+        layer, heads = value.split(":")
+        return layer, [int(head) for head in heads.split(",") if head]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"--mask-heads must be LAYER:H,H (e.g. layer_2:0,3), got {value!r}"
+        ) from error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+    )
+    parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--split", default=None, help="split of the embedded data (default: all)")
+    parser.add_argument("--text-column", default=None, help="CSV column holding the text")
+    parser.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128, help="tokens kept per text")
+    parser.add_argument(
+        "--max-attention-cells",
+        type=int,
+        default=32 * 64 * 64,
+        help="at most this many B*T*T cells a batch: long texts come in smaller batches, "
+        "so peak memory does not depend on the data",
+    )
+    parser.add_argument(
+        "--sparsity-threshold", type=float, default=0.1, help="a key counts as unattended below this weight"
+    )
+    parser.add_argument("--top-k", type=int, default=3, help="k of the top-k attention mass")
+    parser.add_argument(
+        "--importance",
+        action="store_true",
+        help="also compute head importance (Michel et al. 2019; needs labels and a classifier)",
+    )
+    parser.add_argument(
+        "--mask-heads",
+        type=_heads,
+        action="append",
+        default=None,
+        metavar="LAYER:H,H",
+        help="switch heads off (0-based), e.g. layer_2:0,3; repeatable",
+    )
+    parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here so that `attnlab --help` and other subcommands stay quick
+    from .analysis import write_analysis
+    from .resolve import resolve_model
+    from .texts import load_texts
+
+    resolved = resolve_model(args.model)
+    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
+    analysis = write_analysis(
+        resolved.model,
+        resolved.tokenizer,
+        rows,
+        args.out,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_attention_cells=args.max_attention_cells,
+        sparsity_threshold=args.sparsity_threshold,
+        top_k=args.top_k,
+        importance=args.importance,
+        head_mask=dict(args.mask_heads) if args.mask_heads else None,
+        progress=not args.no_progress,
+        formats=args.formats,
+        model_name=args.model,
+        data_name=args.data,
+    )
+    stats = analysis.statistics
+    print(f"{stats.examples} texts, {stats.tokens} tokens, {len(stats.layers)} layers")
+    print(f"statistics: {analysis.json}")
+    print(f"plots: {analysis.json.parent / 'plots'}")
+    print(f"summary: {analysis.summary}")
+    return 0

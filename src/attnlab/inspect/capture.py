@@ -1,0 +1,185 @@
+"""Record every attention module's per-head weights without touching model code.
+
+Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
+``L`` attention modules (layers).
+
+:func:`capture_attention` puts two hooks on each attention module of a model: a forward
+*pre*-hook that asks for the weights (``need_weights=True``, per head) and a forward
+hook that keeps them. The hooks are removed in ``finally``, even when the forward
+raises, and hooks the user registered are never touched.
+
+An attention module is a :class:`~attnlab.attention.MultiHeadAttention` or any module
+whose ``forward`` takes a keyword ``need_weights`` and returns ``(output, weights)``,
+the innermost such module winning (an encoder layer forwards ``need_weights`` to its
+attention; only the attention is hooked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.multihead import MultiHeadAttention
+
+__all__ = ["AttentionCapture", "capture_attention", "find_attention_modules"]
+
+
+def _takes_need_weights(module: nn.Module) -> bool:
+    if isinstance(module, MultiHeadAttention):
+        return True
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "need_weights" in parameters
+
+
+def find_attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's attention modules in registration order, named ``layer_1, layer_2, ...``.
+
+    The names match :class:`~attnlab.TransformerEncoder`'s ``attentions`` keys. A module
+    that takes ``need_weights`` but contains another such module (an encoder layer around
+    its attention) is skipped in favour of the inner one.
+
+    Args:
+        model: any ``nn.Module``.
+
+    Returns:
+        ``{"layer_1": module, ...}``; empty when the model has no attention module.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    candidates = [(path, module) for path, module in model.named_modules() if _takes_need_weights(module)]
+    paths = [path for path, _ in candidates]
+    innermost = [
+        (path, module)
+        for path, module in candidates
+        if not any(other != path and (path == "" or other.startswith(path + ".")) for other in paths)
+    ]
+    return {f"layer_{index + 1}": module for index, (_, module) in enumerate(innermost)}
+
+
+def module_paths(model: nn.Module) -> dict[str, str]:
+    """``{"layer_1": "layers.0.self_attn", ...}``: where each captured module lives."""
+    by_identity = {id(module): path for path, module in model.named_modules()}
+    return {name: by_identity[id(module)] for name, module in find_attention_modules(model).items()}
+
+
+class AttentionCapture:
+    """What :func:`capture_attention` yields: the weights of the most recent forward.
+
+    Attributes:
+        attentions: ``{"layer_1": [B, H, T, S], ...}`` from the latest call of each
+            module (a module called twice in one forward keeps its last call).
+        paths: ``{"layer_1": "layers.0.self_attn", ...}``, the module each name stands for.
+    """
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.attentions: dict[str, Tensor] = {}
+        self.paths = paths
+
+    def clear(self) -> None:
+        """Forget the recorded weights (the hooks stay until the context ends)."""
+        self.attentions = {}
+
+    def stacked(self) -> Tensor:
+        """All layers as one tensor ``[L, B, H, T, S]`` (layers must share their shapes)."""
+        if not self.attentions:
+            raise ValueError("nothing captured yet: run the model inside the capture_attention block")
+        return torch.stack([self.attentions[name] for name in self.paths if name in self.attentions])
+
+    def __repr__(self) -> str:
+        shapes = {name: tuple(weights.shape) for name, weights in self.attentions.items()}
+        return f"AttentionCapture({shapes})"
+
+
+def _asker(module: nn.Module):
+    per_head = {"need_weights": True}
+    if (
+        isinstance(module, MultiHeadAttention)
+        or "average_attn_weights" in inspect.signature(module.forward).parameters
+    ):
+        per_head["average_attn_weights"] = False
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {**kwargs, **per_head}
+
+    return hook
+
+
+def _recorder(capture: AttentionCapture, name: str, detach: bool):
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError(
+                f"{name} ({type(module).__name__}) returned no attention weights although "
+                f"need_weights=True was passed; it cannot be captured"
+            )
+        capture.attentions[name] = weights.detach() if detach else weights
+
+    return hook
+
+
+@contextlib.contextmanager
+def capture_attention(
+    model: nn.Module,
+    *,
+    eval_mode: bool = True,
+    detach: bool = True,
+    modules: Optional[Sequence[nn.Module]] = None,
+) -> Iterator[AttentionCapture]:
+    """Record per-layer, per-head attention weights of every forward inside the block.
+
+    Args:
+        model: any model built from attnlab attention modules (or modules with the same
+            ``need_weights`` keyword).
+        eval_mode: switch the model to eval mode inside the block, so the weights shown
+            are the model's real ones (no dropout); each module's previous mode is
+            restored afterwards.
+        detach: store detached weights (set ``False`` to keep them in the autograd graph).
+        modules: capture exactly these modules (named ``layer_1, ...`` in the given
+            order) instead of searching the model.
+
+    Yields:
+        :class:`AttentionCapture` whose ``attentions`` fill in as the model runs.
+
+    Shape:
+        each captured tensor is ``[B, H, T, S]``.
+
+    Example:
+        >>> with capture_attention(model) as captured:
+        ...     model(ids)
+        >>> captured.attentions["layer_1"].shape
+        torch.Size([1, 4, 6, 6])
+    """
+    if modules is None:
+        found = find_attention_modules(model)
+        paths = module_paths(model)
+    else:
+        found = {f"layer_{index + 1}": module for index, module in enumerate(modules)}
+        by_identity = {id(module): path for path, module in model.named_modules()}
+        paths = {name: by_identity.get(id(module), "?") for name, module in found.items()}
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no attention module to capture (looked for "
+            f"MultiHeadAttention or a forward with a need_weights keyword)"
+        )
+    capture = AttentionCapture(paths)
+    previous_modes = {module: module.training for module in model.modules()}
+    handles = []
+    try:
+        for name, module in found.items():
+            handles.append(module.register_forward_pre_hook(_asker(module), with_kwargs=True))
+            handles.append(module.register_forward_hook(_recorder(capture, name, detach)))
+        if eval_mode:
+            model.eval()
+        yield capture
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, training in previous_modes.items():
+            module.training = training

@@ -1,0 +1,164 @@
+"""Where a trained image–text model looks: text-token -> patch attention on the digits task.
+
+``attnlab image-attention --run DIR --out PICTURES`` draws, for a few held-out
+examples, every cross-modal layer's text -> patch attention over the image (per head
+and averaged), and writes ``alignment.json`` and ``report.html`` (the inspection
+summary page with the pictures inlined): per layer and head, the attention mass that
+the statement's tokens put on inked patches over the whole test split, beside uniform
+attention's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..data.digits_text import DigitsTextExample, collate_digits_text
+from .image_attention import ink_patches, plot_text_to_image_attention
+from .report import render_summary
+from .statistics import row_statistics
+
+__all__ = ["cross_attention_alignment", "draw_examples", "write_html_summary", "add_arguments", "run"]
+
+
+@torch.no_grad()
+def cross_attention_alignment(model, tokenizer, examples: Sequence[DigitsTextExample], *,
+                              batch_size: int = 256) -> dict[str, dict]:
+    """Per cross-modal layer and head: how much the text's attention lies on inked patches.
+
+    The per-head figures are the inspection statistics ``alignment_score`` (attention
+    mass on the reference patches) and ``alignment_argmax`` (how often the most attended
+    patch is inked) of :func:`attnlab.inspect.statistics.row_statistics`, with the
+    inked patches of each image as every real token's reference; ``chance`` is the mass
+    uniform attention would put there.
+
+    Returns:
+        ``{"layer_1": {"mass": .., "chance": .., "lift": .., "argmax": ..,
+        "heads": {"alignment_score": [H], "alignment_argmax": [H]}}, ...}``.
+    """
+    model.eval()
+    patch_size = model.config.patch_size
+    sums: dict[str, dict[str, torch.Tensor]] = {}
+    chance_total = rows_total = 0.0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = collate_digits_text(chunk, tokenizer)
+        out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
+        reference = ink_patches(batch["images"], patch_size)  # [B, S]
+        B, S = reference.shape
+        query_mask = batch["mask"]  # [B, T]
+        chance = reference.float().mean(-1, keepdim=True).expand_as(query_mask)  # [B, T]
+        chance_total += float(chance[query_mask].sum())
+        rows_total += float(query_mask.sum())
+        for name, weights in (out.cross_attentions or {}).items():
+            values, rows = row_statistics(weights, query_mask, torch.ones(B, S, dtype=torch.bool),
+                                          alignment=reference[:, None, :])
+            totals = sums.setdefault(name, {})
+            for statistic in ("alignment_score", "alignment_argmax"):
+                counted = rows[statistic].double()  # [B, H, T]
+                value = (values[statistic].double() * counted).sum((0, 2))  # [H]
+                totals[statistic] = totals.get(statistic, 0) + value
+                totals[statistic + "_rows"] = totals.get(statistic + "_rows", 0) + counted.sum((0, 2))
+    chance = chance_total / max(rows_total, 1.0)
+    result = {}
+    for name, totals in sums.items():
+        heads = {statistic: (totals[statistic] / totals[statistic + "_rows"].clamp_min(1)).tolist()
+                 for statistic in ("alignment_score", "alignment_argmax")}
+        mass = sum(heads["alignment_score"]) / len(heads["alignment_score"])
+        result[name] = {
+            "mass": mass,
+            "chance": chance,
+            "lift": mass / chance if chance else 0.0,
+            "argmax": sum(heads["alignment_argmax"]) / len(heads["alignment_argmax"]),
+            "heads": heads,
+        }
+    return result
+
+
+def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path], *, meta: dict) -> Path:
+    """The inspection summary page: per-head alignment tables and the PNGs, inlined."""
+    layers = list(alignment)
+    tables = {statistic: [alignment[layer]["heads"][statistic] for layer in layers]
+              for statistic in ("alignment_score", "alignment_argmax")}
+    chance = next(iter(alignment.values()))["chance"] if alignment else 0.0
+    meta = {**meta, "reference": f"patches with ink; uniform attention would put {chance:.3f} of its mass there"}
+    page = render_summary(tables, layers, title="attnlab: text-token to image-patch attention", meta=meta,
+                          images={caption: image for caption, image in images.items()})
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+@torch.no_grad()
+def draw_examples(model, tokenizer, examples: Sequence[DigitsTextExample], out_dir, *,
+                  layer: str = "layer_1") -> list[Path]:
+    """One PNG per example: ``layer``'s text-token -> patch attention over its image."""
+    model.eval()
+    out_dir = Path(out_dir)
+    paths = []
+    batch = collate_digits_text(examples, tokenizer)
+    out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
+    if not out.cross_attentions:
+        raise ValueError("the model has no cross-modal attention to draw (fusion='concat'?)")
+    if layer not in out.cross_attentions:
+        raise ValueError(f"layer must be one of {sorted(out.cross_attentions)}, got {layer!r}")
+    probabilities = out.logits.softmax(-1)[:, 1]
+    for row, example in enumerate(examples):
+        length = int(batch["mask"][row].sum())
+        tokens = tokenizer.encode(example.text).tokens[:length]
+        weights = out.cross_attentions[layer][row, :, :length]  # [H, T, S]
+        verdict = "true" if example.label else "false"
+        title = (f'"{example.text}" (digit {example.digit}; {verdict}, '
+                 f"model says true with p={float(probabilities[row]):.2f}) {layer}")
+        path = out_dir / f"example_{row:02d}_{layer}.png"
+        plot_text_to_image_attention(torch.from_numpy(example.image), weights, tokens, path,
+                                     patch_size=model.config.patch_size, title=title,
+                                     reference=ink_patches(torch.from_numpy(example.image), model.config.patch_size))
+        paths.append(path)
+    return paths
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", type=Path, required=True, help="a digits-text run (or checkpoint) directory")
+    parser.add_argument("--out", type=Path, default=Path("image_attention"), help="where PNGs and alignment.json go")
+    parser.add_argument("--examples", type=int, default=6, help="held-out examples to draw")
+    parser.add_argument("--split-seed", type=int, default=None, help="the run's data.split_seed (default: from the run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data.digits_text import load_digits_text
+    from ..models import load_model
+
+    loaded = load_model(args.run)
+    if loaded.config.get("model_type") != "image_text":
+        raise ValueError(f"{args.run} holds a {loaded.config.get('model_type')!r} model, not an image_text one")
+    run_config = args.run / "config.json"
+    settings = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    data = settings.get("data", {})
+    seed = args.split_seed if args.split_seed is not None else data.get("split_seed", 0)
+    validation, test = data.get("validation_fraction", 0.1), data.get("test_fraction", 0.2)
+    per_image = settings.get("image", {}).get("statements_per_image", 8)
+    test_examples = load_digits_text(seed=seed, statements_per_image=per_image,
+                                     fractions=(1 - validation - test, validation, test))["test"]
+    model, tokenizer = loaded.model, loaded.tokenizer
+    alignment = cross_attention_alignment(model, tokenizer, test_examples)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "alignment.json").write_text(json.dumps(alignment, indent=2) + "\n", encoding="utf-8")
+    step = max(1, len(test_examples) // max(args.examples, 1))
+    chosen = test_examples[::step][: args.examples]
+    paths = []
+    for layer in alignment:
+        paths += draw_examples(model, tokenizer, chosen, args.out, layer=layer)
+    captions = {f"{path.stem}: " + chosen[index % len(chosen)].text: path for index, path in enumerate(paths)}
+    report = write_html_summary(args.out / "report.html", alignment, captions,
+                                meta={"model": str(args.run), "examples": f"{len(test_examples)} held-out statements"})
+    for layer, score in alignment.items():
+        print(f"{layer}: attention mass on inked patches {score['mass']:.3f} "
+              f"(uniform {score['chance']:.3f}, lift {score['lift']:.2f}; most attended patch inked "
+              f"{score['argmax']:.3f})")
+    print(f"wrote {len(paths)} PNGs, alignment.json and {report.name} to {args.out}")
+    return 0

@@ -1,0 +1,69 @@
+"""``attnlab inspect``: pictures and the interactive report of one text's attention."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _window(value: str) -> tuple[int, int]:
+    try:
+        start, stop = (int(part) for part in value.split(":"))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--window must be START:STOP, got {value!r}") from error
+    return start, stop
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+    )
+    parser.add_argument("--text", required=True, help="the text to inspect")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument(
+        "--layer", type=int, default=None, help="1-based layer of the single-head picture (default: last)"
+    )
+    parser.add_argument("--head", type=int, default=1, help="1-based head of the single-head picture")
+    parser.add_argument(
+        "--format",
+        nargs="+",
+        default=["png", "svg"],
+        choices=["png", "svg"],
+        dest="formats",
+        help="picture formats",
+    )
+    parser.add_argument("--max-length", type=int, default=512, help="tokens kept from the text")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="beyond this many positions, pictures and report pool neighbouring positions",
+    )
+    parser.add_argument(
+        "--window", type=_window, default=None, help="START:STOP positions of the single-head picture"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here so that `attnlab --help` and other subcommands stay quick
+    from .inspection import write_inspection
+    from .resolve import resolve_model
+
+    resolved = resolve_model(args.model)
+    inspection = write_inspection(
+        resolved.model,
+        resolved.tokenizer,
+        args.text,
+        args.out,
+        layer=args.layer,
+        head=args.head,
+        formats=args.formats,
+        max_length=args.max_length,
+        window=args.window,
+        max_tokens=args.max_tokens,
+        model_name=args.model,
+    )
+    print(f"{len(inspection.tokens)} tokens, {len(inspection.attentions)} layers")
+    for path in inspection.figures:
+        print(f"wrote {path}")
+    print(f"report: {inspection.report}")
+    return 0

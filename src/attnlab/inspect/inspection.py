@@ -1,0 +1,153 @@
+"""One text in, every picture and the interactive report out: what ``attnlab inspect`` does.
+
+Dimension letters: ``L`` layers, ``H`` heads, ``T`` length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .analyzer import find_pad_id
+from .capture import capture_attention
+from .heads import forward_batch
+from .plots import plot_head, plot_layer, plot_model, save_figure
+from .report import write_report
+from .resolve import find_tokenizer_pad_id, special_token_groups
+from .rollout import attention_rollout
+from .statistics import HeadStatistics
+
+__all__ = ["Inspection", "encode_text", "write_inspection"]
+
+
+@dataclass
+class Inspection:
+    """What :func:`write_inspection` wrote.
+
+    Attributes:
+        report: path of ``report.html``.
+        figures: every picture written.
+        tokens: the tokens shown.
+        attentions: ``{"layer_1": [H, T, T], ...}`` of the text.
+    """
+
+    report: Path
+    figures: list[Path] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    attentions: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def encode_text(tokenizer: Any, text: str, max_length: int) -> tuple[torch.Tensor, list[str]]:
+    """``(input_ids [1, T], tokens)`` for one text, cut to ``max_length`` tokens."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    encoding = tokenizer.encode(text)
+    real = [index for index, keep in enumerate(encoding.attention_mask) if keep][:max_length]  # no padding
+    ids, tokens = [encoding.ids[i] for i in real], [encoding.tokens[i] for i in real]
+    if not ids:
+        raise ValueError(f"the tokenizer produced no token for {text!r}")
+    return torch.tensor([ids], dtype=torch.long), tokens
+
+
+def write_inspection(
+    model: nn.Module,
+    tokenizer: Any,
+    text: str,
+    out: Union[str, Path],
+    *,
+    layer: Optional[int] = None,
+    head: int = 1,
+    formats: Sequence[str] = ("png", "svg"),
+    max_length: int = 512,
+    window: Optional[tuple[int, int]] = None,
+    max_tokens: int = 128,
+    title: Optional[str] = None,
+    model_name: str = "model",
+) -> Inspection:
+    """Capture the attention of ``text`` and write pictures and ``report.html`` into ``out``.
+
+    Writes ``model.<fmt>`` (layers x heads), ``layer_<k>.<fmt>`` (one layer's heads) for
+    every layer, ``head_L<layer>_H<head>.<fmt>`` and ``report.html``.
+
+    Args:
+        model: model to inspect (run in eval mode; its mode is restored).
+        tokenizer: a ``tokenizers.Tokenizer``.
+        text: the input.
+        out: output directory (created).
+        layer: 1-based layer of the single-head picture; default the last layer.
+        head: 1-based head of the single-head picture.
+        formats: picture formats, ``png`` and/or ``svg``.
+        max_length: tokens kept from the text.
+        window: ``(start, stop)`` positions shown in the single-head picture.
+        max_tokens: beyond this many positions pictures and report pool positions.
+        title: report title.
+        model_name: shown in the report.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    input_ids, tokens = encode_text(tokenizer, text, max_length)
+    mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, T]
+    with torch.no_grad(), capture_attention(model) as captured:
+        forward_batch(model, {"input_ids": input_ids, "mask": mask})
+    attentions = {name: weights[0].float() for name, weights in captured.attentions.items()}  # [H, T, T]
+    names = list(attentions)
+    layer = len(names) if layer is None else layer
+    if not 1 <= layer <= len(names):
+        raise ValueError(f"layer must lie in 1..{len(names)}, got {layer}")
+    heads = attentions[names[layer - 1]].shape[0]
+    if not 1 <= head <= heads:
+        raise ValueError(f"head must lie in 1..{heads}, got {head}")
+
+    statistics = HeadStatistics(token_groups=special_token_groups(tokenizer))
+    for name, weights in attentions.items():
+        square = weights.shape[-1] == weights.shape[-2]
+        statistics.update(
+            name,
+            weights[None],
+            mask,
+            mask if square else torch.ones(1, weights.shape[-1], dtype=torch.bool),
+            input_ids=input_ids,
+        )
+    means = statistics.means()
+    tables = {stat: [means[name][stat] for name in names] for stat in next(iter(means.values()))}
+    square = all(weights.shape[-1] == weights.shape[-2] == len(tokens) for weights in attentions.values())
+    rollout = attention_rollout({n: w[None] for n, w in attentions.items()}, mask)[:, 0] if square else None
+
+    figures: list[Path] = []
+    figures += save_figure(
+        plot_model(attentions, title=f"{model_name}: attention per layer and head"), out / "model", formats
+    )
+    for index, name in enumerate(names, 1):
+        figure = plot_layer(attentions[name], tokens, title=f"{name}", max_tokens=min(max_tokens, 64))
+        figures += save_figure(figure, out / f"layer_{index}", formats)
+    figure = plot_head(
+        attentions[names[layer - 1]][head - 1],
+        tokens,
+        title=f"{names[layer - 1]}, head {head}",
+        window=window,
+        max_tokens=max_tokens,
+    )
+    figures += save_figure(figure, out / f"head_L{layer}_H{head}", formats)
+    report = write_report(
+        out / "report.html",
+        attentions,
+        tokens,
+        title=title or "attnlab attention report",
+        meta={"model": model_name, "text": text, "tokens": str(len(tokens))},
+        statistics=tables,
+        rollout=rollout,
+        max_tokens=max_tokens,
+    )
+    return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
+
+
+def pad_id_for(tokenizer: Any, model: nn.Module) -> int:
+    """Padding id: the tokenizer's ``[PAD]``/``<pad>``, else the model's ``pad_id``, else 0."""
+    for candidate in (find_tokenizer_pad_id(tokenizer), find_pad_id(model)):
+        if candidate is not None:
+            return candidate
+    return 0

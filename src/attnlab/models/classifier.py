@@ -1,0 +1,115 @@
+"""Sequence classification on top of a :class:`~attnlab.TransformerEncoder`."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .._checks import check_positive_int, check_probability
+from ..layers import TransformerEncoder
+from .outputs import ModelOutput
+
+__all__ = ["EncoderClassifier", "POOLINGS", "pool"]
+
+POOLINGS = ("mean", "first")
+
+
+def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
+    """One vector per sequence: the first token's, or the mean over real tokens.
+
+    Shape:
+        ``hidden`` ``[B, T, E]``, ``mask`` ``[B, T]`` (``True`` on real tokens) -> ``[B, E]``.
+    """
+    if pooling == "first":
+        return hidden[:, 0]
+    if mask is None:
+        return hidden.mean(dim=1)
+    weights = mask.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+
+class EncoderClassifier(nn.Module):
+    """An encoder, a pooling step and a linear classifier.
+
+    Args:
+        encoder: the :class:`TransformerEncoder` to classify with.
+        num_labels: number of classes ``C``.
+        pooling: ``"mean"`` (masked mean over real tokens) or ``"first"`` (the first
+            token, ``[CLS]`` for the tokenizers in :mod:`attnlab.data`).
+        dropout: dropout before the classifier.
+        label_names: optional names of the classes, saved with the model.
+
+    Shape:
+        ``input_ids`` ``[B, T]``; ``mask`` ``[B, T]`` padding mask (``True`` = real token,
+        may attend), derived from the encoder's ``pad_id`` when omitted; ``labels`` ``[B]``
+        -> :class:`ModelOutput` with ``logits`` ``[B, C]``.
+
+    Example:
+        >>> encoder = TransformerEncoder(100, d_model=32, num_layers=1, num_heads=4, d_ff=64, pad_id=0)
+        >>> EncoderClassifier(encoder, 2)(torch.tensor([[5, 6, 0]])).logits.shape
+        torch.Size([1, 2])
+    """
+
+    model_type = "encoder_classifier"
+
+    def __init__(
+        self,
+        encoder: TransformerEncoder,
+        num_labels: int,
+        *,
+        pooling: str = "mean",
+        dropout: float = 0.1,
+        label_names: Optional[Sequence[str]] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("num_labels", num_labels)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if label_names is not None and len(label_names) != num_labels:
+            raise ValueError(f"label_names has {len(label_names)} names for num_labels={num_labels}")
+        self.encoder = encoder
+        self.pooling = pooling
+        self.num_labels = num_labels
+        self.label_names = None if label_names is None else [str(name) for name in label_names]
+        self.classifier_dropout = check_probability("dropout", dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(encoder.config.d_model, num_labels, device=device, dtype=dtype)
+
+    def head_config(self) -> dict[str, Any]:
+        """The constructor arguments besides the encoder (saved in ``config.json``)."""
+        return {
+            "num_labels": self.num_labels,
+            "pooling": self.pooling,
+            "dropout": self.classifier_dropout,
+            "label_names": self.label_names,
+        }
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        mask: Optional[Tensor] = None,
+        *,
+        output_attentions: bool = False,
+        head_mask: Optional[Tensor] = None,
+        labels: Optional[Tensor] = None,
+    ) -> ModelOutput:
+        if mask is None and self.encoder.config.pad_id is not None:
+            mask = input_ids != self.encoder.config.pad_id
+        if mask is not None and mask.dim() != 2:
+            raise ValueError(f"mask must be a [B, T] padding mask, got shape {tuple(mask.shape)}")
+        hidden, attentions = self.encoder(
+            input_ids, mask, output_attentions=output_attentions, head_mask=head_mask
+        )  # [B, T, E]
+        pooled = pool(hidden, mask, self.pooling)  # [B, E]
+        logits = self.classifier(self.dropout(pooled))  # [B, C]
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:1]:
+                raise ValueError(f"labels must be [B]={[logits.shape[0]]}, got {tuple(labels.shape)}")
+            loss = F.cross_entropy(logits.float(), labels)
+        return ModelOutput(logits=logits, loss=loss, attentions=attentions, last_hidden_state=hidden)

@@ -1,0 +1,152 @@
+"""Models on disk: ``model.safetensors`` + ``config.json`` (no pickle), and :func:`load_model`.
+
+``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``.
+A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
+these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Union
+
+import safetensors.torch
+from torch import nn
+
+from ..layers import EncoderConfig, TransformerEncoder
+from .classifier import EncoderClassifier
+from .image_text import ImageTextModel
+from .masked_lm import EncoderForMaskedLM
+
+__all__ = [
+    "LoadedModel",
+    "MODEL_FILE",
+    "CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "model_config",
+    "build_model",
+    "save_model",
+    "load_model",
+    "resolve_checkpoint_dir",
+]
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+_MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
+_ENCODER_TYPE = "encoder"
+
+
+class LoadedModel(NamedTuple):
+    """``(model, tokenizer, config)``: the model in eval mode, its ``tokenizers.Tokenizer``
+    (``None`` when none was saved) and the ``config.json`` dict."""
+
+    model: nn.Module
+    tokenizer: Any
+    config: dict
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
+
+
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """The JSON-able dict that rebuilds ``model``'s architecture."""
+    model = _unwrap(model)
+    if isinstance(model, TransformerEncoder):
+        return {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
+    model_type = getattr(model, "model_type", None)
+    if model_type not in _MODEL_TYPES:
+        raise TypeError(
+            f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
+        )
+    return {"model_type": model_type, "encoder": model.encoder.config.to_dict(), "head": model.head_config()}
+
+
+def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
+    """A freshly initialised model from a ``config.json`` dict."""
+    for key in ("model_type", "encoder"):
+        if key not in config:
+            raise ValueError(f"model config has no {key!r} key; got keys {sorted(config)}")
+    model_type = config["model_type"]
+    model_class = _MODEL_TYPES.get(model_type)
+    if hasattr(model_class, "from_model_config"):  # models that build their own encoders
+        return model_class.from_model_config(config, device=device, dtype=dtype)
+    encoder = TransformerEncoder.from_config(EncoderConfig.from_dict(config["encoder"]), device=device, dtype=dtype)
+    if model_type == _ENCODER_TYPE:
+        return encoder
+    if model_type not in _MODEL_TYPES:
+        raise ValueError(f"unknown model_type {model_type!r}; known: {sorted(_MODEL_TYPES) + [_ENCODER_TYPE]}")
+    return _MODEL_TYPES[model_type](encoder, **config.get("head", {}), device=device, dtype=dtype)
+
+
+def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any = None) -> Path:
+    """Write ``model.safetensors``, ``config.json`` (and ``tokenizer.json``) into ``directory``.
+
+    Not atomic by itself; :mod:`attnlab.train.checkpoint` wraps it in temp + rename.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = _unwrap(model)
+    config = model_config(model)
+    # save_model (not save_file) handles tied weights such as the masked-LM decoder
+    safetensors.torch.save_model(model, str(directory / MODEL_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save(str(directory / TOKENIZER_FILE))
+    return directory
+
+
+def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
+    """The checkpoint directory meant by ``path``: itself, or a run's best (else last) checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}: the path does not exist")
+    if (path / MODEL_FILE).is_file():
+        return path
+    for name in ("best", "last"):
+        candidate = path / "checkpoints" / name
+        if (candidate / MODEL_FILE).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{path} is neither a checkpoint directory (with {MODEL_FILE}) nor a run directory "
+        f"(with checkpoints/best or checkpoints/last)"
+    )
+
+
+def _find_tokenizer(checkpoint: Path) -> Optional[Path]:
+    for candidate in (checkpoint / TOKENIZER_FILE, checkpoint.parent.parent / TOKENIZER_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
+    """Load a saved model (and its tokenizer) from a checkpoint or run directory.
+
+    Args:
+        path: a checkpoint directory (``model.safetensors`` + ``config.json``) or a run
+            directory, whose ``checkpoints/best`` (else ``checkpoints/last``) is used.
+        device: where to put the model.
+
+    Returns:
+        :class:`LoadedModel` ``(model, tokenizer, config)`` with the model in eval mode.
+    """
+    from tokenizers import Tokenizer
+
+    checkpoint = resolve_checkpoint_dir(path)
+    config_path = checkpoint / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    model = build_model(config, device=device)
+    missing, unexpected = safetensors.torch.load_model(model, str(checkpoint / MODEL_FILE), strict=False, device=str(device or "cpu"))
+    if missing or unexpected:
+        raise ValueError(
+            f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    tokenizer_path = _find_tokenizer(checkpoint)
+    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path is not None else None
+    return LoadedModel(model.eval(), tokenizer, config)

@@ -1,0 +1,60 @@
+"""Several processes through ``torchrun``: process-group set-up and helpers.
+
+``torchrun`` starts one process per worker and tells each its rank through the
+environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), which
+``init_process_group`` reads. Only the command line calls :func:`init_distributed`;
+the trainer only asks ``torch.distributed`` whether a group exists.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedInfo", "distributed_info", "init_distributed", "shutdown_distributed", "all_reduce_mean"]
+
+
+class DistributedInfo(NamedTuple):
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def distributed_info() -> DistributedInfo:
+    """This process's rank and the number of processes (``(0, 1, 0)`` without a group)."""
+    if dist.is_available() and dist.is_initialized():
+        local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+        return DistributedInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+    return DistributedInfo(0, 1, 0)
+
+
+def init_distributed() -> DistributedInfo:
+    """Join the process group when started by ``torchrun`` with more than one process:
+    gloo on CPU, nccl on GPU. A single process stays ungrouped."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return distributed_info()
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of ``value`` over all processes (``value`` itself without a group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / dist.get_world_size()

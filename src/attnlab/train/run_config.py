@@ -1,0 +1,304 @@
+"""The configuration of an ``attnlab train`` run: three validated sections.
+
+Read from TOML (``[model]``, ``[data]``, ``[train]`` tables), changed with
+``section.key=value`` overrides, written next to the run as ``config.json``.
+The defaults are the demonstration run: a small encoder trained from scratch on the
+embedded Rotten Tomatoes snippets, within a few minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from ..data.tokenization import TOKENIZER_KINDS
+from ..layers.encoder_config import POSITIONS
+from ..models.classifier import POOLINGS
+from .tasks import DEFAULT_TASK, get_task, task_names
+from .trainer import METRICS, PRECISIONS
+
+__all__ = [
+    "ModelSettings", "DataSettings", "TrainSettings", "ImageSettings", "RunConfig", "parse_override",
+    "resolve_run_config",
+]
+
+
+@dataclass
+class ModelSettings:
+    """The classifier. ``pretrained`` names a checkpoint to start from (then the
+    architecture fields are ignored and the checkpoint's tokenizer is used)."""
+
+    pretrained: Optional[str] = None
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.1
+    attention_dropout: float = 0.0  # 0 keeps the fused attention kernel in training
+    position: str = "sinusoidal"
+    norm_first: bool = True  # pre-norm trains stably at the higher rates a small model wants
+    pooling: str = "mean"  # masked mean: every token's evidence counts, not one [CLS] slot
+    classifier_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "num_layers", "num_heads", "d_ff"):
+            _positive(f"model.{name}", getattr(self, name))
+        for name in ("dropout", "attention_dropout", "classifier_dropout"):
+            _probability(f"model.{name}", getattr(self, name))
+        _choice("model.position", self.position, POSITIONS)
+        _choice("model.pooling", self.pooling, POOLINGS)
+        if self.d_model % self.num_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+
+
+@dataclass
+class DataSettings:
+    """Where the examples come from and how they become token ids."""
+
+    task: str = DEFAULT_TASK  # what kind of run (see attnlab.train.tasks); e.g. "digits-text"
+    dataset: str = "rotten_tomatoes"  # the embedded data set, unless `path` is set
+    path: Optional[str] = None  # your own CSV / JSONL file
+    format: Optional[str] = None  # "csv" | "jsonl"; None: from the file suffix
+    text_column: str = "text"
+    label_column: str = "label"
+    labels: Optional[list[str]] = None  # allowed labels in id order; None: those in the file
+    split_seed: int = 0
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    tokenizer: str = "wordpiece"  # "wordpiece" | "bpe" (trained on the train split) | a tokenizer.json
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    lowercase: bool = True
+    max_length: int = 64  # tokens per text, [CLS] and [SEP] included
+    train_limit: Optional[int] = None  # use only the first N training examples (quick runs)
+
+    def __post_init__(self) -> None:
+        _choice("data.task", self.task, task_names())
+        if self.path is None and self.dataset != "rotten_tomatoes":
+            raise ValueError(f"data.dataset must be 'rotten_tomatoes' (or set data.path), got {self.dataset!r}")
+        for name in ("vocab_size", "max_length", "min_frequency"):
+            _positive(f"data.{name}", getattr(self, name))
+        if self.train_limit is not None:
+            _positive("data.train_limit", self.train_limit)
+        if self.max_length < 2:
+            raise ValueError(f"data.max_length must be >= 2, got {self.max_length}")
+
+
+@dataclass
+class TrainSettings:
+    """The optimisation. ``batch_size`` is per process and per accumulation step."""
+
+    seed: int = 0
+    epochs: int = 8
+    max_steps: Optional[int] = None
+    batch_size: int = 32
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    warmup_steps: int = 200
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    grad_clip: Optional[float] = 1.0
+    precision: str = "fp32"
+    eval_every: Optional[int] = None  # steps; None: after every epoch
+    metric: str = "accuracy"
+    early_stopping_patience: Optional[int] = None
+    save_every: Optional[int] = None  # steps; checkpoints/last is always written at the end
+    log_every: int = 10
+    eval_batch_size: int = 256
+    mlm_steps: int = 0  # masked-LM pre-training steps on the training texts, before classifying
+    mlm_learning_rate: float = 1e-3
+    mlm_probability: float = 0.15
+    num_threads: Optional[int] = None  # torch's CPU threads per process; None: torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "gradient_accumulation_steps", "log_every", "eval_batch_size"):
+            _positive(f"train.{name}", getattr(self, name))
+        for name in ("max_steps", "eval_every", "save_every", "early_stopping_patience", "num_threads"):
+            if getattr(self, name) is not None:
+                _positive(f"train.{name}", getattr(self, name))
+        for name in ("learning_rate", "mlm_learning_rate"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
+                raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.warmup_steps < 0 or self.mlm_steps < 0:
+            raise ValueError("train.warmup_steps and train.mlm_steps must be >= 0")
+        _choice("train.precision", self.precision, PRECISIONS)
+        _choice("train.metric", self.metric, tuple(METRICS))
+        _probability("train.mlm_probability", self.mlm_probability)
+
+
+@dataclass
+class ImageSettings:
+    """The image side of image–text tasks (``task=digits-text``); other tasks ignore it.
+    The text side and the fusion width come from ``[model]``."""
+
+    patch_size: int = 2  # 2x2-pixel patches: 16 per 8x8 digit
+    visual_dim: int = 64
+    visual_layers: int = 2
+    cross_layers: int = 2
+    gate: str = "sigmoid"  # "sigmoid" | "tanh0" (starts as the identity on the text)
+    fusion: str = "cross_attention"  # "cross_attention" | "concat" (the baseline)
+    statements_per_image: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "visual_dim", "visual_layers", "cross_layers", "statements_per_image"):
+            _positive(f"image.{name}", getattr(self, name))
+        _choice("image.gate", self.gate, ("sigmoid", "tanh0"))
+        _choice("image.fusion", self.fusion, ("cross_attention", "concat"))
+        if self.statements_per_image % 2:
+            raise ValueError(f"image.statements_per_image must be even, got {self.statements_per_image}")
+
+
+_SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainSettings, "image": ImageSettings}
+
+
+@dataclass
+class RunConfig:
+    """A whole run: ``model``, ``data``, ``train`` (and ``image``) sections."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    image: ImageSettings = field(default_factory=ImageSettings)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        unknown = sorted(set(values) - set(_SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown config sections {unknown}; sections: {sorted(_SECTIONS)}")
+        sections = {}
+        for name, section_cls in _SECTIONS.items():
+            given = values.get(name, {})
+            if not isinstance(given, dict):
+                raise ValueError(f"config section [{name}] must be a table, got {given!r}")
+            sections[name] = section_cls(**_check_types(name, section_cls, given))
+        return cls(**sections)
+
+    @classmethod
+    def from_toml(cls, path: Union[str, Path]) -> "RunConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: invalid TOML ({error})") from None
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_json(cls, path: Union[str, Path]) -> "RunConfig":
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def with_overrides(self, overrides: Sequence[str]) -> "RunConfig":
+        """A copy with ``section.key=value`` (or unique ``key=value``) overrides applied;
+        values are read as TOML (``3e-4``, ``true``, ``"text"``, ``none``), else as strings."""
+        values = self.to_dict()
+        for override in overrides:
+            section, key, value = parse_override(override)
+            values[section][key] = value
+        return RunConfig.from_dict(values)
+
+
+def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """The run's config: defaults, then the task's defaults, then the TOML file, then overrides.
+
+    The task (``data.task``) is read from the overrides, else the file, else the default.
+    """
+    explicit: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            explicit = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: invalid TOML ({error})") from None
+    parsed = [parse_override(override) for override in overrides]
+    task = explicit.get("data", {}).get("task", DEFAULT_TASK) if isinstance(explicit.get("data"), dict) else DEFAULT_TASK
+    for section, key, value in parsed:
+        if (section, key) == ("data", "task"):
+            task = value
+    values = RunConfig().to_dict()
+    if isinstance(task, str) and task in task_names():
+        for section, key, value in map(parse_override, get_task(task).defaults):
+            values[section][key] = value
+    for section, given in explicit.items():
+        if section not in values or not isinstance(given, dict):
+            return RunConfig.from_dict(explicit)  # reports the bad section
+        values[section].update(given)
+    for section, key, value in parsed:
+        values[section][key] = value
+    return RunConfig.from_dict(values)
+
+
+def parse_override(override: str) -> tuple[str, str, Any]:
+    """``"train.learning_rate=3e-4"`` -> ``("train", "learning_rate", 0.0003)``."""
+    if "=" not in override:
+        raise ValueError(f"--set expects key=value, got {override!r}")
+    key, raw = (part.strip() for part in override.split("=", 1))
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in _SECTIONS:
+            raise ValueError(f"unknown config section {section!r} in {override!r}; sections: {sorted(_SECTIONS)}")
+    else:
+        owners = [section for section, cls in _SECTIONS.items() if key in _field_names(cls)]
+        if len(owners) != 1:
+            raise ValueError(f"unknown config key {key!r}" if not owners else f"ambiguous key {key!r}: use one of "
+                             + ", ".join(f"{owner}.{key}" for owner in owners))
+        section, name = owners[0], key
+    if name not in _field_names(_SECTIONS[section]):
+        raise ValueError(f"unknown config key {section}.{name}; keys of [{section}]: {sorted(_field_names(_SECTIONS[section]))}")
+    if raw.lower() in ("none", "null"):
+        return section, name, None
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, name, value
+
+
+def _field_names(cls) -> set[str]:
+    return {item.name for item in dataclasses.fields(cls)}
+
+
+def _check_types(section: str, cls, values: dict[str, Any]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    checked = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ValueError(f"unknown config key {section}.{key}; keys of [{section}]: {sorted(hints)}")
+        expected = hints[key]
+        allowed = typing.get_args(expected) if typing.get_origin(expected) is Union else (expected,)
+        if value is None and type(None) in allowed:
+            checked[key] = value
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        plain = tuple(typing.get_origin(kind) or kind for kind in allowed if kind is not type(None))
+        if not isinstance(value, plain) or (isinstance(value, bool) and bool not in plain):
+            names = " or ".join(getattr(kind, "__name__", str(kind)) for kind in allowed)
+            raise ValueError(f"{section}.{key} must be {names}, got {value!r}")
+        checked[key] = value
+    return checked
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _probability(name: str, value: Any) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")

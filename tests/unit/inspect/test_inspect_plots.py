@@ -1,0 +1,61 @@
+"""Heatmaps: files written headless, long inputs pooled, labels kept as text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.inspect.plots import (
+    bucket_attention,
+    plot_head,
+    plot_layer,
+    plot_model,
+    plot_statistic,
+    save_figure,
+)
+
+
+def test_bucketing_keeps_row_mass_and_names_ranges():
+    weights = torch.softmax(torch.randn(600, 600), -1)
+    tokens = [f"t{i}" for i in range(600)]
+    matrix, rows, columns = bucket_attention(weights, tokens, max_tokens=128)
+    assert matrix.shape == (128, 128)  # 600 positions in buckets of 4 or 5
+    assert np.allclose(matrix.sum(-1), 1.0, atol=1e-4)
+    assert rows[0] == "0-3" and columns[-1] == "595-599"
+    sizes = [int(b) - int(a) + 1 for a, b in (label.split("-") for label in rows)]
+    assert set(sizes) == {4, 5} and sum(sizes) == 600
+
+
+def test_window_then_small_map_keeps_tokens():
+    weights = np.eye(10)
+    tokens = [str(i) for i in range(10)]
+    matrix, rows, columns = bucket_attention(weights, tokens, window=(2, 6))
+    assert matrix.shape == (4, 4) and rows == ["2", "3", "4", "5"] == columns
+    with pytest.raises(ValueError, match="window"):
+        bucket_attention(weights, tokens, window=(5, 5))
+    with pytest.raises(ValueError, match="tokens"):
+        bucket_attention(weights, tokens[:3])
+
+
+def test_pictures_are_written_as_png_and_svg(tmp_path):
+    tokens = ["[CLS]", "$x$", "<script>", "a_b", "&", "[SEP]"]
+    layer = torch.softmax(torch.randn(4, 6, 6), -1)
+    written = save_figure(plot_head(layer[0], tokens, title="cost $5"), tmp_path / "head", ("png", "svg"))
+    written += save_figure(plot_layer(layer, tokens, title="layer_1"), tmp_path / "layer", ("png", "svg"))
+    written += save_figure(plot_model({"layer_1": layer, "layer_2": layer}), tmp_path / "model", ("png",))
+    written += save_figure(plot_statistic(np.random.rand(2, 4), "entropy"), tmp_path / "entropy", ("svg",))
+    for path in written:
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG") if path.suffix == ".png" else b"<svg" in data[:2000]
+    svg = (tmp_path / "head.svg").read_text()
+    assert "&lt;script&gt;" in svg and "<script>" not in svg  # SVG text is escaped
+    with pytest.raises(ValueError, match="formats"):
+        save_figure(plot_statistic(np.ones((1, 1)), "x"), tmp_path / "x", ("gif",))
+
+
+def test_long_input_model_view_is_pooled():
+    long = {f"layer_{l}": torch.softmax(torch.randn(2, 700, 700), -1) for l in (1, 2)}
+    figure = plot_model(long, tile_tokens=32)
+    image = figure.axes[0].images[0].get_array()
+    assert image.shape[0] < 2 * 40 and image.shape[1] < 2 * 40  # two tiles of at most 32 + gaps

@@ -1,0 +1,75 @@
+import pytest
+import torch
+
+from attnlab.train import MetricsLogger, TensorBoardLogger, accuracy_and_f1
+from attnlab.train.callbacks import tensorboard_available
+from attnlab.train.run_config import RunConfig, parse_override
+
+
+def test_accuracy_and_macro_f1_match_scikit_learn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (200,), generator=generator)
+    predictions = torch.where(torch.rand(200, generator=generator) < 0.6, labels, torch.randint(0, 3, (200,), generator=generator))
+    result = accuracy_and_f1(predictions, labels, 3)
+    assert result["accuracy"] == pytest.approx(metrics.accuracy_score(labels, predictions))
+    assert result["f1"] == pytest.approx(metrics.f1_score(labels, predictions, average="macro"))
+
+
+def test_run_config_from_toml_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nd_model = 32\nnum_heads = 2\n[train]\nlearning_rate = 1e-4\n')
+    config = RunConfig.from_toml(path).with_overrides(["train.epochs=2", "max_length=32", "model.pretrained=minilm"])
+    assert (config.model.d_model, config.train.learning_rate, config.train.epochs) == (32, 1e-4, 2)
+    assert config.data.max_length == 32 and config.model.pretrained == "minilm"
+    assert RunConfig.from_dict(config.to_dict()) == config
+    assert parse_override("data.labels=['neg', 'pos']") == ("data", "labels", ["neg", "pos"])
+    assert parse_override("train.max_steps=none") == ("train", "max_steps", None)
+    assert parse_override("data.path=my file.csv") == ("data", "path", "my file.csv")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"modle": {}}, "unknown config sections"),
+    ({"model": {"layers": 2}}, "unknown config key model.layers"),
+    ({"model": {"d_model": 30, "num_heads": 4}}, "not divisible"),
+    ({"train": {"precision": "fp8"}}, "train.precision must be one of"),
+    ({"train": {"learning_rate": "fast"}}, "train.learning_rate must be float"),
+    ({"model": {"pooling": "max"}}, "model.pooling must be one of"),
+])
+def test_run_config_errors_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_dict(values)
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[model\n")
+    with pytest.raises(ValueError, match="invalid TOML"):
+        RunConfig.from_toml(path)
+
+
+def test_metrics_logger_truncates_replayed_steps(tmp_path):
+    logger = MetricsLogger(tmp_path / "metrics.jsonl")
+    for step in range(1, 6):
+        logger.write({"step": step, "loss": float("nan") if step == 5 else 1.0 / step})
+    logger.truncate_after(3)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and '"step": 3' in lines[-1]
+
+
+def test_tensorboard_logger_names_the_extra(tmp_path, monkeypatch):
+    import attnlab.train.callbacks as callbacks
+
+    monkeypatch.setattr(callbacks, "tensorboard_available", lambda: False)
+    with pytest.raises(ImportError, match=r"attnlab\[tensorboard\]"):
+        TensorBoardLogger(tmp_path)
+
+
+@pytest.mark.skipif(not tensorboard_available(), reason="the tensorboard extra is not installed")
+def test_tensorboard_event_files_are_written(tmp_path, dataset, make_model):
+    from attnlab.data import PaddingCollator
+    from attnlab.train import TransformerTrainer
+
+    trainer = TransformerTrainer(make_model(0.0), 1e-3, 0, output_dir=tmp_path, quiet=True)
+    trainer.fit(dataset, dataset, collate_fn=PaddingCollator(0), batch_size=24, epochs=1)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))

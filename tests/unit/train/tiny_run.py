@@ -1,0 +1,70 @@
+"""A tiny, seeded training run used by the resume and multi-process tests.
+
+    python tiny_run.py --out DIR [--resume] [--sleep S] [--batch-size N] [--dropout P]
+
+Writes DIR/metrics.jsonl (loss of every step) and checkpoints; with --losses, also
+DIR/losses.json from process 0 (step -> loss) and DIR/params.pt (final weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.data import PaddingCollator, TokenizedDataset
+from attnlab.layers import TransformerEncoder
+from attnlab.models import EncoderClassifier
+from attnlab.train import TransformerTrainer
+from attnlab.train.distributed import distributed_info, init_distributed, shutdown_distributed
+
+
+def tiny_dataset(n: int = 48, vocab: int = 30, seed: int = 0) -> TokenizedDataset:
+    generator = torch.Generator().manual_seed(seed)
+    ids, labels = [], []
+    for _ in range(n):
+        length = int(torch.randint(3, 12, (1,), generator=generator))
+        row = torch.randint(3, vocab, (length,), generator=generator).tolist()
+        ids.append([1] + row + [2])
+        labels.append(int(sum(row) % 2))
+    return TokenizedDataset(ids, labels)
+
+
+def tiny_model(dropout: float, seed: int = 0) -> EncoderClassifier:
+    torch.manual_seed(seed)
+    encoder = TransformerEncoder(30, d_model=16, num_layers=2, num_heads=2, d_ff=32, dropout=dropout, pad_id=0)
+    return EncoderClassifier(encoder, 2, dropout=dropout)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--losses", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    init_distributed()
+    model = tiny_model(args.dropout)
+    trainer = TransformerTrainer(model, 3e-3, 5, weight_decay=0.01, output_dir=args.out, quiet=True)
+    losses = {}
+    trainer.add_callback("on_step_end", lambda t: losses.__setitem__(t.state.step, t.last_log["loss"]))
+    if args.sleep:
+        trainer.add_callback("on_step_end", lambda t: time.sleep(args.sleep))
+    last = args.out / "checkpoints" / "last"
+    trainer.fit(tiny_dataset(), collate_fn=PaddingCollator(0), batch_size=args.batch_size, epochs=None,
+                max_steps=args.steps, save_every=2, resume_from=last if args.resume else None)
+    if args.losses and distributed_info().is_main:
+        (args.out / "losses.json").write_text(json.dumps(losses))
+        torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, args.out / "params.pt")
+    shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main()

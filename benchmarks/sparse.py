@@ -140,10 +140,18 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
         with torch.no_grad():
             attend(q, k, v)
         result["compile_s"] = time.perf_counter() - start
-        if args.check:
+        with torch.no_grad():
             reference = block_sparse_attention(q, k, v, block_size=L, window=w).output
-            with torch.no_grad():
-                result["max_abs_diff_vs_sparse"] = (attend(q, k, v) - reference).abs().max().item()
+            result["max_abs_diff_vs_sparse"] = (attend(q, k, v) - reference).abs().max().item()
+            # The two forwards alternately in this process, so both see the same load.
+            flex_times, sparse_times = [], []
+            for _ in range(max(3, args.repeats)):
+                for times, call in ((sparse_times, lambda: block_sparse_attention(q, k, v, block_size=L, window=w)),
+                                    (flex_times, lambda: attend(q, k, v))):
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
+            result["side_by_side_sparse_over_flex"] = statistics.median(sparse_times) / statistics.median(flex_times)
 
     def forward():
         with torch.no_grad():
@@ -217,7 +225,7 @@ def _shared_flags(args: argparse.Namespace) -> list[str]:
         "--window", str(args.window), "--repeats", str(args.repeats), "--methods", *args.methods,
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
         "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
-    ] + (["--check"] if args.check else [])
+    ]
 
 
 def _skip_reason(method: str, T: int, args: argparse.Namespace) -> str | None:
@@ -277,7 +285,9 @@ def run_parent(args: argparse.Namespace) -> int:
             if "compile_s" in result:
                 note = f"compile {result['compile_s']:.1f} s; " + note
             if "max_abs_diff_vs_sparse" in result:
-                note += f" |diff vs sparse| {result['max_abs_diff_vs_sparse']:.1e}"
+                note += f"; |diff vs sparse| {result['max_abs_diff_vs_sparse']:.1e}"
+            if "side_by_side_sparse_over_flex" in result:
+                note = f"fwd side by side: sparse/flex {result['side_by_side_sparse_over_flex']:.2f}; " + note
             print(f"{T:>6} {method:<11} {fwd_ms:>9} {fwd_mib:>8} {fb_ms:>11} {fb_mib:>8}  {note}", flush=True)
 
     print()
@@ -334,11 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dense-max-len", type=int, default=16384, help="longest T for dense attention")
     parser.add_argument("--memory-budget-gib", type=float, default=12.0, help="skip dense masks above this")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (compiling takes a while)")
-    parser.add_argument("--check", action="store_true", help="also compare flex's output with sparse")
+    parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)  # older flag; always on now
     parser.add_argument("--train-length", type=int, default=16384, help="0 skips the training step")
     parser.add_argument("--train-d-model", type=int, default=256)
     parser.add_argument("--train-layers", type=int, default=4)
-    parser.add_argument("--train-repeats", type=int, default=2, help="timed steps after one warm-up step")
+    parser.add_argument("--train-repeats", type=int, default=1, help="timed steps after one warm-up step")
     parser.add_argument(
         "--in-process", action="store_true",
         help="quick check: run every case in this process (memory figures are then not comparable)",

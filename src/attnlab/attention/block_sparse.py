@@ -20,7 +20,8 @@ call of ``F.scaled_dot_product_attention`` then attends every block at once, wit
 ``[B * N, 1, 1, K]`` additive mask that removes padding, keys of the neighbouring
 sequence in the batch, and duplicates of global keys already in the window. Global
 tokens' own rows are recomputed densely (``G`` rows over all ``T`` keys) and written
-over their block rows. Nothing of size ``T x T`` is ever built.
+over their block rows. Nothing of size ``T x T`` is ever built. Without autograd, long
+runs of blocks that have nothing to mask are attended in calls without a mask.
 """
 
 from __future__ import annotations

@@ -41,12 +41,12 @@ class ImageTextConfig:
     image_size: int = 8  # side of the square grey-scale image
     patch_size: int = 2  # 2 -> 16 patches of an 8x8 digit: fine enough to see strokes
     visual_dim: int = 64
-    visual_layers: int = 2
+    visual_layers: int = 1  # 8x8 digits need little depth; the text-image interaction is the hard part
     d_model: int = 64  # text width, and the width the fusion works at
     text_layers: int = 2
     num_heads: int = 4
     d_ff: int = 128
-    cross_layers: int = 2
+    cross_layers: int = 1  # a second layer slowed learning on the digits task
     dropout: float = 0.1
     # 0 keeps the fused attention kernel in training; dropout on probabilities costs
     # more time than it buys on this small task.
@@ -56,7 +56,7 @@ class ImageTextConfig:
     num_labels: int = 2
     gate: str = "sigmoid"
     fusion: str = "cross_attention"
-    pooling: str = "first"  # what the head reads: the [CLS] state ("first") or the mean of real tokens
+    pooling: str = "mean"  # what the head reads: the mean of real tokens, or the [CLS] state ("first")
     null_slot: bool = False  # a "nothing here" slot for text -> patch attention (see CrossModalAttention)
 
     def __post_init__(self) -> None:

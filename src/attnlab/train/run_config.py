@@ -138,8 +138,8 @@ class ImageSettings:
 
     patch_size: int = 2  # 2x2-pixel patches: 16 per 8x8 digit
     visual_dim: int = 64
-    visual_layers: int = 2
-    cross_layers: int = 2
+    visual_layers: int = 1
+    cross_layers: int = 1
     gate: str = "sigmoid"  # "sigmoid" | "tanh0" (starts as the identity on the text)
     fusion: str = "cross_attention"  # "cross_attention" | "concat" (the baseline)
     statements_per_image: int = 8

@@ -13,11 +13,13 @@ from attnlab.models.image_text import ImageTextModel
 from attnlab.train.run_config import RunConfig, resolve_run_config
 from attnlab.train.tasks import Task, get_task, register_task, task_names
 
-TINY = ["--set", "task=digits-text", "--set", "train.max_steps=4", "--set", "train.eval_every=2",
-        "--set", "train.log_every=1", "--set", "warmup_steps=1", "--set", "train_limit=32", "--set", "d_model=16", "--set", "visual_dim=16",
-        "--set", "d_ff=32", "--set", "visual_layers=1", "--set", "cross_layers=1", "--set", "num_heads=2",
-        "--set", "statements_per_image=2", "--set", "data.validation_fraction=0.02",
-        "--set", "data.test_fraction=0.02", "--set", "gate=\"tanh0\""]
+_SETTINGS = (
+    "task=digits-text", "train.max_steps=4", "train.eval_every=2", "train.log_every=1", "warmup_steps=1",
+    "train_limit=32", "d_model=16", "visual_dim=16", "d_ff=32", "visual_layers=1", "cross_layers=1",
+    "num_heads=2", "statements_per_image=2", "data.validation_fraction=0.02", "data.test_fraction=0.02",
+    'gate="tanh0"',
+)
+TINY = [argument for setting in _SETTINGS for argument in ("--set", setting)]
 
 
 def test_the_task_trains_and_writes_the_agreed_run_directory(tmp_path, capsys):

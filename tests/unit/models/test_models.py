@@ -1,4 +1,3 @@
-import importlib.util
 import json
 
 import pytest
@@ -94,12 +93,13 @@ def test_load_model_errors(tmp_path):
         load_model(tmp_path)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("attnlab.models.pretrained") is None,
-                    reason="attnlab.models.pretrained is not part of this tree")
 def test_pretrained_encoder_and_tokenizer_build():
     from attnlab.models import build_encoder, load_pretrained_tokenizer
 
-    encoder = build_encoder(0, pretrained="minilm")
+    encoder = build_encoder(0, pretrained="minilm", dropout=0.2, attention_dropout=0.0)
+    # the run's dropouts apply to the checkpoint's architecture
+    assert encoder.config.dropout == 0.2 and encoder.config.effective_attention_dropout == 0.0
+    assert encoder.config.num_layers == 6 and encoder.config.d_model == 384
     tokenizer = load_pretrained_tokenizer("minilm")
     ids = torch.tensor([tokenizer.encode("a fine film").ids])
     model = EncoderClassifier(encoder, 2).eval()

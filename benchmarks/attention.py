@@ -93,6 +93,7 @@ MIB = 1024 * 1024
 MHA_IMPLS = ("attnlab fused", "attnlab weights", "naive", "torch.nn.MHA")
 MODES = ("fwd", "fwd+bwd")
 DTYPES = ("fp32", "bf16")
+ENCODER_MODELS = ("torch", "torch-attn0", "attnlab-attn0.1", "attnlab")
 
 
 # --------------------------------------------------------------------------- the naive reference
@@ -385,13 +386,15 @@ def _hidden(output) -> Tensor:
 
 def _encoder_models(args: argparse.Namespace) -> dict[str, nn.Module]:
     shape = (args.vocab, args.enc_d_model, args.enc_layers, args.enc_heads, args.enc_d_ff)
-    torch.manual_seed(0)
-    return {
-        "torch.nn (dropout 0.1 incl. attention)": TorchEncoder(*shape, 0.1),
-        "torch.nn, attention dropout 0": TorchEncoder(*shape, 0.1, attention_dropout=0.0),
-        "attnlab, attention_dropout=0.1": TransformerEncoder(*shape, dropout=0.1, attention_dropout=0.1),
-        "attnlab default": TransformerEncoder(*shape),
+    builders = {
+        "torch": ("torch.nn (dropout 0.1 incl. attention)", lambda: TorchEncoder(*shape, 0.1)),
+        "torch-attn0": ("torch.nn, attention dropout 0", lambda: TorchEncoder(*shape, 0.1, attention_dropout=0.0)),
+        "attnlab-attn0.1": ("attnlab, attention_dropout=0.1",
+                            lambda: TransformerEncoder(*shape, dropout=0.1, attention_dropout=0.1)),
+        "attnlab": ("attnlab default", lambda: TransformerEncoder(*shape)),
     }
+    torch.manual_seed(0)
+    return {builders[key][0]: builders[key][1]() for key in args.encoder_models}
 
 
 def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: Tensor, bf16: bool) -> Callable[[], None]:
@@ -427,12 +430,14 @@ def bench_encoder(args: argparse.Namespace) -> None:
                   f"{'vs torch.nn attn-drop 0':>23} {'vs torch.nn (min)':>17}")
         print(header)
         print("-" * len(header))
+        missing = Timing(float("nan"), float("nan"))
         for name in models:
             timing = times[name]
+            reference, same = times.get(baseline, missing), times.get(same_attention, missing)
             print(f"{name:<40} {timing.median * 1e3:>9.0f} {timing.fastest * 1e3:>9.0f} "
-                  f"{B * T / timing.median:>9.0f} {times[baseline].median / timing.median:>10.2f}x "
-                  f"{times[same_attention].median / timing.median:>22.2f}x "
-                  f"{times[baseline].fastest / timing.fastest:>16.2f}x")
+                  f"{B * T / timing.median:>9.0f} {reference.median / timing.median:>10.2f}x "
+                  f"{same.median / timing.median:>22.2f}x "
+                  f"{reference.fastest / timing.fastest:>16.2f}x")
         del models, steps
         gc.collect()
 
@@ -450,6 +455,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--lengths", nargs="+", type=int, help="MHA sequence lengths (default 256 1024 4096)")
     parser.add_argument("--batches", nargs="+", type=int, help="MHA batch per length (default 4 4 2)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="encoder dtypes")
+    parser.add_argument("--encoder-models", nargs="+", choices=ENCODER_MODELS, default=list(ENCODER_MODELS),
+                        help="encoder rows (torch: torch.nn with dropout 0.1 everywhere; torch-attn0: its "
+                             "attention dropout 0; attnlab-attn0.1; attnlab: attnlab's defaults)")
     parser.add_argument("--repeats", type=int, default=5, help="MHA timed repeats (halved, at least 2, at T >= 4096)")
     parser.add_argument("--enc-repeats", type=int, default=4, help="encoder timed steps per model")
     parser.add_argument("--warmup", type=int, default=1)

@@ -9,7 +9,7 @@ The model is a randomly initialised encoder (BERT-base vocabulary, 4 layers, d_m
 128, 4 heads) unless ``--model`` names a run, checkpoint or pretrained model; the
 tokenizer is the MiniLM WordPiece tokenizer shipped with the installed weights package.
 
-    flock /tmp/attnlab-bench.lock python benchmarks/analyze.py            # 1,000 and 10,000
+    python benchmarks/analyze.py            # 1,000 and 10,000
     python benchmarks/analyze.py --sizes 200 --policies passive            # quick look
 
 On a machine where other processes compete for the two cores, torch's OpenMP threads

@@ -1,6 +1,6 @@
 """Does it learn? Test accuracy on the embedded Rotten Tomatoes split, side by side.
 
-    flock /tmp/attnlab-bench.lock python benchmarks/learning.py [--only NAME ...] [--set KEY=VALUE ...]
+    python benchmarks/learning.py [--only NAME ...] [--set KEY=VALUE ...]
 
 Every section trains on the same fixed train split, selects on the validation split
 only, and reports accuracy on the test split. Sections are registered with
@@ -94,6 +94,26 @@ def encoder_from_scratch(context: Context) -> dict:
             "note": f"{config.model.num_layers} layers, d_model {config.model.d_model}, "
                     f"{report['steps']} steps, best at step {report['best_step']}"}
 
+
+
+@section("minilm-finetuned")
+def minilm_finetuned(context: Context) -> dict:
+    """The pretrained MiniLM (``model.pretrained="minilm"``) fine-tuned on the same split."""
+    from learning_minilm import HYPERPARAMETERS, finetune_with_trainer
+
+    result = finetune_with_trainer(dict(HYPERPARAMETERS), context.out / "minilm-finetuned")
+    return {"test_accuracy": result["test_accuracy"],
+            "note": f"train {result['train_seconds']:.0f} s, {HYPERPARAMETERS}"}
+
+
+@section("digits-text")
+def digits_text(context: Context) -> dict:
+    """Not Rotten Tomatoes: the image-text digits task, cross-modal attention vs a concat baseline."""
+    from learning_digits import digits_section
+
+    results = digits_section(context.out / "digits-text", quiet=context.quiet)
+    return {"test_accuracy": results["cross_attention"]["test_accuracy"],
+            "note": f"digits-text held-out images; concat baseline {results['concat']['test_accuracy']:.4f}"}
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,6 +1,6 @@
 """Held-out accuracy on the digits–statements task: cross-modal attention vs a baseline.
 
-    flock /tmp/attnlab-bench.lock python benchmarks/learning_digits.py [--set KEY=VALUE ...]
+    python benchmarks/learning_digits.py [--set KEY=VALUE ...]
 
 Both models are trained by ``attnlab train --set task=digits-text`` (the trainer, its
 defaults for this task, the same seed, data, schedule and number of steps). The

@@ -8,7 +8,7 @@ kind of split (the full fresh/rotten corpus, seeded 80/10/10).
 
 Run (one heavy job at a time on a shared machine)::
 
-    flock /tmp/attnlab-bench.lock python benchmarks/learning_minilm.py
+    python benchmarks/learning_minilm.py
 """
 
 from __future__ import annotations

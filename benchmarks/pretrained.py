@@ -11,8 +11,8 @@ Throughput counts real (non-padding) tokens; the ratio is the same for padded to
 
 Run (one heavy job at a time on a shared machine)::
 
-    flock /tmp/attnlab-bench.lock python benchmarks/pretrained.py
-    flock /tmp/attnlab-bench.lock python benchmarks/pretrained.py --long   # also 8 x <=512 tokens
+    python benchmarks/pretrained.py
+    python benchmarks/pretrained.py --long   # also 8 x <=512 tokens
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Usage (heavy: run it alone; one run takes a few minutes on 2 cores)::
 
-    flock /tmp/attnlab-bench.lock python benchmarks/sparse.py
+    python benchmarks/sparse.py
 
 Compares, for B=1, H=8, D=64, blocks of 128 and one neighbour block on each side:
 

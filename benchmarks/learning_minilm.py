@@ -33,7 +33,7 @@ from torch import nn
 from attnlab.models.pretrained import from_pretrained, load_tokenizer
 from attnlab.models.sentence import mean_pool, pad_encodings
 
-# Found with the minimal loop below on two CPU cores (see the module docstring).
+# A starting point for fine-tuning on two CPU cores, not the result of a search.
 HYPERPARAMETERS: dict[str, Any] = {
     "learning_rate": 1e-4,
     "epochs": 1,

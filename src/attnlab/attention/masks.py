@@ -30,6 +30,7 @@ __all__ = [
     "combine_masks",
     "validate_attention_mask",
     "mask_to_additive",
+    "head_mask_scale",
 ]
 
 
@@ -185,3 +186,17 @@ def validate_attention_mask(
     if not all(_broadcasts(size, want) for size, want in zip(mask.shape, target)):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected}")
     return mask
+
+
+def head_mask_scale(head_mask: Tensor, num_heads: int, batch: int) -> Tensor:
+    """Per-head multipliers ``[H]`` or ``[B, H]`` as a ``[B|1, H, 1, 1]`` view.
+
+    A head mask scales each head's output (0 switches a head off); it is not an
+    attention mask.
+    """
+    H = num_heads
+    if head_mask.dim() == 1 and head_mask.shape[0] == H:
+        return head_mask.view(1, H, 1, 1)
+    if head_mask.dim() == 2 and head_mask.shape[1] == H and head_mask.shape[0] in (1, batch):
+        return head_mask.view(-1, H, 1, 1)
+    raise ValueError(f"head_mask must be [H]=[{H}] or [B, H]=[{batch}, {H}], got {tuple(head_mask.shape)}")

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from .functional import AttentionResult, attention
-from .masks import combine_masks, padding_to_attention_mask, validate_attention_mask
+from .masks import combine_masks, head_mask_scale, padding_to_attention_mask, validate_attention_mask
 from .rotary import RotaryEmbedding
 
 __all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
@@ -214,14 +214,6 @@ class MultiHeadAttention(nn.Module):
                 f"query and key must share the batch size; got {query.shape[0]} and {key.shape[0]}"
             )
 
-    def _head_mask(self, head_mask: Tensor, batch: int) -> Tensor:
-        H = self.num_heads
-        if head_mask.dim() == 1 and head_mask.shape[0] == H:
-            return head_mask.view(1, H, 1, 1)
-        if head_mask.dim() == 2 and head_mask.shape[1] == H and head_mask.shape[0] in (1, batch):
-            return head_mask.view(-1, H, 1, 1)
-        raise ValueError(f"head_mask must be [H]=[{H}] or [B, H]=[{batch}, {H}], got {tuple(head_mask.shape)}")
-
     def forward(
         self,
         query: Tensor,
@@ -270,7 +262,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
         )  # [B, H, T, D], [B, H, T, S] | None
         if head_mask is not None:
-            scale = self._head_mask(head_mask, B).to(out.dtype)  # [B|1, H, 1, 1]
+            scale = head_mask_scale(head_mask, self.num_heads, B).to(out.dtype)  # [B|1, H, 1, 1]
             out = out * scale
             if weights is not None:
                 weights = weights * scale

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_int, check_probability
 from .block_sparse import BlockSparseWeights, block_sparse_attention
 from .functional import AttentionResult, attention
-from .masks import combine_masks
+from .masks import combine_masks, head_mask_scale
 from .rotary import RotaryEmbedding
 
 __all__ = ["SparseAttention", "DENSE_WEIGHTS_MAX_LEN", "WEIGHTS_LAYOUTS"]
@@ -256,14 +256,6 @@ class SparseAttention(nn.Module):
             need_weights=need_weights,
         )
 
-    def _head_scale(self, head_mask: Tensor, batch: int) -> Tensor:
-        H = self.num_heads
-        if head_mask.dim() == 1 and head_mask.shape[0] == H:
-            return head_mask.view(1, H, 1, 1)
-        if head_mask.dim() == 2 and head_mask.shape[1] == H and head_mask.shape[0] in (1, batch):
-            return head_mask.view(-1, H, 1, 1)
-        raise ValueError(f"head_mask must be [H]=[{H}] or [B, H]=[{batch}, {H}], got {tuple(head_mask.shape)}")
-
     # ----------------------------------------------------------------- forward
     def forward(
         self,
@@ -289,7 +281,9 @@ class SparseAttention(nn.Module):
             )
         if need_weights and average_attn_weights and self.weights_layout == "blocks":
             raise ValueError("average_attn_weights=True needs weights_layout='dense'")
-        scale = None if head_mask is None else self._head_scale(head_mask, B).to(query.dtype)  # [B|1, H, 1, 1]
+        scale = (  # [B|1, H, 1, 1]
+            None if head_mask is None else head_mask_scale(head_mask, self.num_heads, B).to(query.dtype)
+        )
         q, k, v, summary_keys = self._project(query, key, value)  # [B, H, T, D] each
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)

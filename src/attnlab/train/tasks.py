@@ -82,7 +82,8 @@ register_task(Task(
         "model.d_model=64", "model.num_layers=1", "model.num_heads=4", "model.d_ff=128",
         "model.pooling=\"mean\"", "data.max_length=16", "data.validation_fraction=0.1",
         "data.test_fraction=0.2", "image.visual_layers=1", "image.cross_layers=1",
-        "train.batch_size=16", "train.learning_rate=2e-3", "train.warmup_steps=100", "train.epochs=50",
+        "train.batch_size=16", "train.learning_rate=2e-3", "train.warmup_steps=100",
+        "train.epochs=80",  # chosen on validation: 0.967 at 50 epochs, 0.972 at 80
         "train.log_every=20", "train.eval_batch_size=64",
     ),
 ))

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability, dataclass_from_dict
 
 __all__ = ["EncoderConfig"]
 
@@ -115,8 +115,4 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "EncoderConfig":
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown EncoderConfig keys {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability, dataclass_from_dict
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
 from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
 from ..layers.ffn import PositionWiseFFN
@@ -96,11 +96,7 @@ class ImageTextConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ImageTextConfig":
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown ImageTextConfig keys {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values)
 
 
 class ImageTextOutput(NamedTuple):

@@ -183,14 +183,7 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: Union[str, Path]) -> "RunConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path}: invalid TOML ({error})") from None
-        return cls.from_dict(values)
+        return cls.from_dict(_read_toml(path))
 
     @classmethod
     def from_json(cls, path: Union[str, Path]) -> "RunConfig":
@@ -206,6 +199,17 @@ class RunConfig:
         return RunConfig.from_dict(values)
 
 
+def _read_toml(path: Union[str, Path]) -> dict[str, Any]:
+    """The tables of a TOML config file, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path}: invalid TOML ({error})") from None
+
+
 def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> RunConfig:
     """The run's config: defaults, then the task's defaults, then the TOML file, then overrides.
 
@@ -213,13 +217,7 @@ def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[
     """
     explicit: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        try:
-            explicit = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"{path}: invalid TOML ({error})") from None
+        explicit = _read_toml(path)
     parsed = [parse_override(override) for override in overrides]
     task = explicit.get("data", {}).get("task", DEFAULT_TASK) if isinstance(explicit.get("data"), dict) else DEFAULT_TASK
     for section, key, value in parsed:

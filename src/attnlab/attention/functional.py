@@ -152,21 +152,27 @@ def reference_attention(
     """
     T, S = query.shape[2], key.shape[2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale  # [B, H, T, S]
-    constrained = mask is not None or is_causal
+    # Every step on the [B, H, T, S] scores works in place: a fresh tensor of that size
+    # costs page faults on top of the pass itself, and the weights path is all passes.
+    scores = torch.matmul(query, key.transpose(-2, -1)).mul_(scale)  # [B, H, T, S]
     if mask is not None:
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores.masked_fill_(~mask, float("-inf"))
         else:
-            scores = scores + mask
+            scores.add_(mask)
     if is_causal:
-        scores = scores.masked_fill(~causal_mask(T, S, device=query.device), float("-inf"))
+        scores.masked_fill_(~causal_mask(T, S, device=query.device), float("-inf"))
     rows = None
-    if constrained:
-        rows = _rows_with_keys(scores)  # [B, H, T, 1]
-        # A row with no admissible key would be softmax(-inf, ..., -inf) = NaN; give it
-        # finite scores and zero its weights afterwards, so gradients stay zero too.
-        scores = scores.masked_fill(~rows, 0.0)
+    if mask is not None:
+        # `is_causal` alone leaves every row a key (top-left aligned); with a mask it was
+        # folded into the mask already, so the mask alone says which rows have keys.
+        rows = _rows_with_keys(mask)  # [B|1, H|1, T|1, 1]
+        if bool(rows.all()):
+            rows = None
+        else:
+            # A row with no admissible key would be softmax(-inf, ..., -inf) = NaN; give
+            # it finite scores and zero its weights afterwards, so gradients stay zero too.
+            scores.masked_fill_(~rows, 0.0)
     softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
     weights = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
     if rows is not None:

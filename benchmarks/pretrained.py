@@ -9,6 +9,11 @@ hits them alike:
 
 Throughput counts real (non-padding) tokens; the ratio is the same for padded tokens.
 
+attnlab skips padding in everything but the attention itself (``skip_padding``, on by
+default: projections, feed-forward nets and LayerNorms run on the real tokens only);
+the row "attnlab, every position" turns that off, to show how much of the difference
+comes from it.
+
 Run (one heavy job at a time on a shared machine)::
 
     python benchmarks/pretrained.py
@@ -75,11 +80,14 @@ def benchmark(name: str, batches, repeats: int) -> dict[str, float]:
 
     directory = str(pretrained_dir("minilm"))
     ours = from_pretrained("minilm").eval()
+    every_position = from_pretrained("minilm").eval()
+    every_position.config.skip_padding = False
     hf_sdpa = BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
     hf_eager = BertModel.from_pretrained(directory, attn_implementation="eager").eval()
     cases: dict[str, Callable] = {
         "attnlab (fused)": lambda ids, mask: ours(ids, mask),
         "HF sdpa": lambda ids, mask: hf_sdpa(ids, attention_mask=mask),
+        "attnlab (fused), every position": lambda ids, mask: every_position(ids, mask),
         "attnlab +weights": lambda ids, mask: ours(ids, mask, output_attentions=True),
         "HF eager +weights": lambda ids, mask: hf_eager(ids, attention_mask=mask, output_attentions=True),
         "HF eager": lambda ids, mask: hf_eager(ids, attention_mask=mask),

@@ -57,29 +57,52 @@ def _hf(directory, implementation: str):
     return transformers.BertModel.from_pretrained(str(directory), attn_implementation=implementation).eval()
 
 
-def test_hidden_states_and_every_heads_weights_match_hf_eager(minilm, batch):
+def assert_hidden_matches(hidden, expected, mask, skip_padding: bool) -> None:
+    """Every position equal without padding skipping; with it, real tokens equal and padding zero."""
+    if not skip_padding:
+        torch.testing.assert_close(hidden, expected, atol=TOLERANCE, rtol=0)
+        return
+    torch.testing.assert_close(hidden[mask], expected[mask], atol=TOLERANCE, rtol=0)
+    assert not hidden[~mask].any(), "padding positions must come out as zeros"
+
+
+def assert_weights_match(ours, expected, mask, skip_padding: bool) -> None:
+    """``[B, H, T, T]`` weights: as :func:`assert_hidden_matches`, by query row."""
+    assert not ours.masked_select(~mask[:, None, None, :]).any(), "padding keys got attention"
+    if not skip_padding:
+        torch.testing.assert_close(ours, expected, atol=TOLERANCE, rtol=0)
+        return
+    rows = mask[:, None, :].expand(-1, ours.shape[1], -1)  # [B, H, T] real queries
+    torch.testing.assert_close(ours[rows], expected[rows], atol=TOLERANCE, rtol=0)
+    assert not ours[~rows].any(), "padding queries must have zero weights"
+
+
+@pytest.mark.parametrize("skip_padding", [True, False], ids=["skip-padding", "every-position"])
+def test_hidden_states_and_every_heads_weights_match_hf_eager(minilm, batch, skip_padding, monkeypatch):
     input_ids, mask = batch
+    monkeypatch.setattr(minilm.config, "skip_padding", skip_padding)
     hf = _hf(pretrained_dir("minilm"), "eager")
     with torch.no_grad():
         expected = hf(input_ids, attention_mask=mask.long(), output_attentions=True)
         hidden, attentions = minilm(input_ids, mask, output_attentions=True)
-    torch.testing.assert_close(hidden, expected.last_hidden_state, atol=TOLERANCE, rtol=0)
+    assert_hidden_matches(hidden, expected.last_hidden_state, mask, skip_padding)
     assert list(attentions) == [f"layer_{index}" for index in range(1, 7)]
     for index, hf_weights in enumerate(expected.attentions, start=1):
         ours = attentions[f"layer_{index}"]
         assert ours.shape == hf_weights.shape == (len(SENTENCES), 12, input_ids.shape[1], input_ids.shape[1])
-        torch.testing.assert_close(ours, hf_weights, atol=TOLERANCE, rtol=0)
-        assert not ours.masked_select(~mask[:, None, None, :]).any(), "padding keys got attention"
+        assert_weights_match(ours, hf_weights, mask, skip_padding)
 
 
-def test_fused_path_matches_hf_sdpa(minilm, batch):
+@pytest.mark.parametrize("skip_padding", [True, False], ids=["skip-padding", "every-position"])
+def test_fused_path_matches_hf_sdpa(minilm, batch, skip_padding, monkeypatch):
     input_ids, mask = batch
+    monkeypatch.setattr(minilm.config, "skip_padding", skip_padding)
     hf = _hf(pretrained_dir("minilm"), "sdpa")
     with torch.no_grad():
         expected = hf(input_ids, attention_mask=mask.long()).last_hidden_state
         hidden, attentions = minilm(input_ids, mask)
     assert attentions is None
-    torch.testing.assert_close(hidden, expected, atol=TOLERANCE, rtol=0)
+    assert_hidden_matches(hidden, expected, mask, skip_padding)
 
 
 def test_mask_derived_from_pad_id_and_token_types_match_hf(minilm):
@@ -94,7 +117,7 @@ def test_mask_derived_from_pad_id_and_token_types_match_hf(minilm):
     with torch.no_grad():
         expected = hf(input_ids, attention_mask=mask.long(), token_type_ids=token_types).last_hidden_state
         hidden = minilm(input_ids, token_type_ids=token_types).last_hidden_state  # mask from pad_id
-    torch.testing.assert_close(hidden, expected, atol=TOLERANCE, rtol=0)
+    assert_hidden_matches(hidden, expected, mask, skip_padding=True)
 
 
 def test_sentence_embeddings_match_sentence_transformers_pooling(minilm, batch):
@@ -123,12 +146,13 @@ def test_tokenizer_matches_hf_bert_tokenizer():
 
 def _assert_same_as_hf(model: TransformerEncoder, directory, input_ids, mask):
     hf = _hf(directory, "eager")
+    skip_padding = model.config.skip_padding
     with torch.no_grad():
         expected = hf(input_ids, attention_mask=mask.long(), output_attentions=True)
         hidden, attentions = model(input_ids, mask, output_attentions=True)
-    torch.testing.assert_close(hidden, expected.last_hidden_state, atol=TOLERANCE, rtol=0)
+    assert_hidden_matches(hidden, expected.last_hidden_state, mask, skip_padding)
     for index, hf_weights in enumerate(expected.attentions, start=1):
-        torch.testing.assert_close(attentions[f"layer_{index}"], hf_weights, atol=TOLERANCE, rtol=0)
+        assert_weights_match(attentions[f"layer_{index}"], hf_weights, mask, skip_padding)
 
 
 def test_save_pretrained_minilm_opens_in_hf(minilm, batch, tmp_path):

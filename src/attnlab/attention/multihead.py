@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from .._checks import check_positive_int, check_probability
 from .functional import AttentionResult, attention
 from .masks import combine_masks, head_mask_scale, padding_to_attention_mask, validate_attention_mask
+from .packing import TokenPacking
 from .rotary import RotaryEmbedding
 
 __all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
@@ -96,6 +97,13 @@ class MultiHeadAttention(nn.Module):
         Returns ``(output [B, T, E], weights)`` where weights are ``[B, H, T, S]``
         (``[B, T, S]`` with ``average_attn_weights=True``) when ``need_weights=True``,
         else ``None``.
+        With ``packing`` (a :class:`~attnlab.attention.packing.TokenPacking`, self-attention
+        only) the input is the packed ``[N, E]`` real tokens of a padded ``[B, T]`` batch
+        and so is the output; the packing itself keeps padding keys out, and ``mask``
+        (``[B|1, H|1, T, T]``) may only add constraints. The projections run on the
+        ``N`` rows alone; without weights and extra mask the attention runs sequence by
+        sequence on the real tokens too, else on the padded layout, where the weights of
+        padding queries are zero.
 
     Example:
         >>> mha = MultiHeadAttention(64, 4, dropout=0.0)
@@ -193,6 +201,94 @@ class MultiHeadAttention(nn.Module):
         v = self._split_heads(F.linear(value, w_v, b_v))
         return q, k, v
 
+    def _attend_packed(
+        self,
+        x: Tensor,
+        packing: TokenPacking,
+        mask: Optional[Tensor],
+        need_weights: bool,
+        average_attn_weights: bool,
+        head_mask: Optional[Tensor],
+    ) -> AttentionResult:
+        """Self-attention over packed rows ``x`` ``[N, E]``; see ``packing`` in the class docs."""
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape != (packing.num_tokens, self.d_model):
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(
+                f"with packing, query must be the packed [N, E] = [{packing.num_tokens}, {self.d_model}] "
+                f"real tokens, got {got}"
+            )
+        if not self.packed:
+            raise ValueError("packing needs self-attention with kdim == vdim == d_model")
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [N, 3E]
+        if not need_weights and mask is None and (self.rotary is None or packing.is_prefix):
+            return AttentionResult(self.out_proj(self._attend_segments(qkv, packing, head_mask)), None)
+        B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
+        if mask is not None:
+            mask = validate_attention_mask(mask, batch=B, heads=H, query_len=T, key_len=T, dtype=x.dtype)
+        mask = combine_masks(packing.attention_mask, mask)
+        qkv = packing.unpack(qkv)  # [B, T, 3E]
+        q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
+        out, weights = self._attention_core(q, k, v, mask, False, need_weights, head_mask)
+        out = self.out_proj(packing.pack(out.transpose(1, 2).reshape(B, T, E)))  # [N, E]
+        if weights is not None:
+            weights = packing.zero_padding_queries(weights)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)  # [B, T, S]
+        return AttentionResult(out, weights)
+
+    def _attend_segments(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
+        """Fused attention sequence by sequence on packed ``qkv`` ``[N, 3E]`` -> ``[N, E]``.
+
+        Each sequence attends over its own real tokens only, with no mask: no work on
+        padding at all, where the padded layout spends ``B * T^2`` on it.
+        """
+        H, D, E = self.num_heads, self.head_dim, self.d_model
+        scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
+        outputs = []
+        for sequence, start, count in packing.segments():
+            q, k, v = qkv[start : start + count].view(1, count, 3, H, D).unbind(2)  # each [1, t, H, D]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, t, D]
+            if self.rotary is not None:
+                q, k = self.rotary(q), self.rotary(k)  # positions 0..t-1: right padding only
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0
+            )  # [1, H, t, D]
+            if scale is not None:
+                out = out * scale[sequence if scale.shape[0] > 1 else 0]
+            outputs.append(out.transpose(1, 2).reshape(count, E))
+        if not outputs:
+            return qkv.new_zeros(0, E)
+        return torch.cat(outputs)  # [N, E]
+
+    def _attention_core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Optional[Tensor],
+        is_causal: bool,
+        need_weights: bool,
+        head_mask: Optional[Tensor],
+    ) -> AttentionResult:
+        """Rotary, attention and head mask on ``[B, H, T|S, D]`` heads."""
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        out, weights = attention(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            need_weights=need_weights,
+        )  # [B, H, T, D], [B, H, T, S] | None
+        if head_mask is not None:
+            scale = head_mask_scale(head_mask, self.num_heads, q.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]
+            out = out * scale
+            if weights is not None:
+                weights = weights * scale
+        return AttentionResult(out, weights)
+
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, tensor, width in (
             ("query", query, self.d_model),
@@ -226,7 +322,14 @@ class MultiHeadAttention(nn.Module):
         average_attn_weights: bool = False,
         is_causal: bool = False,
         head_mask: Optional[Tensor] = None,
+        packing: Optional[TokenPacking] = None,
     ) -> AttentionResult:
+        if packing is not None:
+            if not (query is key and key is value):
+                raise ValueError("packing applies to self-attention only: pass the same tensor as query, key and value")
+            if key_padding_mask is not None or is_causal:
+                raise ValueError("with packing, pass padding and causal constraints in mask")
+            return self._attend_packed(query, packing, mask, need_weights, average_attn_weights, head_mask)
         self._check_inputs(query, key, value)
         B, T, E = query.shape
         S = key.shape[1]
@@ -250,22 +353,7 @@ class MultiHeadAttention(nn.Module):
             )  # [B|1, H|1, T|1, S|1] or None
             mask = combine_masks(mask, padding_to_attention_mask(key_padding_mask))
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        out, weights = attention(
-            q,
-            k,
-            v,
-            mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            need_weights=need_weights,
-        )  # [B, H, T, D], [B, H, T, S] | None
-        if head_mask is not None:
-            scale = head_mask_scale(head_mask, self.num_heads, B).to(out.dtype)  # [B|1, H, 1, 1]
-            out = out * scale
-            if weights is not None:
-                weights = weights * scale
+        out, weights = self._attention_core(q, k, v, mask, is_causal, need_weights, head_mask)
         out = out.transpose(1, 2).reshape(B, T, E)  # [B, T, E]
         out = self.out_proj(out)
         if weights is not None and average_attn_weights:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from ..attention.multihead import MultiHeadAttention
+from ..attention.packing import TokenPacking
 from ..attention.sparse import SparseAttention
 from .dropout import Dropout
 from .encoder_config import EncoderConfig
@@ -104,9 +105,15 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout1 = Dropout(dropout)
 
     def _attend(
-        self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor]
+        self,
+        x: Tensor,
+        mask: Optional[Tensor],
+        need_weights: bool,
+        head_mask: Optional[Tensor],
+        packing: Optional[TokenPacking],
     ) -> tuple[Tensor, Optional[Tensor]]:
-        out, weights = self.self_attn(x, x, x, mask, need_weights=need_weights, head_mask=head_mask)
+        extra = {} if packing is None else {"packing": packing}
+        out, weights = self.self_attn(x, x, x, mask, need_weights=need_weights, head_mask=head_mask, **extra)
         return self.dropout1(out), weights
 
     def forward(
@@ -116,13 +123,17 @@ class TransformerEncoderLayer(nn.Module):
         *,
         need_weights: bool = False,
         head_mask: Optional[Tensor] = None,
+        packing: Optional[TokenPacking] = None,
     ) -> EncoderLayerOutput:
+        """One layer; with ``packing`` (dense attention only) ``x`` and the output are the
+        packed ``[N, E]`` real tokens (see :mod:`attnlab.attention.packing`), the packing
+        keeps padding keys out and ``mask`` may only add constraints."""
         if self.norm_first:
-            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask)
+            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask, packing)
             x = x + attended
             x = x + self.ffn(self.norm2(x))
         else:
-            attended, weights = self._attend(x, mask, need_weights, head_mask)
+            attended, weights = self._attend(x, mask, need_weights, head_mask, packing)
             x = self.norm1(x + attended)
             x = self.norm2(x + self.ffn(x))
         return EncoderLayerOutput(x, weights)
@@ -157,6 +168,12 @@ class TransformerEncoder(nn.Module):
     ``dropout`` applies to the embeddings, residual branches and feed-forward nets;
     attention probabilities are not dropped unless ``attention_dropout`` says so
     (``attention_dropout=None`` drops them with ``dropout``, as the article does).
+
+    Padding is skipped (``skip_padding=True``, the default) when a ``[B, T]`` padding
+    mask is known and the attention is dense: the layers then work on the real tokens
+    alone, packed into ``[N, E]``, and each sequence attends over its own tokens. Real
+    tokens get the same values as with every position computed; padding positions of
+    ``last_hidden_state`` are zeros and padding queries have zero attention weights.
 
     Args:
         vocab_size: number of token ids.
@@ -278,7 +295,8 @@ class TransformerEncoder(nn.Module):
                 f"or build the encoder with a larger max_len"
             )
 
-    def _attention_mask(self, input_ids: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+    def _padding_mask(self, input_ids: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+        """The ``[B, T]`` padding mask (bool, or float additive), or a rank 3/4 attention mask."""
         B, T = input_ids.shape
         if mask is None:
             if self.config.pad_id is None:
@@ -294,8 +312,15 @@ class TransformerEncoder(nn.Module):
                 )
             if not mask.dtype.is_floating_point:
                 mask = mask.bool()
-            return mask[:, None, None, :]  # [B, 1, 1, T]
         return mask  # rank 3 or 4: an attention mask, validated by the attention
+
+    def _packing(self, mask: Optional[Tensor]) -> Optional[TokenPacking]:
+        """How to skip padding in position-wise work, or ``None`` when it does not apply."""
+        if not self.config.skip_padding or mask is None or mask.dim() != 2:
+            return None
+        if not all(type(layer.self_attn) is MultiHeadAttention for layer in self.layers):
+            return None  # sparse or user-supplied attention works on the padded layout
+        return TokenPacking.for_padding(mask)
 
     def embed(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
         """Token (+ position, + token type) embeddings before the first layer; ``[B, T, E]``."""
@@ -350,13 +375,26 @@ class TransformerEncoder(nn.Module):
                 (0 ablates a head).
         """
         self._check_ids(input_ids)
-        attention_mask = self._attention_mask(input_ids, mask)
-        x = self.embed(input_ids, token_type_ids)
+        mask = self._padding_mask(input_ids, mask)
+        packing = self._packing(mask)
+        if packing is not None:
+            attention_mask = None  # the packing keeps padding keys out
+        elif mask is not None and mask.dim() == 2:
+            attention_mask = mask[:, None, None, :]  # [B, 1, 1, T]
+        else:
+            attention_mask = mask
+        x = self.embed(input_ids, token_type_ids)  # [B, T, E]
+        if packing is not None:
+            x = packing.pack(x)  # [N, E]: the real tokens only
         attentions: Optional[dict[str, Tensor]] = {} if output_attentions else None
         for index, (layer, layer_head_mask) in enumerate(zip(self.layers, self._layer_head_masks(head_mask))):
-            x, weights = layer(x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask)
+            x, weights = layer(
+                x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask, packing=packing
+            )
             if attentions is not None:
                 attentions[f"layer_{index + 1}"] = weights
         if self.layer_norm is not None:
             x = self.layer_norm(x)
+        if packing is not None:
+            x = packing.unpack(x)  # [B, T, E], zeros at padding
         return EncoderOutput(x, attentions)

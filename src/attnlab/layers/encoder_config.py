@@ -56,6 +56,12 @@ class EncoderConfig:
     window: int = 0  # neighbouring blocks attended on each side; 0 = own block only
     global_summary: bool = True  # the article's pooled global context, added to every position
     global_tokens: tuple[int, ...] = ()  # positions that attend to all and are attended by all
+    # With a [B, T] padding mask and dense attention, run the projections, feed-forward
+    # nets and LayerNorms on the real tokens only (attention still sees the padded
+    # layout). Real tokens get the same values either way; padding positions come out
+    # as zeros and the attention weights of padding queries are zero. False computes
+    # every position, as HuggingFace BERT does (same numbers at padding too, slower).
+    skip_padding: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
@@ -83,6 +89,8 @@ class EncoderConfig:
         self._check_sparse_options()
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if not isinstance(self.skip_padding, bool):
+            raise ValueError(f"skip_padding must be True or False, got {self.skip_padding!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
 

@@ -41,7 +41,9 @@ def test_attentions_per_layer_and_head_when_asked() -> None:
     for weights in attentions.values():
         assert weights.shape == (2, HEADS, 8, 8)
         assert torch.equal(weights[0, :, :, 5:], torch.zeros(HEADS, 8, 3))  # padded keys
-        torch.testing.assert_close(weights.sum(-1), torch.ones(2, HEADS, 8))
+        assert torch.equal(weights[0, :, 5:], torch.zeros(HEADS, 3, 8))  # padded queries (skipped)
+        real_rows = (_ids() != 0)[:, None, :].expand(-1, HEADS, -1)
+        torch.testing.assert_close(weights.sum(-1)[real_rows], torch.ones(int(real_rows.sum())))
     # Asking for weights switches to the reference path; the hidden states agree.
     torch.testing.assert_close(x, model(_ids()).last_hidden_state, rtol=0, atol=1e-5)
 
@@ -51,8 +53,10 @@ def test_pad_id_mask_equals_explicit_mask() -> None:
     ids = _ids()
     derived, _ = model(ids)
     real = ids != 0
-    for mask in (real, real.long(), real[:, None, None, :]):
+    for mask in (real, real.long()):
         torch.testing.assert_close(model(ids, mask)[0], derived, rtol=0, atol=0)
+    # A rank-4 mask constrains keys only: every position is computed, and the real ones agree.
+    torch.testing.assert_close(model(ids, real[:, None, None, :])[0][real], derived[real], rtol=0, atol=1e-6)
     unmasked, _ = _model_without_pad(model)(ids)
     assert not torch.allclose(unmasked[0, :5], derived[0, :5])
 

@@ -88,6 +88,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from attnlab import MultiHeadAttention, TransformerEncoder  # noqa: E402
 from attnlab.layers.positional import PositionalEncoding  # noqa: E402
+from attnlab.train.trainer import cpu_has_native_bf16  # noqa: E402
 
 MIB = 1024 * 1024
 MHA_IMPLS = ("attnlab fused", "attnlab weights", "naive", "torch.nn.MHA")
@@ -416,6 +417,12 @@ def bench_encoder(args: argparse.Namespace) -> None:
           f"after {args.warmup} warm-up; ratios are speed-ups (higher = faster than the reference)")
     baseline, same_attention = "torch.nn (dropout 0.1 incl. attention)", "torch.nn, attention dropout 0"
     for dtype in args.dtypes:
+        if dtype == "bf16" and not (cpu_has_native_bf16() or args.quick or args.force_bf16):
+            print("\n### bfloat16 autocast: skipped - this CPU has no native bfloat16 matrix multiply "
+                  "(AVX512-BF16 or AMX). torch emulates it: a Linear 4096x512->2048 backward takes "
+                  "seconds instead of a fifth of one, and one training step of any of these models "
+                  "takes minutes. --force-bf16 times it anyway.")
+            continue
         models = _encoder_models(args)
         ids = torch.randint(1, args.vocab, (B, T), generator=torch.Generator().manual_seed(0))
         steps = {}
@@ -461,6 +468,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="MHA timed repeats (halved, at least 2, at T >= 4096)")
     parser.add_argument("--enc-repeats", type=int, default=4, help="encoder timed steps per model")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--force-bf16", action="store_true",
+                        help="time bfloat16 autocast even on a CPU that emulates it (minutes per step)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the peak-memory subprocesses")
@@ -484,8 +493,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def _machine() -> str:
     load = " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    bf16 = "native" if cpu_has_native_bf16() else "emulated (no AVX512-BF16/AMX)"
     return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, load average {load}")
+            f"{os.cpu_count()} CPUs, {torch.backends.cpu.get_cpu_capability()}, bfloat16 matmul {bf16}, "
+            f"load average {load}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

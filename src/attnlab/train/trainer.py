@@ -36,6 +36,18 @@ __all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS"]
 
 logger = logging.getLogger(__name__)
 
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's own check).
+
+    Without it (e.g. an AVX2-only CPU) a bfloat16 ``Linear`` is emulated and runs
+    several times slower than float32.
+    """
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = {"accuracy": max, "f1": max, "loss": min}  # how "better" is judged
 
@@ -117,6 +129,12 @@ class TransformerTrainer:
         self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
         if precision == "fp16" and self.device.type != "cuda":
             raise ValueError("precision='fp16' needs a GPU; use 'bf16' on CPU")
+        if precision == "bf16" and self.device.type == "cpu" and not cpu_has_native_bf16():
+            logger.warning(
+                "precision='bf16' on a CPU without native bfloat16 matrix multiplication "
+                "(AVX512-BF16 or AMX): autocast runs every Linear emulated, several times "
+                "slower than float32; use precision='fp32' on this machine"
+            )
         self.model = model.to(self.device)
         self.distributed = distributed_info()
         self.train_model: nn.Module = self.model

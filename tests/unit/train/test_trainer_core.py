@@ -98,6 +98,19 @@ def test_bf16_autocast_on_cpu(dataset, make_model):
         TransformerTrainer(make_model(0.0), precision="fp16")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_native_bf16_warns(make_model, monkeypatch, caplog, native):
+    import attnlab.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
+    with caplog.at_level("WARNING", logger="attnlab.train.trainer"):
+        TransformerTrainer(make_model(0.0), precision="bf16")
+        TransformerTrainer(make_model(0.0), precision="fp32")
+    warnings = [record.getMessage() for record in caplog.records if "bfloat16" in record.getMessage()]
+    assert len(warnings) == (0 if native else 1)
+    assert native or "precision='fp32'" in warnings[0]
+
+
 def test_callbacks_on_named_events(dataset, make_model):
     seen = []
 

@@ -43,6 +43,13 @@ in float32 and under ``torch.autocast("cpu", torch.bfloat16)``, reported as toke
 
 The loss is the mean square of the last hidden state, the same for every model.
 
+On a CPU without native bfloat16 (no AVX512-BF16 or AMX; the start line says) torch
+emulates bfloat16 matrix multiplication and one ``torch.nn`` step under bf16 autocast
+takes minutes, so ``make bench`` skips the bf16 rows there; time them with
+``--force-bf16 --sections encoder --dtypes bf16 --encoder-models torch attnlab
+--warmup 0 --enc-repeats 1``. attnlab's ``Linear`` layers compute bfloat16 products
+with float32 GEMMs on such CPUs (see ``attnlab/_precision.py``).
+
 Method
 ------
 * Time: the compared implementations of one table row group are built in one process
@@ -88,7 +95,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from attnlab import MultiHeadAttention, TransformerEncoder  # noqa: E402
 from attnlab.layers.positional import PositionalEncoding  # noqa: E402
-from attnlab.train.trainer import cpu_has_native_bf16  # noqa: E402
+from attnlab._precision import cpu_has_native_bf16  # noqa: E402
 
 MIB = 1024 * 1024
 MHA_IMPLS = ("attnlab fused", "attnlab weights", "naive", "torch.nn.MHA")
@@ -419,9 +426,9 @@ def bench_encoder(args: argparse.Namespace) -> None:
     for dtype in args.dtypes:
         if dtype == "bf16" and not (cpu_has_native_bf16() or args.quick or args.force_bf16):
             print("\n### bfloat16 autocast: skipped - this CPU has no native bfloat16 matrix multiply "
-                  "(AVX512-BF16 or AMX). torch emulates it: a Linear 4096x512->2048 backward takes "
-                  "seconds instead of a fifth of one, and one training step of any of these models "
-                  "takes minutes. --force-bf16 times it anyway.")
+                  "(AVX512-BF16 or AMX). torch emulates it (a Linear 4096x512->2048 backward takes 11 s "
+                  "instead of 0.18 s), so one torch.nn training step takes minutes; attnlab's Linear "
+                  "layers use float32 GEMMs there. --force-bf16 times it anyway.")
             continue
         models = _encoder_models(args)
         ids = torch.randint(1, args.vocab, (B, T), generator=torch.Generator().manual_seed(0))
@@ -494,9 +501,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def _machine() -> str:
     load = " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     bf16 = "native" if cpu_has_native_bf16() else "emulated (no AVX512-BF16/AMX)"
-    return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, {torch.backends.cpu.get_cpu_capability()}, bfloat16 matmul {bf16}, "
-            f"load average {load}")
+    return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"{torch.backends.cpu.get_cpu_capability()}, bfloat16 matmul {bf16}, load average {load}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import re
 import statistics
 import subprocess

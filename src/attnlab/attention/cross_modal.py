@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear
 from .multihead import MultiHeadAttention
 
 __all__ = ["CrossModalAttention", "CrossModalOutput", "masked_mean"]
@@ -169,7 +170,7 @@ class CrossModalAttention(nn.Module):
         self.text_dim = text_dim
         self.num_heads = num_heads
         self.gate_kind = gate
-        self.visual_proj = nn.Linear(visual_dim, text_dim, **factory)
+        self.visual_proj = Linear(visual_dim, text_dim, **factory)
         # One module per direction: the article reuses a single one for both.
         self.text_to_visual = MultiHeadAttention(text_dim, num_heads, attention_dropout, **factory)
         self.visual_to_text = MultiHeadAttention(text_dim, num_heads, attention_dropout, **factory)
@@ -178,7 +179,7 @@ class CrossModalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.null_slot = nn.Parameter(torch.zeros(1, 1, text_dim, **factory)) if null_slot else None
         if gate == "sigmoid":
-            self.gate_proj: Optional[nn.Linear] = nn.Linear(3 * text_dim, text_dim, **factory)
+            self.gate_proj: Optional[Linear] = Linear(3 * text_dim, text_dim, **factory)
             self.register_parameter("gate_alpha", None)
         else:
             self.gate_proj = None

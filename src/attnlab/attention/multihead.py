@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear, linear
 from .functional import AttentionResult, attention
 from .masks import combine_masks, head_mask_scale, padding_to_attention_mask, validate_attention_mask
 from .packing import TokenPacking
@@ -101,9 +102,9 @@ class MultiHeadAttention(nn.Module):
         only) the input is the packed ``[N, E]`` real tokens of a padded ``[B, T]`` batch
         and so is the output; the packing itself keeps padding keys out, and ``mask``
         (``[B|1, H|1, T, T]``) may only add constraints. The projections run on the
-        ``N`` rows alone; without weights and extra mask the attention runs sequence by
-        sequence on the real tokens too, else on the padded layout, where the weights of
-        padding queries are zero.
+        ``N`` rows alone; the attention runs sequence by sequence on the real tokens too
+        when that is cheaper and neither weights nor an extra mask are asked for, else on
+        the padded layout, where the weights of padding queries are zero.
 
     Example:
         >>> mha = MultiHeadAttention(64, 4, dropout=0.0)
@@ -157,7 +158,7 @@ class MultiHeadAttention(nn.Module):
             self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.out_proj = Linear(d_model, d_model, bias=bias, **factory)
         self.rotary = RotaryEmbedding(self.head_dim, rotary_base, device=device) if rotary else None
         self._reset_parameters()
 
@@ -188,7 +189,7 @@ class MultiHeadAttention(nn.Module):
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B, T, E = query.shape
         if self.packed and query is key and key is value:
-            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # [B, T, 3E]
+            qkv = linear(query, self.in_proj_weight, self.in_proj_bias)  # [B, T, 3E]
             # unbind, not three indexings: its backward stacks the three gradients
             # straight into the [B, T, 3, H, D] layout of `qkv` (one copy), where
             # indexing would build and sum three zero-filled [B, T, 3E] gradients.
@@ -196,9 +197,9 @@ class MultiHeadAttention(nn.Module):
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # each [B, H, T, D]
         w_q, w_k, w_v = self._weights()
         b_q, b_k, b_v = self._biases()
-        q = self._split_heads(F.linear(query, w_q, b_q))
-        k = self._split_heads(F.linear(key, w_k, b_k))
-        v = self._split_heads(F.linear(value, w_v, b_v))
+        q = self._split_heads(linear(query, w_q, b_q))
+        k = self._split_heads(linear(key, w_k, b_k))
+        v = self._split_heads(linear(value, w_v, b_v))
         return q, k, v
 
     def _attend_packed(
@@ -219,8 +220,14 @@ class MultiHeadAttention(nn.Module):
             )
         if not self.packed:
             raise ValueError("packing needs self-attention with kdim == vdim == d_model")
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [N, 3E]
-        if not need_weights and mask is None and (self.rotary is None or packing.is_prefix):
+        qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # [N, 3E]
+        by_sequence = (
+            not need_weights
+            and mask is None
+            and (self.rotary is None or packing.is_prefix)
+            and packing.attend_by_sequence(self.d_model)
+        )
+        if by_sequence:
             return AttentionResult(self.out_proj(self._attend_segments(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
         if mask is not None:
@@ -245,8 +252,13 @@ class MultiHeadAttention(nn.Module):
         H, D, E = self.num_heads, self.head_dim, self.d_model
         scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
         outputs = []
-        for sequence, start, count in packing.segments():
-            q, k, v = qkv[start : start + count].view(1, count, 3, H, D).unbind(2)  # each [1, t, H, D]
+        # One split, not a slice per sequence: the backward of a slice builds a gradient of
+        # the whole [N, 3E] each time, where split's backward is one concatenation.
+        for sequence, rows in enumerate(qkv.split(packing.lengths)):
+            count = rows.shape[0]
+            if count == 0:
+                continue
+            q, k, v = rows.view(1, count, 3, H, D).unbind(2)  # each [1, t, H, D]
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, t, D]
             if self.rotary is not None:
                 q, k = self.rotary(q), self.rotary(k)  # positions 0..t-1: right padding only
@@ -326,7 +338,9 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionResult:
         if packing is not None:
             if not (query is key and key is value):
-                raise ValueError("packing applies to self-attention only: pass the same tensor as query, key and value")
+                raise ValueError(
+                    "packing applies to self-attention only: pass the same tensor as query, key and value"
+                )
             if key_padding_mask is not None or is_causal:
                 raise ValueError("with packing, pass padding and causal constraints in mask")
             return self._attend_packed(query, packing, mask, need_weights, average_attn_weights, head_mask)

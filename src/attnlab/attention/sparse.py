@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
 from .functional import AttentionResult, attention
 from .masks import combine_masks, head_mask_scale
@@ -150,15 +150,15 @@ class SparseAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.global_tokens = _check_global_tokens(global_tokens)
         self.weights_layout = weights_layout
-        self.local_q = nn.Linear(d_model, d_model, bias=bias, **factory)
-        self.local_k = nn.Linear(d_model, d_model, bias=bias, **factory)
-        self.local_v = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.local_q = Linear(d_model, d_model, bias=bias, **factory)
+        self.local_k = Linear(d_model, d_model, bias=bias, **factory)
+        self.local_v = Linear(d_model, d_model, bias=bias, **factory)
         if global_summary:
-            self.global_q: Optional[nn.Linear] = nn.Linear(d_model, d_model, bias=bias, **factory)
-            self.global_k: Optional[nn.Linear] = nn.Linear(d_model, d_model, bias=bias, **factory)
+            self.global_q: Optional[Linear] = Linear(d_model, d_model, bias=bias, **factory)
+            self.global_k: Optional[Linear] = Linear(d_model, d_model, bias=bias, **factory)
         else:
             self.global_q = self.global_k = None
-        self.dense = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.dense = Linear(d_model, d_model, bias=bias, **factory)
         self.rotary = RotaryEmbedding(self.head_dim, rotary_base, device=device) if rotary else None
 
     @property
@@ -223,7 +223,7 @@ class SparseAttention(nn.Module):
             layers = [self.local_q, self.local_k, self.local_v] + ([self.global_k] if self.global_k is not None else [])
             weight = torch.cat([layer.weight for layer in layers])  # [P * E, E]
             bias = None if self.local_q.bias is None else torch.cat([layer.bias for layer in layers])
-            projected = F.linear(query, weight, bias).view(B, T, len(layers), H, D)  # [B, T, P, H, D]
+            projected = linear(query, weight, bias).view(B, T, len(layers), H, D)  # [B, T, P, H, D]
             heads = [part.transpose(1, 2) for part in projected.unbind(2)]  # each [B, H, T, D]
             return heads[0], heads[1], heads[2], heads[3] if self.global_k is not None else None
         q = self.local_q(query).view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]

@@ -19,9 +19,12 @@ extreme comparisons ("greater than eight") lean to one side, as they do in langu
 from __future__ import annotations
 
 import random
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DigitsTextExample",

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear
 from .dropout import Dropout
 
 __all__ = ["PositionWiseFFN", "resolve_activation"]
@@ -62,10 +63,10 @@ class PositionWiseFFN(nn.Module):
         check_positive_int("d_model", d_model)
         check_positive_int("d_ff", d_ff)
         factory = {"device": device, "dtype": dtype}
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias, **factory)
+        self.linear1 = Linear(d_model, d_ff, bias=bias, **factory)
         self.activation = resolve_activation(activation)
         self.dropout1 = Dropout(check_probability("dropout", dropout))
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias, **factory)
+        self.linear2 = Linear(d_ff, d_model, bias=bias, **factory)
         self.dropout2 = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

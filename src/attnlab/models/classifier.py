@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear
 from ..layers import TransformerEncoder
 from .outputs import ModelOutput
 
@@ -78,7 +78,7 @@ class EncoderClassifier(nn.Module):
         self.label_names = None if label_names is None else [str(name) for name in label_names]
         self.classifier_dropout = check_probability("dropout", dropout)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(encoder.config.d_model, num_labels, device=device, dtype=dtype)
+        self.classifier = Linear(encoder.config.d_model, num_labels, device=device, dtype=dtype)
 
     def head_config(self) -> dict[str, Any]:
         """The constructor arguments besides the encoder (saved in ``config.json``)."""

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability, dataclass_from_dict
+from .._precision import Linear
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
 from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
 from ..layers.ffn import PositionWiseFFN
@@ -144,7 +145,7 @@ class PatchEmbedding(nn.Module):
         self.image_size = image_size
         self.patch_size = patch_size
         self.grid_size = image_size // patch_size
-        self.proj = nn.Linear(patch_size * patch_size, dim, **factory)
+        self.proj = Linear(patch_size * patch_size, dim, **factory)
         # No constant offset shared by every patch of every image: at initialisation the
         # patch states then differ between images instead of mostly repeating the bias,
         # which is what lets text and image interact from the first steps.
@@ -190,9 +191,9 @@ class _CrossModalLayer(nn.Module):
 class _ClassificationHead(nn.Module):
     def __init__(self, in_dim: int, hidden: int, num_labels: int, dropout: float, factory: dict) -> None:
         super().__init__()
-        self.dense = nn.Linear(in_dim, hidden, **factory)
+        self.dense = Linear(in_dim, hidden, **factory)
         self.dropout = nn.Dropout(dropout)
-        self.out = nn.Linear(hidden, num_labels, **factory)
+        self.out = Linear(hidden, num_labels, **factory)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))

@@ -7,6 +7,7 @@ from typing import Any, Optional
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .._precision import Linear
 from ..layers import TransformerEncoder
 from .outputs import ModelOutput
 
@@ -32,9 +33,9 @@ class EncoderForMaskedLM(nn.Module):
         E, V = encoder.config.d_model, encoder.config.vocab_size
         factory = {"device": device, "dtype": dtype}
         self.encoder = encoder
-        self.transform = nn.Linear(E, E, **factory)
+        self.transform = Linear(E, E, **factory)
         self.transform_norm = nn.LayerNorm(E, eps=encoder.config.layer_norm_eps, **factory)
-        self.decoder = nn.Linear(E, V, **factory)
+        self.decoder = Linear(E, V, **factory)
         self.decoder.weight = encoder.embedding.weight  # tied: one matrix in and out
 
     def head_config(self) -> dict[str, Any]:

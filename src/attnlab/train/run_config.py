@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from ..data.tokenization import TOKENIZER_KINDS
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
 from .tasks import DEFAULT_TASK, get_task, task_names

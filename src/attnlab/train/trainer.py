@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler
 
+from .._precision import cpu_has_native_bf16
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
 from .checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from .distributed import all_reduce_mean, distributed_info
@@ -35,18 +36,6 @@ from .visualize import attention_map, save_attention_map
 __all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS"]
 
 logger = logging.getLogger(__name__)
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's own check).
-
-    Without it (e.g. an AVX2-only CPU) a bfloat16 ``Linear`` is emulated and runs
-    several times slower than float32.
-    """
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN
-        return False
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = {"accuracy": max, "f1": max, "loss": min}  # how "better" is judged
@@ -132,8 +121,10 @@ class TransformerTrainer:
         if precision == "bf16" and self.device.type == "cpu" and not cpu_has_native_bf16():
             logger.warning(
                 "precision='bf16' on a CPU without native bfloat16 matrix multiplication "
-                "(AVX512-BF16 or AMX): autocast runs every Linear emulated, several times "
-                "slower than float32; use precision='fp32' on this machine"
+                "(AVX512-BF16 or AMX): attnlab's Linear layers compute it with float32 GEMMs "
+                "(same numbers, about float32 speed), but any other bfloat16 matmul (layers not "
+                "from attnlab, attention weights or attention dropout) runs torch's emulated "
+                "kernel, tens of times slower; precision='fp32' is as fast on this machine"
             )
         self.model = model.to(self.device)
         self.distributed = distributed_info()

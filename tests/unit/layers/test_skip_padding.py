@@ -9,10 +9,19 @@ import torch
 
 from attnlab import TransformerEncoder
 from attnlab.attention import MultiHeadAttention
+from attnlab.attention import packing as packing_module
 from attnlab.attention.packing import TokenPacking
 from attnlab.inspect import capture_attention
 
 VOCAB, E, LAYERS, HEADS, FF = 60, 32, 2, 4, 64
+
+
+@pytest.fixture(autouse=True, params=["by-sequence", "padded-layout"])
+def attention_route(request, monkeypatch):
+    """Every test runs with the fused attention sequence by sequence, and in the padded layout."""
+    work = 0 if request.param == "by-sequence" else 10**18
+    monkeypatch.setattr(packing_module, "PADDING_WORK_PER_CALL", work)
+    return request.param
 
 
 def _pair(**options) -> tuple[TransformerEncoder, TransformerEncoder]:
@@ -42,7 +51,7 @@ def _ids(padding: str = "right") -> torch.Tensor:
 def test_pack_and_unpack_are_inverse_on_real_tokens() -> None:
     mask = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])
     packing = TokenPacking(mask)
-    assert packing.segments() == [(0, 0, 2), (1, 2, 1), (2, 3, 3)] and packing.is_prefix
+    assert packing.lengths == [2, 1, 3] and packing.is_prefix
     assert not TokenPacking(mask.flip(1)).is_prefix
     x = torch.randn(3, 3, 5)
     packed = packing.pack(x)
@@ -51,6 +60,20 @@ def test_pack_and_unpack_are_inverse_on_real_tokens() -> None:
     restored = packing.unpack(packed)
     torch.testing.assert_close(restored[mask], x[mask], rtol=0, atol=0)
     assert not restored[~mask].any()
+
+
+@pytest.mark.parametrize(
+    "batch, shortest, longest, width, expected",
+    [(16, 5, 10, 64, False), (32, 10, 40, 256, False), (32, 10, 62, 384, True), (8, 240, 330, 384, True)],
+    ids=["statements-width-64", "short-width-256", "reviews-minilm", "documents-minilm"],
+)
+def test_attention_goes_by_sequence_where_the_padding_costs_more_than_the_calls(
+    monkeypatch, batch, shortest, longest, width, expected
+) -> None:
+    monkeypatch.setattr(packing_module, "PADDING_WORK_PER_CALL", 400_000)  # the shipped value
+    lengths = torch.linspace(shortest, longest, batch).round().long()
+    packing = TokenPacking(torch.arange(longest)[None, :] < lengths[:, None])
+    assert packing.attend_by_sequence(width) is expected
 
 
 def test_packing_applies_only_to_bool_padding_masks_with_padding() -> None:
@@ -136,7 +159,8 @@ def test_captured_weights_keep_the_padded_layout() -> None:
     weights = captured.attentions["layer_1"]
     assert weights.shape == (4, HEADS, 9, 9)
     real = ids != 0
-    torch.testing.assert_close(weights.sum(-1)[real[:, None, :].expand(-1, HEADS, -1)], torch.ones(int(real.sum()) * HEADS))
+    rows = real[:, None, :].expand(-1, HEADS, -1)
+    torch.testing.assert_close(weights.sum(-1)[rows], torch.ones(int(real.sum()) * HEADS))
 
 
 def test_packed_attention_rejects_what_it_cannot_do() -> None:

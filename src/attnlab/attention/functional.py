@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._dropout import dropout
+from .._precision import bf16_is_emulated
 from .masks import causal_mask, validate_attention_mask
 
 __all__ = ["AttentionResult", "attention", "reference_attention", "fused_attention"]
@@ -225,6 +226,16 @@ def attention(
     _check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if bf16_is_emulated(query):
+        # No native bfloat16 on this CPU: torch's bfloat16 kernels here are emulated and
+        # many times slower than float32 (see attnlab._precision). Attend in float32.
+        with torch.autocast("cpu", enabled=False):
+            output, weights = attention(
+                query.float(), key.float(), value.float(),
+                mask.float() if mask is not None and mask.dtype.is_floating_point else mask,
+                dropout_p=dropout_p, is_causal=is_causal, scale=scale, need_weights=need_weights,
+            )
+        return AttentionResult(output.to(query.dtype), None if weights is None else weights.to(query.dtype))
     mask, is_causal = _prepare_mask(query, key, mask, is_causal)
     if need_weights:
         return reference_attention(

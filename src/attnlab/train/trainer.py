@@ -121,10 +121,9 @@ class TransformerTrainer:
         if precision == "bf16" and self.device.type == "cpu" and not cpu_has_native_bf16():
             logger.warning(
                 "precision='bf16' on a CPU without native bfloat16 matrix multiplication "
-                "(AVX512-BF16 or AMX): attnlab's Linear layers compute it with float32 GEMMs "
-                "(same numbers, about float32 speed), but any other bfloat16 matmul (layers not "
-                "from attnlab, attention weights or attention dropout) runs torch's emulated "
-                "kernel, tens of times slower; precision='fp32' is as fast on this machine"
+                "(AVX512-BF16 or AMX): attnlab's Linear layers and attention compute in float32 "
+                "there (same or better numbers, about float32 speed), but bfloat16 matmuls in "
+                "layers not from attnlab run torch's emulated kernels, tens of times slower"
             )
         self.model = model.to(self.device)
         self.distributed = distributed_info()

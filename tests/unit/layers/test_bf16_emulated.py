@@ -1,4 +1,4 @@
-"""bfloat16 Linear through float32 GEMMs on CPUs that would emulate it: torch's numbers, fast."""
+"""bfloat16 on CPUs that would emulate it: Linear through float32 GEMMs, attention in float32."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 import attnlab._precision as precision
 from attnlab import TransformerEncoder
 from attnlab._precision import Linear, linear
+from attnlab.attention import attention
 
 
 @pytest.fixture
@@ -99,3 +100,46 @@ def test_encoder_training_step_in_bf16_matches_torchs_kernels(emulated, monkeypa
     for name, grad in their_grads.items():
         scale = grad.abs().max().item()
         torch.testing.assert_close(ours_grads[name], grad, rtol=0, atol=5e-2 * scale + 1e-8, msg=name)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "weights"])
+def test_bf16_attention_is_computed_in_float32_and_returned_in_bf16(emulated, need_weights) -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8).bfloat16().requires_grad_() for _ in range(3))
+    mask = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    mask[1, :, 4] = False  # a fully masked query row
+    mask[0, :, :, 5:] = False
+    with _bf16_autocast():
+        out, weights = attention(q, k, v, mask, need_weights=need_weights)
+    assert out.dtype == torch.bfloat16 and (weights is None or weights.dtype == torch.bfloat16)
+    # float64 reference on the same bfloat16 inputs: float32 arithmetic is exact up to the
+    # final rounding to bfloat16 (relative 2^-8), which torch's bfloat16 kernel is not.
+    golden, golden_weights = attention(q.double(), k.double(), v.double(), mask, need_weights=True)
+    torch.testing.assert_close(out.double(), golden, rtol=2**-8, atol=1e-6)
+    assert not out[1, :, 4].any()
+    if need_weights:
+        torch.testing.assert_close(weights.double(), golden_weights, rtol=2**-8, atol=1e-6)
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 and torch.isfinite(t.grad.float()).all()
+               for t in (q, k, v))
+
+
+def test_bf16_attention_keeps_torchs_kernel_where_bf16_is_native(monkeypatch) -> None:
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    q = torch.randn(1, 2, 5, 8).bfloat16()
+    torch.testing.assert_close(attention(q, q, q).output, F.scaled_dot_product_attention(q, q, q), rtol=0, atol=0)
+
+
+def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(emulated, monkeypatch) -> None:
+    seen = []
+    kernel = F.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        seen.append(query.dtype)
+        return kernel(query, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 2, 5, 8).bfloat16()
+    with _bf16_autocast():
+        attention(q, q, q)
+    assert seen == [torch.float32]

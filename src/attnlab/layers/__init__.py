@@ -1,5 +1,6 @@
 """Encoder building blocks."""
 
+from .._precision import Linear
 from .dropout import Dropout
 from .encoder import EncoderLayerOutput, EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 from .encoder_config import EncoderConfig
@@ -12,6 +13,7 @@ __all__ = [
     "EncoderLayerOutput",
     "EncoderOutput",
     "LearnedPositionalEmbedding",
+    "Linear",
     "PositionalEncoding",
     "PositionWiseFFN",
     "RotaryEmbedding",

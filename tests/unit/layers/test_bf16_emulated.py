@@ -9,7 +9,8 @@ from torch import nn
 
 import attnlab._precision as precision
 from attnlab import TransformerEncoder
-from attnlab._precision import Linear, linear
+from attnlab._precision import linear
+from attnlab.layers import Linear
 from attnlab.attention import attention
 
 

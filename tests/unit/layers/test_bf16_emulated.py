@@ -10,8 +10,8 @@ from torch import nn
 import attnlab._precision as precision
 from attnlab import TransformerEncoder
 from attnlab._precision import linear
-from attnlab.layers import Linear
 from attnlab.attention import attention
+from attnlab.layers import Linear
 
 
 @pytest.fixture

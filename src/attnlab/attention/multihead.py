@@ -228,7 +228,7 @@ class MultiHeadAttention(nn.Module):
             and packing.attend_by_sequence(self.d_model)
         )
         if by_sequence:
-            return AttentionResult(self.out_proj(self._attend_segments(qkv, packing, head_mask)), None)
+            return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
         if mask is not None:
             mask = validate_attention_mask(mask, batch=B, heads=H, query_len=T, key_len=T, dtype=x.dtype)
@@ -243,7 +243,7 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.mean(dim=1)  # [B, T, S]
         return AttentionResult(out, weights)
 
-    def _attend_segments(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
+    def _attend_by_sequence(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
         """Fused attention sequence by sequence on packed ``qkv`` ``[N, 3E]`` -> ``[N, E]``.
 
         Each sequence attends over its own real tokens only, with no mask: no work on

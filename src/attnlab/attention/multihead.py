@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
-from .._precision import Linear, linear
+from .._precision import Linear, bf16_is_emulated, linear
 from .functional import AttentionResult, attention
 from .masks import combine_masks, head_mask_scale, padding_to_attention_mask, validate_attention_mask
 from .packing import TokenPacking
@@ -249,6 +249,9 @@ class MultiHeadAttention(nn.Module):
         Each sequence attends over its own real tokens only, with no mask: no work on
         padding at all, where the padded layout spends ``B * T^2`` on it.
         """
+        if bf16_is_emulated(qkv):  # as attention() does: see attnlab._precision
+            with torch.autocast("cpu", enabled=False):
+                return self._attend_by_sequence(qkv.float(), packing, head_mask).to(qkv.dtype)
         H, D, E = self.num_heads, self.head_dim, self.d_model
         scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
         outputs = []

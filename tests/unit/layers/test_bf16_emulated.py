@@ -144,3 +144,26 @@ def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(em
     with _bf16_autocast():
         attention(q, q, q)
     assert seen == [torch.float32]
+
+
+@pytest.mark.parametrize("by_sequence", [True, False], ids=["by-sequence", "padded-layout"])
+def test_packed_encoder_attends_in_float32_where_bf16_is_emulated(emulated, monkeypatch, by_sequence) -> None:
+    from attnlab.attention import packing as packing_module
+
+    monkeypatch.setattr(packing_module, "PADDING_WORK_PER_CALL", 0 if by_sequence else 10**18)
+    seen = []
+    kernel = F.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        seen.append(query.dtype)
+        return kernel(query, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = TransformerEncoder(50, d_model=32, num_layers=2, num_heads=4, d_ff=64, pad_id=0)
+    ids = torch.randint(1, 50, (3, 10))
+    ids[1, 6:] = 0
+    with _bf16_autocast():
+        hidden = model(ids).last_hidden_state
+    hidden.float().square().mean().backward()
+    assert seen and set(seen) == {torch.float32}
+    assert len(seen) == (2 * 3 if by_sequence else 2)  # one call per sequence and layer, or per layer

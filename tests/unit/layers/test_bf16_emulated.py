@@ -20,6 +20,20 @@ def emulated(monkeypatch):
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
 
 
+@pytest.fixture
+def kernel_dtypes(monkeypatch) -> list:
+    """The query dtype of every call to torch's fused attention kernel, in order."""
+    seen = []
+    kernel = F.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        seen.append(query.dtype)
+        return kernel(query, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return seen
+
+
 def _bf16_autocast():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
@@ -131,39 +145,25 @@ def test_bf16_attention_keeps_torchs_kernel_where_bf16_is_native(monkeypatch) ->
     torch.testing.assert_close(attention(q, q, q).output, F.scaled_dot_product_attention(q, q, q), rtol=0, atol=0)
 
 
-def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(emulated, monkeypatch) -> None:
-    seen = []
-    kernel = F.scaled_dot_product_attention
-
-    def spy(query, *args, **kwargs):
-        seen.append(query.dtype)
-        return kernel(query, *args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(emulated, kernel_dtypes) -> None:
     q = torch.randn(1, 2, 5, 8).bfloat16()
     with _bf16_autocast():
         attention(q, q, q)
-    assert seen == [torch.float32]
+    assert kernel_dtypes == [torch.float32]
 
 
 @pytest.mark.parametrize("by_sequence", [True, False], ids=["by-sequence", "padded-layout"])
-def test_packed_encoder_attends_in_float32_where_bf16_is_emulated(emulated, monkeypatch, by_sequence) -> None:
+def test_packed_encoder_attends_in_float32_where_bf16_is_emulated(
+    emulated, kernel_dtypes, monkeypatch, by_sequence
+) -> None:
     from attnlab.attention import packing as packing_module
 
     monkeypatch.setattr(packing_module, "PADDING_WORK_PER_CALL", 0 if by_sequence else 10**18)
-    seen = []
-    kernel = F.scaled_dot_product_attention
-
-    def spy(query, *args, **kwargs):
-        seen.append(query.dtype)
-        return kernel(query, *args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     model = TransformerEncoder(50, d_model=32, num_layers=2, num_heads=4, d_ff=64, pad_id=0)
     ids = torch.randint(1, 50, (3, 10))
     ids[1, 6:] = 0
     with _bf16_autocast():
         hidden = model(ids).last_hidden_state
     hidden.float().square().mean().backward()
-    assert seen and set(seen) == {torch.float32}
-    assert len(seen) == (2 * 3 if by_sequence else 2)  # one call per sequence and layer, or per layer
+    assert kernel_dtypes and set(kernel_dtypes) == {torch.float32}
+    assert len(kernel_dtypes) == (2 * 3 if by_sequence else 2)  # one call per sequence and layer, or per layer

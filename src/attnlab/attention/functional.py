@@ -164,10 +164,11 @@ def reference_attention(
     if is_causal:
         scores.masked_fill_(~causal_mask(T, S, device=query.device), float("-inf"))
     rows = None
-    if mask is not None:
-        # `is_causal` alone leaves every row a key (top-left aligned); with a mask it was
-        # folded into the mask already, so the mask alone says which rows have keys.
-        rows = _rows_with_keys(mask)  # [B|1, H|1, T|1, 1]
+    if mask is not None or is_causal:
+        # Found from the scores, not the mask: a mask and is_causal together can empty a
+        # row neither empties alone, and a finite float16 mask such as finfo.min can
+        # overflow to -inf once added.
+        rows = _rows_with_keys(scores)  # [B, H, T, 1]
         if bool(rows.all()):
             rows = None
         else:
@@ -226,6 +227,7 @@ def attention(
     _check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    mask, is_causal = _prepare_mask(query, key, mask, is_causal)
     if bf16_is_emulated(query):
         # No native bfloat16 on this CPU: torch's bfloat16 kernels here are emulated and
         # many times slower than float32 (see attnlab._precision). Attend in float32.
@@ -236,7 +238,6 @@ def attention(
                 dropout_p=dropout_p, is_causal=is_causal, scale=scale, need_weights=need_weights,
             )
         return AttentionResult(output.to(query.dtype), None if weights is None else weights.to(query.dtype))
-    mask, is_causal = _prepare_mask(query, key, mask, is_causal)
     if need_weights:
         return reference_attention(
             query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale

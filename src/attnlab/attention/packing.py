@@ -79,8 +79,11 @@ class TokenPacking:
         return self.mask[:, None, None, :]
 
     def attend_by_sequence(self, width: int) -> bool:
-        """Whether attention over ``width``-wide heads is cheaper sequence by sequence
-        than in the padded layout (see ``PADDING_WORK_PER_CALL``)."""
+        """Whether attention is cheaper sequence by sequence than in the padded layout.
+
+        ``width`` is the model width ``E`` (heads times head dim); see
+        ``PADDING_WORK_PER_CALL``.
+        """
         padding_work = width * (self.batch * self.length**2 - self._squared_lengths)
         return padding_work >= PADDING_WORK_PER_CALL * self.batch
 

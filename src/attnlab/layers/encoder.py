@@ -318,8 +318,11 @@ class TransformerEncoder(nn.Module):
         """How to skip padding in position-wise work, or ``None`` when it does not apply."""
         if not self.config.skip_padding or mask is None or mask.dim() != 2:
             return None
-        if not all(type(layer.self_attn) is MultiHeadAttention for layer in self.layers):
-            return None  # sparse or user-supplied attention works on the padded layout
+        if not all(
+            type(layer) is TransformerEncoderLayer and type(layer.self_attn) is MultiHeadAttention
+            for layer in self.layers
+        ):
+            return None  # sparse attention, or layers replaced or wrapped: the padded layout
         return TokenPacking.for_padding(mask)
 
     def embed(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
@@ -388,8 +391,9 @@ class TransformerEncoder(nn.Module):
             x = packing.pack(x)  # [N, E]: the real tokens only
         attentions: Optional[dict[str, Tensor]] = {} if output_attentions else None
         for index, (layer, layer_head_mask) in enumerate(zip(self.layers, self._layer_head_masks(head_mask))):
+            extra = {} if packing is None else {"packing": packing}  # replaced layers need not take it
             x, weights = layer(
-                x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask, packing=packing
+                x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra
             )
             if attentions is not None:
                 attentions[f"layer_{index + 1}"] = weights

@@ -191,3 +191,27 @@ def test_empty_key_sequence_gives_zero_output() -> None:
         assert torch.equal(out, torch.zeros_like(out))
         if need_weights:
             assert weights.shape == (1, 2, 3, 0)
+
+
+def test_reference_path_finds_rows_emptied_by_mask_and_causality_together() -> None:
+    # Regression: empty rows were once found from the mask alone, so a row the mask
+    # allows only a later key in, and causality then empties, came out NaN.
+    from attnlab.attention import reference_attention
+
+    q = k = v = torch.randn(1, 1, 3, 4, requires_grad=True)
+    mask = torch.tensor([[False, False, True], [True, True, True], [True, True, True]])[None, None]
+    out, weights = reference_attention(q, k, v, mask, is_causal=True)
+    assert torch.isfinite(out).all() and not out[0, 0, 0].any() and not weights[0, 0, 0].any()
+    torch.testing.assert_close(weights[0, 0, 1:].sum(-1), torch.ones(2))
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_reference_path_survives_a_float16_mask_that_overflows_to_minus_infinity() -> None:
+    # finfo(float16).min plus a negative score is -inf in float16: the row is empty.
+    q = torch.full((1, 1, 1, 4), 8.0, dtype=torch.float16)
+    k = v = torch.full((1, 1, 3, 4), -8.0, dtype=torch.float16)
+    mask = torch.full((1, 1, 1, 3), torch.finfo(torch.float16).min, dtype=torch.float16)
+    out, weights = attention(q, k, v, mask, need_weights=True)
+    assert torch.isfinite(weights).all() and torch.isfinite(out).all()
+    assert not weights.any()

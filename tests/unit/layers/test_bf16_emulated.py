@@ -167,3 +167,17 @@ def test_packed_encoder_attends_in_float32_where_bf16_is_emulated(
     hidden.float().square().mean().backward()
     assert kernel_dtypes and set(kernel_dtypes) == {torch.float32}
     assert len(kernel_dtypes) == (2 * 3 if by_sequence else 2)  # one call per sequence and layer, or per layer
+
+
+def test_float64_is_left_alone_under_bf16_autocast(emulated) -> None:
+    x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    with _bf16_autocast():
+        ours, theirs = linear(x, w), F.linear(x, w)
+    assert ours.dtype == theirs.dtype == torch.float64
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_float32_route_validates_the_mask_against_the_bf16_inputs(emulated) -> None:
+    q = torch.randn(1, 1, 3, 4).bfloat16()
+    with pytest.raises(TypeError, match="additive mask of dtype torch.bfloat16"):
+        attention(q, q, q, torch.zeros(3, 3, dtype=torch.float16))

@@ -198,3 +198,21 @@ def test_packed_attention_with_an_extra_mask_matches_the_padded_module(need_weig
     if need_weights:
         rows = real[:, None, :].expand(-1, HEADS, -1)
         torch.testing.assert_close(weights[rows], expected_weights[rows], rtol=0, atol=1e-6)
+
+
+def test_wrapped_layers_run_on_the_padded_layout() -> None:
+    # Regression: the encoder once passed `packing=` to every layer and read
+    # `layer.self_attn`, breaking layers wrapped by the user (e.g. for checkpointing).
+    class Wrapped(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.inner = layer
+
+        def forward(self, x, mask=None, *, need_weights=False, head_mask=None):
+            return self.inner(x, mask, need_weights=need_weights, head_mask=head_mask)
+
+    skipping, every = _pair()
+    skipping.layers = torch.nn.ModuleList(Wrapped(layer) for layer in skipping.layers)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(skipping.eval()(ids)[0], every.eval()(ids)[0], rtol=0, atol=0)

@@ -73,9 +73,10 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
 
 def _rows_with_keys(mask: Tensor) -> Tensor:
     """``[.., T, 1]`` bool: which query rows have at least one key they may attend."""
-    if mask.dtype == torch.bool:
-        return mask.any(dim=-1, keepdim=True)
-    return (mask != float("-inf")).any(dim=-1, keepdim=True)
+    if mask.dtype == torch.bool or mask.shape[-1] == 0:
+        return mask.bool().any(dim=-1, keepdim=True)
+    # The row maximum, not `mask != -inf`: no temporary as large as the scores.
+    return mask.amax(dim=-1, keepdim=True) != float("-inf")
 
 
 def _prepare_mask(

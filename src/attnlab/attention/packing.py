@@ -9,9 +9,10 @@ dropout) treats positions one by one. :class:`TokenPacking` gathers the real tok
 into one ``[N, C]`` matrix for that work. Attention runs sequence by sequence on the
 packed rows where that is cheaper (:meth:`TokenPacking.attend_by_sequence`), else, and
 whenever it needs the padded layout (weights asked for, an extra mask), between a
-scatter to ``[B, T, C]`` and a gather back. Padding positions come out as zeros. ``torch.nn.TransformerEncoder``'s
-nested-tensor fast path does the same in inference; here it also works in training,
-where gradients flow through the gather and the scatter.
+scatter to ``[B, T, C]`` and a gather back. Padding positions come out as zeros.
+``torch.nn.TransformerEncoder``'s nested-tensor fast path does the same in inference;
+here it also works in training, where gradients flow through the gather and the
+scatter.
 """
 
 from __future__ import annotations

@@ -58,9 +58,10 @@ class EncoderConfig:
     global_tokens: tuple[int, ...] = ()  # positions that attend to all and are attended by all
     # With a [B, T] padding mask and dense attention, run the projections, feed-forward
     # nets and LayerNorms on the real tokens only, and attention over each sequence's
-    # real tokens (see attention/packing.py). Real tokens get the same values either way; padding positions come out
-    # as zeros and the attention weights of padding queries are zero. False computes
-    # every position, as HuggingFace BERT does (same numbers at padding too, slower).
+    # real tokens (see attention/packing.py). Real tokens get the same values either
+    # way; padding positions come out as zeros and the attention weights of padding
+    # queries are zero. False computes every position, as HuggingFace BERT does (same
+    # numbers at padding too, slower).
     skip_padding: bool = True
 
     def __post_init__(self) -> None:

@@ -55,9 +55,11 @@ def test_output_and_gradients_equal_torchs_bf16_linear(emulated, bias) -> None:
     assert ours.dtype == theirs.dtype == torch.bfloat16
     # Same operands, float32 accumulation in both: at most one bfloat16 rounding step apart.
     torch.testing.assert_close(ours, theirs, rtol=2**-7, atol=1e-6)
-    for ours_grad, their_grad in zip(torch.autograd.grad(ours, inputs, grad), torch.autograd.grad(theirs, inputs, grad)):
+    ours_grads = torch.autograd.grad(ours, inputs, grad)
+    for ours_grad, their_grad in zip(ours_grads, torch.autograd.grad(theirs, inputs, grad)):
         assert ours_grad.dtype == their_grad.dtype == torch.float32
-        torch.testing.assert_close(ours_grad, their_grad, rtol=2**-7, atol=1e-5 * their_grad.abs().max().item())
+        tolerance = 1e-5 * their_grad.abs().max().item()
+        torch.testing.assert_close(ours_grad, their_grad, rtol=2**-7, atol=tolerance)
 
 
 def test_bf16_inputs_get_bf16_gradients(emulated) -> None:
@@ -142,10 +144,13 @@ def test_bf16_attention_is_computed_in_float32_and_returned_in_bf16(emulated, ne
 def test_bf16_attention_keeps_torchs_kernel_where_bf16_is_native(monkeypatch) -> None:
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     q = torch.randn(1, 2, 5, 8).bfloat16()
-    torch.testing.assert_close(attention(q, q, q).output, F.scaled_dot_product_attention(q, q, q), rtol=0, atol=0)
+    expected = F.scaled_dot_product_attention(q, q, q)
+    torch.testing.assert_close(attention(q, q, q).output, expected, rtol=0, atol=0)
 
 
-def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(emulated, kernel_dtypes) -> None:
+def test_bf16_attention_calls_torchs_kernel_in_float32_where_bf16_is_emulated(
+    emulated, kernel_dtypes
+) -> None:
     q = torch.randn(1, 2, 5, 8).bfloat16()
     with _bf16_autocast():
         attention(q, q, q)
@@ -166,7 +171,8 @@ def test_packed_encoder_attends_in_float32_where_bf16_is_emulated(
         hidden = model(ids).last_hidden_state
     hidden.float().square().mean().backward()
     assert kernel_dtypes and set(kernel_dtypes) == {torch.float32}
-    assert len(kernel_dtypes) == (2 * 3 if by_sequence else 2)  # one call per sequence and layer, or per layer
+    # One call per sequence and layer, or one per layer.
+    assert len(kernel_dtypes) == (2 * 3 if by_sequence else 2)
 
 
 def test_float64_is_left_alone_under_bf16_autocast(emulated) -> None:

@@ -47,11 +47,11 @@ def bf16_is_emulated(x: Tensor) -> bool:
     return x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_native_bf16()
 
 
-def emulates_bf16_autocast(x: Tensor) -> bool:
-    """True inside CPU bfloat16 autocast, for a CPU tensor, where torch would emulate the GEMM."""
+def emulates_bf16_autocast(x: Tensor, weight: Tensor) -> bool:
+    """True inside CPU bfloat16 autocast, for CPU operands, where torch would emulate the GEMM."""
     return (
         x.device.type == "cpu"
-        and x.dtype != torch.float64  # autocast leaves float64 alone
+        and torch.float64 not in (x.dtype, weight.dtype)  # autocast leaves float64 alone
         and torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
         and not cpu_has_native_bf16()
@@ -98,7 +98,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     Shape:
         ``x`` ``[..., in]``, ``weight`` ``[out, in]``, ``bias`` ``[out]`` -> ``[..., out]``.
     """
-    if not emulates_bf16_autocast(x) or weight.dtype == torch.float64:
+    if not emulates_bf16_autocast(x, weight):
         return F.linear(x, weight, bias)
     with torch.autocast("cpu", enabled=False):
         return _BF16LinearViaFP32.apply(

@@ -229,21 +229,22 @@ def attention(
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     mask, is_causal = _prepare_mask(query, key, mask, is_causal)
-    if bf16_is_emulated(query):
-        # No native bfloat16 on this CPU: torch's bfloat16 kernels here are emulated and
-        # many times slower than float32 (see attnlab._precision). Attend in float32.
-        with torch.autocast("cpu", enabled=False):
-            output, weights = attention(
-                query.float(), key.float(), value.float(),
-                mask.float() if mask is not None and mask.dtype.is_floating_point else mask,
-                dropout_p=dropout_p, is_causal=is_causal, scale=scale, need_weights=need_weights,
-            )
-        return AttentionResult(output.to(query.dtype), None if weights is None else weights.to(query.dtype))
+    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
+    if not bf16_is_emulated(query):
+        return _run_path(query, key, value, mask, need_weights, options)
+    # No native bfloat16 on this CPU: torch's bfloat16 kernels here are emulated and many
+    # times slower than float32 (see attnlab._precision). Attend in float32.
+    if mask is not None and mask.dtype.is_floating_point:
+        mask = mask.float()
+    with torch.autocast("cpu", enabled=False):
+        output, weights = _run_path(query.float(), key.float(), value.float(), mask, need_weights, options)
+    return AttentionResult(output.to(query.dtype), None if weights is None else weights.to(query.dtype))
+
+
+def _run_path(
+    query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], need_weights: bool, options: dict
+) -> AttentionResult:
+    """The reference path when weights are wanted, else the fused one; inputs already checked."""
     if need_weights:
-        return reference_attention(
-            query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
-    output = fused_attention(
-        query, key, value, mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-    )
-    return AttentionResult(output, None)
+        return reference_attention(query, key, value, mask, **options)
+    return AttentionResult(fused_attention(query, key, value, mask, **options), None)

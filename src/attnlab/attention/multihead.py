@@ -230,9 +230,7 @@ class MultiHeadAttention(nn.Module):
         if by_sequence:
             return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
-        if mask is not None:
-            mask = validate_attention_mask(mask, batch=B, heads=H, query_len=T, key_len=T, dtype=x.dtype)
-        mask = combine_masks(packing.attention_mask, mask)
+        mask = self._with_key_padding(mask, packing.mask, T, x.dtype)
         qkv = packing.unpack(qkv)  # [B, T, 3E]
         q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
         out, weights = self._attention_core(q, k, v, mask, False, need_weights, head_mask)
@@ -242,6 +240,17 @@ class MultiHeadAttention(nn.Module):
             if average_attn_weights:
                 weights = weights.mean(dim=1)  # [B, T, S]
         return AttentionResult(out, weights)
+
+    def _with_key_padding(
+        self, mask: Optional[Tensor], key_padding: Tensor, query_len: int, dtype: torch.dtype
+    ) -> Tensor:
+        """``mask`` (validated, rank 4) combined with a ``[B, S]`` key padding mask."""
+        B, S = key_padding.shape
+        # Rank 4 first: a [B, T, S] mask would broadcast against [B, 1, 1, S] to [B, B, T, S].
+        mask = validate_attention_mask(
+            mask, batch=B, heads=self.num_heads, query_len=query_len, key_len=S, dtype=dtype
+        )  # [B|1, H|1, T|1, S|1] or None
+        return combine_masks(mask, padding_to_attention_mask(key_padding))
 
     def _attend_by_sequence(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
         """Fused attention sequence by sequence on packed ``qkv`` ``[N, 3E]`` -> ``[N, E]``.
@@ -364,11 +373,7 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.to(query.dtype)
             else:
                 key_padding_mask = key_padding_mask.bool()
-            # Rank 4 first: a [B, T, S] mask would broadcast against [B, 1, 1, S] to [B, B, T, S].
-            mask = validate_attention_mask(
-                mask, batch=B, heads=self.num_heads, query_len=T, key_len=S, dtype=query.dtype
-            )  # [B|1, H|1, T|1, S|1] or None
-            mask = combine_masks(mask, padding_to_attention_mask(key_padding_mask))
+            mask = self._with_key_padding(mask, key_padding_mask, T, query.dtype)
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
         out, weights = self._attention_core(q, k, v, mask, is_causal, need_weights, head_mask)
         out = out.transpose(1, 2).reshape(B, T, E)  # [B, T, E]

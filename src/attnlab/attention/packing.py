@@ -74,11 +74,6 @@ class TokenPacking:
     def num_tokens(self) -> int:
         return self.index.numel()
 
-    @property
-    def attention_mask(self) -> Tensor:
-        """``[B, 1, 1, T]``: every query may attend to the real keys of its sequence."""
-        return self.mask[:, None, None, :]
-
     def attend_by_sequence(self, width: int) -> bool:
         """Whether attention is cheaper sequence by sequence than in the padded layout.
 

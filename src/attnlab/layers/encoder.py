@@ -316,7 +316,7 @@ class TransformerEncoder(nn.Module):
 
     def _packing(self, mask: Optional[Tensor]) -> Optional[TokenPacking]:
         """How to skip padding in position-wise work, or ``None`` when it does not apply."""
-        if not self.config.skip_padding or mask is None or mask.dim() != 2:
+        if not self.config.skip_padding:
             return None
         if not all(
             type(layer) is TransformerEncoderLayer and type(layer.self_attn) is MultiHeadAttention

@@ -389,7 +389,7 @@ class TorchEncoder(nn.Module):
 
 
 def _hidden(output) -> Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    return output if isinstance(output, Tensor) else output[0]  # torch.nn gives a tensor, attnlab an output
 
 
 def _encoder_models(args: argparse.Namespace) -> dict[str, nn.Module]:

@@ -2,9 +2,15 @@
 
 The article's names are importable from here::
 
-    from attnlab import MultiHeadAttention, TransformerEncoder
+    from attnlab import MultiHeadAttention, TransformerEncoder, TransformerTrainer, AttentionAnalyzer
+
+and every subpackage is an attribute: ``attnlab.attention`` (kernels, masks, attention
+modules; the kernel function itself is ``attnlab.attention.attention``),
+``attnlab.layers``, ``attnlab.models``, ``attnlab.data``, ``attnlab.train``,
+``attnlab.inspect``, ``attnlab.outputs``.
 """
 
+from . import attention, data, inspect, layers, models, outputs, train
 from .attention import (
     AttentionResult,
     CrossModalAttention,
@@ -13,12 +19,12 @@ from .attention import (
     RotaryEmbedding,
     ScaledDotProductAttention,
     SparseAttention,
-    attention,
     causal_mask,
     combine_masks,
     padding_mask,
     padding_mask_from_ids,
 )
+from .inspect import AttentionAnalyzer, attention_rollout, capture_attention, head_importance, mask_heads
 from .layers import (
     EncoderConfig,
     EncoderOutput,
@@ -28,18 +34,25 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from .models import EncoderClassifier, EncoderForMaskedLM
 from .models.pretrained import from_pretrained
+from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionAnalyzer",
     "AttentionResult",
     "CrossModalAttention",
     "CrossModalOutput",
+    "EncoderClassifier",
     "EncoderConfig",
+    "EncoderForMaskedLM",
     "EncoderOutput",
+    "LayerAttentions",
     "LearnedPositionalEmbedding",
+    "ModelOutput",
     "MultiHeadAttention",
     "PositionalEncoding",
     "PositionWiseFFN",
@@ -50,9 +63,19 @@ __all__ = [
     "TransformerEncoderLayer",
     "TransformerTrainer",
     "attention",
+    "attention_rollout",
+    "capture_attention",
     "causal_mask",
     "combine_masks",
+    "data",
     "from_pretrained",
+    "head_importance",
+    "inspect",
+    "layers",
+    "mask_heads",
+    "models",
+    "outputs",
     "padding_mask",
     "padding_mask_from_ids",
+    "train",
 ]

@@ -86,7 +86,7 @@ def test_hidden_states_and_every_heads_weights_match_hf_eager(minilm, batch, ski
         expected = hf(input_ids, attention_mask=mask.long(), output_attentions=True)
         hidden, attentions = minilm(input_ids, mask, output_attentions=True)
     assert_hidden_matches(hidden, expected.last_hidden_state, mask, skip_padding)
-    assert list(attentions) == [f"layer_{index}" for index in range(1, 7)]
+    assert list(attentions.keys()) == [f"layer_{index}" for index in range(1, 7)]
     for index, hf_weights in enumerate(expected.attentions, start=1):
         ours = attentions[f"layer_{index}"]
         assert ours.shape == hf_weights.shape == (len(SENTENCES), 12, input_ids.shape[1], input_ids.shape[1])

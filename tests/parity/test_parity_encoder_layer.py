@@ -99,3 +99,18 @@ def test_gradients_match(norm_first: bool) -> None:
         expected = theirs_by_name[their_name].grad
         atol = ATOL * max(1.0, float(expected.abs().max()))
         torch.testing.assert_close(parameter.grad, expected, rtol=0, atol=atol, msg=lambda text: f"{name}: {text}")
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_torch_keywords_are_read_as_torch_reads_them(norm_first: bool) -> None:
+    """``src_mask`` / ``src_key_padding_mask`` mean to ours what they mean to torch.nn."""
+    ours, theirs = _pair(norm_first)
+    x = torch.randn(3, 6, E)
+    padding = torch.tensor([[0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    forbidden = ~causal_mask(6)
+    expected = theirs(x, src_mask=forbidden, src_key_padding_mask=padding)
+    got, _ = ours(x, src_mask=forbidden, src_key_padding_mask=padding)
+    torch.testing.assert_close(got, expected, rtol=0, atol=ATOL)
+    additive = torch.zeros(6, 6).masked_fill(forbidden, float("-inf"))
+    got, _ = ours(x, src_mask=additive, attention_mask=(~padding).float())
+    torch.testing.assert_close(got, expected, rtol=0, atol=ATOL)

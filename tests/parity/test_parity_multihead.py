@@ -82,7 +82,7 @@ def test_key_padding_mask_has_opposite_polarity() -> None:
     x = torch.randn(3, 6, E)
     real = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
     _compare(
-        ours, theirs, x, x, x, our_kwargs={"key_padding_mask": real}, their_kwargs={"key_padding_mask": ~real}
+        ours, theirs, x, x, x, our_kwargs={"attention_mask": real}, their_kwargs={"key_padding_mask": ~real}
     )
 
 
@@ -92,7 +92,7 @@ def test_cross_attention_with_key_padding() -> None:
     real = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     _compare(
         ours, theirs, query, memory, memory,
-        our_kwargs={"key_padding_mask": real}, their_kwargs={"key_padding_mask": ~real},
+        our_kwargs={"attention_mask": real}, their_kwargs={"key_padding_mask": ~real},
     )
 
 
@@ -115,7 +115,42 @@ def test_float_attn_mask_is_additive_in_both() -> None:
     x = torch.randn(2, 6, E)
     additive = torch.randn(6, 6)
     additive[:, 4] = float("-inf")
-    _compare(ours, theirs, x, x, x, our_kwargs={"mask": additive}, their_kwargs={"attn_mask": additive})
+    _compare(ours, theirs, x, x, x, our_kwargs={"attn_bias": additive}, their_kwargs={"attn_mask": additive})
+
+
+def test_torch_keywords_keep_torch_meaning() -> None:
+    """``attn_mask`` passed to ours means what it means to torch.nn: a drop-in call."""
+    ours, theirs = _pair()
+    x = torch.randn(3, 6, E)
+    forbidden = ~causal_mask(6)
+    forbidden[:, 0] = False
+    _compare(ours, theirs, x, x, x, our_kwargs={"attn_mask": forbidden}, their_kwargs={"attn_mask": forbidden})
+    additive = torch.randn(6, 6)
+    additive[:, 4] = float("-inf")
+    _compare(ours, theirs, x, x, x, our_kwargs={"attn_mask": additive}, their_kwargs={"attn_mask": additive})
+    per_head = torch.rand(3 * HEADS, 6, 6) > 0.5
+    per_head[..., 0] = False  # every row keeps a key
+    _compare(ours, theirs, x, x, x, our_kwargs={"attn_mask": per_head}, their_kwargs={"attn_mask": per_head})
+
+
+def test_a_float_0_1_mask_is_read_as_a_keep_mask_never_added() -> None:
+    """HuggingFace's ``attention_mask.float()`` passed where attnlab takes masks."""
+    ours, theirs = _pair()
+    x = torch.randn(3, 6, E)
+    real = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
+    for our_kwargs in ({"attention_mask": real.float()}, {"mask": real.float()[:, None, None, :]}):
+        _compare(ours, theirs, x, x, x, our_kwargs=our_kwargs, their_kwargs={"key_padding_mask": real == 0})
+
+
+def test_positional_padding_mask_when_batch_equals_length_is_refused_not_misread() -> None:
+    ours, _ = _pair()
+    x = torch.randn(4, 4, E)
+    real = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"ambiguous.*\[B, S\] padding mask or a \[T, S\] attention mask"):
+        ours(x, x, x, real)
+    # and when only one reading fits, it is the one taken
+    y = torch.randn(4, 5, E)
+    torch.testing.assert_close(ours(y, y, y, torch.ones(4, 5, dtype=torch.bool))[0], ours(y, y, y)[0])
 
 
 def test_causal_and_key_padding_together() -> None:
@@ -124,7 +159,7 @@ def test_causal_and_key_padding_together() -> None:
     real = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
     _compare(
         ours, theirs, x, x, x,
-        our_kwargs={"is_causal": True, "key_padding_mask": real},
+        our_kwargs={"is_causal": True, "attention_mask": real},
         their_kwargs={"attn_mask": ~causal_mask(6), "key_padding_mask": ~real},
     )
 
@@ -152,7 +187,7 @@ def test_gradients_match() -> None:
     query, memory = torch.randn(2, 4, E), torch.randn(2, 5, E)
     real = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     cotangent = torch.randn(2, 4, E)
-    (ours(query, memory, memory, key_padding_mask=real)[0] * cotangent).sum().backward()
+    (ours(query, memory, memory, attention_mask=real)[0] * cotangent).sum().backward()
     (theirs(query, memory, memory, key_padding_mask=~real, need_weights=False)[0] * cotangent).sum().backward()
     their_params = dict(theirs.named_parameters())
     for name, parameter in ours.named_parameters():
@@ -180,6 +215,6 @@ def test_per_sequence_mask_with_key_padding(batch: int) -> None:
     their_mask = (~allowed).repeat_interleave(HEADS, dim=0)  # nn: [B * H, T, S], True = may not
     _compare(
         ours, theirs, x, x, x,
-        our_kwargs={"mask": allowed, "key_padding_mask": real},
+        our_kwargs={"mask": allowed, "attention_mask": real},
         their_kwargs={"attn_mask": their_mask, "key_padding_mask": ~real},
     )

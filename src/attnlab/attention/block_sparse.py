@@ -229,7 +229,7 @@ def _attend_blocks_without_autograd(
             start = None
     if not runs:
         return attention(
-            query_blocks, key_blocks, value_blocks, bias[:, None, None, :], dropout_p=dropout_p, scale=scale
+            query_blocks, key_blocks, value_blocks, attn_bias=bias[:, None, None, :], dropout_p=dropout_p, scale=scale
         ).output
     output = query_blocks.new_empty(count, L, H, Dv).transpose(1, 2)  # [B * N, H, L, Dv]
     rest = torch.ones(count, dtype=torch.bool)
@@ -242,7 +242,7 @@ def _attend_blocks_without_autograd(
     if bool(rest.any()):
         index = rest.nonzero().squeeze(1).to(query_blocks.device)
         output[index] = attention(
-            query_blocks[index], key_blocks[index], value_blocks[index], bias[index][:, None, None, :],
+            query_blocks[index], key_blocks[index], value_blocks[index], attn_bias=bias[index][:, None, None, :],
             dropout_p=dropout_p, scale=scale,
         ).output
     return output
@@ -329,7 +329,7 @@ def block_sparse_attention(
             query_blocks,
             key_blocks,
             value_blocks,
-            bias[:, None, None, :] if needs_mask else None,  # [B * N, 1, 1, K]
+            attn_bias=bias[:, None, None, :] if needs_mask else None,  # [B * N, 1, 1, K]
             dropout_p=dropout_p,
             scale=scale,
             need_weights=need_weights,
@@ -345,7 +345,7 @@ def block_sparse_attention(
             query[:, :, global_index],
             key,
             value,
-            key_bias[:, None, None, :T],  # [B, 1, 1, T]
+            attn_bias=key_bias[:, None, None, :T],  # [B, 1, 1, T]
             dropout_p=dropout_p,
             scale=scale,
             need_weights=need_weights,

@@ -3,8 +3,9 @@
 Dimension letters: ``B`` batch, ``H`` heads, ``T`` text length, ``S`` number of image
 patches, ``E`` text width, ``V`` visual feature width.
 
-Masks are padding masks ``[B, length]``, bool (or 0/1 integers): ``True`` on real items
-(tokens or patches), i.e. the items that may be attended to.
+Masks are padding masks ``[B, length]`` (or the article's ``[B, 1, 1, length]``), ``True``
+/ 1 on real items (tokens or patches), i.e. the items that may be attended to, in any
+dtype (:mod:`attnlab.attention.masks`).
 
 The article's version of this block shares one attention module between the two
 directions, hands each direction the mask of the wrong modality and crashes when it
@@ -16,13 +17,15 @@ pooled visual context is broadcast to every text position before the gate.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
 from .._precision import Linear
+from ..outputs import ModelOutput
+from .masks import keep_mask
 from .multihead import MultiHeadAttention
 
 __all__ = ["CrossModalAttention", "CrossModalOutput", "masked_mean"]
@@ -30,12 +33,14 @@ __all__ = ["CrossModalAttention", "CrossModalOutput", "masked_mean"]
 GATES = ("sigmoid", "tanh0")
 
 
-@dataclass(frozen=True)
-class CrossModalOutput:
+@dataclass(frozen=True, eq=False)
+class CrossModalOutput(ModelOutput):
     """What :class:`CrossModalAttention` returns.
 
     Unpacks like the article's ``(output, weights)``:
-    ``output, weights = cma(visual, text)`` gives ``(output, text_to_visual_weights)``.
+    ``output, weights = cma(visual, text)`` gives ``(output, text_to_visual_weights)``;
+    ``out[0]``, ``out["gate"]`` and ``out.to_tuple()`` work as on every
+    :class:`~attnlab.outputs.ModelOutput`.
 
     Attributes:
         output: fused text states ``[B, T, E]``.
@@ -57,9 +62,7 @@ class CrossModalOutput:
     visual_to_text_weights: Optional[Tensor]
     gate: Tensor
 
-    def __iter__(self) -> Iterator[Optional[Tensor]]:
-        yield self.output
-        yield self.text_to_visual_weights
+    _tuple_fields = ("output", "text_to_visual_weights")
 
 
 def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -76,17 +79,19 @@ def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 
 def _check_padding_mask(name: str, mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+    """A ``[B, length]`` bool padding mask from ``[B, length]``, ``[B, 1, length]`` or
+    ``[B, 1, 1, length]`` keep masks of any dtype."""
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype.is_floating_point or mask.is_complex():
-        raise TypeError(
-            f"{name} must be a bool (or 0/1 integer) padding mask, True on real items; got dtype {mask.dtype}"
-        )
+    mask = keep_mask(mask, name=name, bias_argument=None)
+    if mask.dim() in (3, 4) and all(size == 1 for size in mask.shape[1:-1]):
+        mask = mask.reshape(mask.shape[0], mask.shape[-1])  # the article's [B, 1, 1, length]
     if mask.shape != (batch, length):
-        raise ValueError(f"{name} must be [B, length] = [{batch}, {length}], got {tuple(mask.shape)}")
-    return mask.bool()
+        raise ValueError(
+            f"{name} must be [B, length] = [{batch}, {length}] (or [B, 1, 1, length]), True/1 on real "
+            f"items; got {tuple(mask.shape)}"
+        )
+    return mask
 
 
 class CrossModalAttention(nn.Module):
@@ -131,8 +136,8 @@ class CrossModalAttention(nn.Module):
 
     Shape:
         ``visual_features`` ``[B, S, V]``, ``text_features`` ``[B, T, E]``,
-        ``visual_mask`` ``[B, S]`` and ``text_mask`` ``[B, T]`` (bool, ``True`` on real
-        patches / tokens; ``None`` = all real) -> :class:`CrossModalOutput`.
+        ``visual_mask`` ``[B, S]`` and ``text_mask`` ``[B, T]`` (or ``[B, 1, 1, S]`` /
+        ``[B, 1, 1, T]``; ``True`` / 1 on real patches / tokens, any dtype; ``None`` = all real) -> :class:`CrossModalOutput`.
         A sample with no real patch gets zero visual context (never NaN).
 
     Example:
@@ -225,12 +230,12 @@ class CrossModalAttention(nn.Module):
             if visual_mask is not None:
                 key_mask = torch.cat([visual_mask.new_ones(B, 1), visual_mask], dim=1)  # [B, 1 + S]
         t2v, t2v_weights = self.text_to_visual(
-            text_query, keys, keys, key_padding_mask=key_mask, need_weights=need_weights
+            text_query, keys, keys, attention_mask=key_mask, need_weights=need_weights
         )  # [B, T, E], [B, H, T, S (+ 1)] | None
         if t2v_weights is not None and self.null_slot is not None:
             t2v_weights = t2v_weights[..., 1:]  # [B, H, T, S]: the patches only
         v2t, v2t_weights = self.visual_to_text(
-            visual, text_features, text_features, key_padding_mask=text_mask, need_weights=need_weights
+            visual, text_features, text_features, attention_mask=text_mask, need_weights=need_weights
         )  # [B, S, E], [B, H, S, T] | None
         visual_out = self.norm2(visual + self.dropout(v2t))  # [B, S, E]
         # The image's own context: pooling the vision->text states instead would mostly

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .._dropout import dropout
 from .._precision import bf16_is_emulated
-from .masks import causal_mask, validate_attention_mask
+from .masks import causal_mask, mask_with_bias, validate_attention_bias, validate_attention_mask
 
 __all__ = ["AttentionResult", "attention", "reference_attention", "fused_attention"]
 
@@ -80,26 +80,24 @@ def _rows_with_keys(mask: Tensor) -> Tensor:
 
 
 def _prepare_mask(
-    query: Tensor, key: Tensor, mask: Optional[Tensor], is_causal: bool
+    query: Tensor, key: Tensor, mask: Optional[Tensor], attn_bias: Optional[Tensor], is_causal: bool
 ) -> tuple[Optional[Tensor], bool]:
-    """Validate ``mask`` and fold a causal constraint into it when both are given.
+    """Validate ``mask`` and ``attn_bias`` and fold them, and a causal constraint when
+    either is given, into one rank-4 term for the kernels.
 
-    Returns the rank-4 mask (or ``None``) and whether ``is_causal`` is still to be
-    passed on to the kernel on its own.
+    Returns that term (bool, or additive float when a bias was given; or ``None``) and
+    whether ``is_causal`` is still to be passed on to the kernel on its own.
     """
     B, H, T, _ = query.shape
     S = key.shape[2]
-    mask = validate_attention_mask(
-        mask, batch=B, heads=H, query_len=T, key_len=S, dtype=query.dtype, name="mask"
-    )
-    if is_causal and mask is not None:
+    sizes = {"batch": B, "heads": H, "query_len": T, "key_len": S}
+    mask = validate_attention_mask(mask, **sizes, name="mask")
+    attn_bias = validate_attention_bias(attn_bias, **sizes, dtype=query.dtype)
+    if is_causal and (mask is not None or attn_bias is not None):
         causal = causal_mask(T, S, device=query.device)[None, None]  # [1, 1, T, S]
-        if mask.dtype == torch.bool:
-            mask = mask & causal
-        else:
-            mask = mask.masked_fill(~causal, float("-inf"))
-        return mask, False
-    return mask, is_causal
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    return mask_with_bias(mask, attn_bias), is_causal
 
 
 def fused_attention(
@@ -116,7 +114,8 @@ def fused_attention(
 
     Fully masked rows are given one harmless key to attend to inside the kernel and
     their output is then multiplied by zero, so forward and backward stay finite.
-    ``mask`` must already be rank 4 (see :func:`attention`).
+    ``mask`` is the kernels' one rank-4 term that :func:`attention` prepares: a bool keep
+    mask, or an additive bias with ``-inf`` where attention is not allowed.
     """
     if key.shape[2] == 0:
         return query.new_zeros(*query.shape[:3], value.shape[-1])
@@ -149,7 +148,8 @@ def reference_attention(
 ) -> AttentionResult:
     """Explicit ``softmax(Q K^T * scale + mask) V`` that also returns the weights.
 
-    ``mask`` must already be rank 4 (see :func:`attention`). The softmax runs in at
+    ``mask`` is the kernels' one rank-4 term that :func:`attention` prepares (a bool keep
+    mask, or an additive bias with ``-inf`` where not allowed). The softmax runs in at
     least float32. Weights are returned before dropout.
     """
     T, S = query.shape[2], key.shape[2]
@@ -191,12 +191,14 @@ def attention(
     value: Tensor,
     mask: Optional[Tensor] = None,
     *,
+    attn_bias: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: Optional[float] = None,
     need_weights: bool = False,
 ) -> AttentionResult:
-    """Scaled dot-product attention, ``softmax(Q K^T / sqrt(D) + mask) V``.
+    """Scaled dot-product attention, ``softmax(Q K^T / sqrt(D) + attn_bias) V`` over the
+    keys that ``mask`` allows.
 
     Runs the fused kernel unless ``need_weights`` is set, in which case the reference
     path computes and returns the exact per-head probabilities.
@@ -205,9 +207,12 @@ def attention(
         query: ``[B, H, T, D]``.
         key: ``[B, H, S, D]``.
         value: ``[B, H, S, Dv]``.
-        mask: boolean (``True`` = may attend; integer 1/0 read the same way) or
-            additive float mask, broadcastable to ``[B, H, T, S]``; given as
-            ``[T, S]``, ``[B, T, S]`` or ``[B, H, T, S]``.
+        mask: keep mask (``True`` / 1 = may attend; bool, integer or float 0/1),
+            broadcastable to ``[B, H, T, S]``: ``[T, S]``, ``[B, T, S]`` or
+            ``[B, H, T, S]`` (a ``[B, S]`` padding mask is read as such when ``[T, S]``
+            does not fit). See :mod:`attnlab.attention.masks` for the contract.
+        attn_bias: additive float term broadcastable to ``[B, H, T, S]`` (``-inf``
+            removes a key), such as ALiBi or a relative position bias.
         dropout_p: dropout on the attention probabilities. Pass 0 in evaluation.
             Any value above 0 makes torch leave its flash kernel for a slower path
             that builds the ``[T, S]`` matrix.
@@ -228,7 +233,7 @@ def attention(
     _check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    mask, is_causal = _prepare_mask(query, key, mask, is_causal)
+    mask, is_causal = _prepare_mask(query, key, mask, attn_bias, is_causal)
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
     if not bf16_is_emulated(query):
         return _run_path(query, key, value, mask, need_weights, options)

@@ -1,18 +1,27 @@
-"""Attention masks: one convention, builders and validation.
+"""Attention masks: one contract, builders and validation.
 
-Convention, everywhere in attnlab:
+The contract, everywhere in attnlab (stated once here; docstrings point to it):
 
-* A **boolean** mask says where attention is allowed: ``True`` (or ``1`` in an
-  integer mask) means "this query may attend to this key", ``False`` means it may not.
-  This is the polarity of ``torch.nn.functional.scaled_dot_product_attention`` and of
-  the article's ``masked_fill(mask == 0, ...)``. ``torch.nn.MultiheadAttention`` uses
-  the opposite polarity for its boolean masks; convert with ``~mask`` at that boundary.
-* A **floating-point** mask is *added* to the attention scores (``0`` keeps a score,
-  ``-inf`` removes it).
+* **Masks keep.** An argument named ``mask``, ``attention_mask``, ``visual_mask``,
+  ``text_mask``, ``image_mask`` says where attention is allowed: ``True`` / ``1`` means
+  "may attend", ``False`` / ``0`` "may not", in any dtype: bool, integer, or float holding
+  only 0 and 1 (HuggingFace's ``attention_mask.float()``). This is the polarity of the
+  article's ``masked_fill(mask == 0, ...)`` and of HuggingFace's ``attention_mask``. A
+  float mask holding any other value is refused, never added to the scores.
+* **Biases add.** An additive float term (``0`` keeps a score, ``-inf`` removes it, any
+  other value shifts it) is only taken through an argument named ``attn_bias``.
+* **Shapes.** A padding mask is ``[B, S]``, ``True`` on real tokens. An attention mask
+  broadcasts to ``[B, H, T, S]`` (``[T, S]``, ``[B, T, S]``, ``[B, H, T, S]``, or the
+  article's ``[B, 1, 1, S]``). A rank-2 mask given where an attention mask is expected is
+  read as ``[T, S]`` when only that fits, as a ``[B, S]`` padding mask when only that
+  fits, and refused when both fit (``B == T``), with a message naming ``attention_mask=``.
+* **PyTorch's keywords keep PyTorch's meaning.** ``attn_mask``, ``src_mask`` and
+  ``src_key_padding_mask`` are read exactly as ``torch.nn`` reads them (bool ``True`` =
+  *may not* attend, float = additive) and converted (:func:`from_torch_mask`).
+  ``key_padding_mask`` is refused: attnlab once read it with the opposite polarity, so
+  either reading could silently be the wrong one; the message says what to pass.
 
 Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length.
-An attention mask broadcasts to ``[B, H, T, S]``; a *padding* mask is ``[B, S]`` with
-``True`` on real tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +38,11 @@ __all__ = [
     "padding_to_attention_mask",
     "combine_masks",
     "validate_attention_mask",
+    "validate_attention_bias",
+    "mask_with_bias",
+    "keep_mask",
+    "from_torch_mask",
+    "refuse_key_padding_mask",
     "mask_to_additive",
     "head_mask_scale",
 ]
@@ -105,31 +119,66 @@ def mask_to_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def combine_masks(*masks: Optional[Tensor]) -> Optional[Tensor]:
-    """Combine attention masks that all follow attnlab's convention.
+    """Combine keep masks (any dtype, see :func:`keep_mask`) with logical AND.
 
-    Boolean masks are combined with logical AND (a pair may attend only if every mask
-    allows it); if any mask is floating point, boolean ones are made additive and all
-    are summed. ``None`` entries are skipped; returns ``None`` if nothing is left.
+    A pair may attend only if every mask allows it. ``None`` entries are skipped;
+    returns ``None`` if nothing is left. Shapes broadcast against each other.
     """
-    present = [m for m in masks if m is not None]
+    present = [keep_mask(m, name="mask") for m in masks if m is not None]
     if not present:
         return None
-    float_masks = [m for m in present if m.dtype.is_floating_point]
-    if not float_masks:
-        combined = present[0].bool()
-        for m in present[1:]:
-            combined = combined & m.bool()
-        return combined
-    dtype = float_masks[0].dtype
-    combined = None
-    for m in present:
-        term = m if m.dtype.is_floating_point else mask_to_additive(m.bool(), dtype)
-        combined = term if combined is None else combined + term
+    combined = present[0]
+    for m in present[1:]:
+        combined = combined & m
     return combined
 
 
-def _broadcasts(dim_size: int, target: int) -> bool:
-    return dim_size == 1 or dim_size == target
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def keep_mask(mask: Tensor, *, name: str = "mask", bias_argument: Optional[str] = "attn_bias") -> Tensor:
+    """A keep mask of any dtype as bool (``True`` = may attend).
+
+    Bool passes through, integers are ``!= 0``, floats must hold only 0 and 1 (and at
+    least one 1: a float mask of zeros would keep nothing as a keep mask and change
+    nothing as an additive one).
+
+    Args:
+        mask: the mask.
+        name: the argument's name, for errors.
+        bias_argument: the argument that takes an additive bias where ``mask`` was
+            given, named in the error for a float mask that is not 0/1; ``None`` if
+            there is none.
+
+    Raises:
+        TypeError: not a tensor, an unusable dtype, or a float mask that is not 0/1.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.dtype in _INTEGER_DTYPES:
+        return mask != 0
+    if not mask.dtype.is_floating_point:
+        raise TypeError(f"{name} has unsupported dtype {mask.dtype}; expected bool, integer or float 0/1")
+    ones = mask == 1
+    if not bool((ones | (mask == 0)).all()):
+        odd = mask[~(ones | (mask == 0))].flatten()[0].item()
+        where = (
+            f"pass an additive bias as {bias_argument}= instead"
+            if bias_argument
+            else "convert it to a bool mask, True where attention is allowed"
+        )
+        raise TypeError(
+            f"{name} is a float mask holding {odd} besides 0 and 1; attnlab reads masks as keep masks "
+            f"(1 = may attend), never as additive scores: {where}"
+        )
+    if mask.numel() and not bool(ones.any()):
+        raise TypeError(
+            f"{name} is a float mask of zeros only: as a keep mask it allows nothing, as an additive "
+            f"mask it changes nothing; pass a bool mask (True = may attend)"
+        )
+    return ones
 
 
 def validate_attention_mask(
@@ -139,54 +188,145 @@ def validate_attention_mask(
     heads: int,
     query_len: int,
     key_len: int,
-    dtype: torch.dtype,
     name: str = "mask",
+    bias_argument: Optional[str] = "attn_bias",
+    dtype: Optional[torch.dtype] = None,
 ) -> Optional[Tensor]:
-    """Check an attention mask and bring it to rank 4.
+    """Check a keep mask and bring it to a bool rank-4 tensor.
 
     Accepted shapes: ``[T, S]``, ``[B, T, S]`` and ``[B, H, T, S]``, where every
-    dimension may also be 1 (broadcast). Integer masks are read as booleans (``1`` =
-    may attend); float masks must have the scores' dtype and are additive.
+    dimension may also be 1 (broadcast); a rank-2 ``[B, S]`` padding mask is read as
+    such when ``[T, S]`` does not fit, and refused as ambiguous when both fit. Any dtype
+    (see :func:`keep_mask`).
 
     Returns:
-        The mask as a rank-4 tensor that broadcasts to ``[B, H, T, S]`` (bool or
-        ``dtype``), or ``None``.
+        A bool rank-4 tensor that broadcasts to ``[B, H, T, S]``, or ``None``.
 
     Raises:
-        TypeError: the mask is not a tensor or has an unusable dtype.
-        ValueError: the mask's rank or shape does not broadcast to ``[B, H, T, S]``.
+        TypeError: the mask is not a tensor, has an unusable dtype, or is a float mask
+            that is not 0/1.
+        ValueError: the mask's rank or shape does not broadcast to ``[B, H, T, S]``, or
+            a rank-2 mask could be both ``[B, S]`` and ``[T, S]``.
     """
+    del dtype  # accepted for callers that still pass the scores' dtype: a keep mask has none
     if mask is None:
         return None
+    mask = keep_mask(mask, name=name, bias_argument=bias_argument)
+    return _to_rank4(mask, batch, heads, query_len, key_len, name)
+
+
+def validate_attention_bias(
+    bias: Optional[Tensor],
+    *,
+    batch: int,
+    heads: int,
+    query_len: int,
+    key_len: int,
+    dtype: torch.dtype,
+    name: str = "attn_bias",
+) -> Optional[Tensor]:
+    """Check an additive bias and bring it to a rank-4 float tensor of ``dtype``.
+
+    Shapes as for :func:`validate_attention_mask`, except that a rank-2 bias is always
+    ``[T, S]``.
+
+    Raises:
+        TypeError: not a floating-point tensor (a bool or integer tensor is a keep mask:
+            pass it as ``mask``).
+        ValueError: the shape does not broadcast to ``[B, H, T, S]``.
+    """
+    if bias is None:
+        return None
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(bias).__name__}")
+    if not bias.dtype.is_floating_point:
+        raise TypeError(
+            f"{name} is added to the scores and must be a float tensor, got {bias.dtype}; "
+            f"pass a bool or 0/1 keep mask as mask= or attention_mask="
+        )
+    return _to_rank4(bias.to(dtype), batch, heads, query_len, key_len, name, padding_ok=False)
+
+
+def mask_with_bias(mask: Optional[Tensor], bias: Optional[Tensor]) -> Optional[Tensor]:
+    """One rank-4 term for the kernels: ``mask`` (bool) alone, or ``bias`` with ``-inf``
+    where ``mask`` forbids; both already validated."""
+    if bias is None:
+        return mask
+    if mask is None:
+        return bias
+    return bias.masked_fill(~mask, float("-inf"))
+
+
+def from_torch_mask(
+    mask: Optional[Tensor], *, name: str, padding: bool
+) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """Read a ``torch.nn`` mask keyword exactly as ``torch.nn`` does.
+
+    ``torch.nn`` bool masks say where attention is *not* allowed (``True`` = masked out)
+    and float masks are added to the scores. Returns ``(keep mask, additive bias)``, one
+    of them ``None``. A padding mask (``src_key_padding_mask``, ``[B, S]``) comes back as
+    ``[B, 1, 1, S]``.
+    """
+    if mask is None:
+        return None, None
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if padding:
+        if mask.dim() != 2:
+            raise ValueError(f"{name} must be [B, S] (torch.nn's padding mask), got shape {tuple(mask.shape)}")
+        mask = mask[:, None, None, :]  # [B, 1, 1, S]
     if mask.dtype == torch.bool:
-        pass
-    elif mask.dtype.is_floating_point:
-        if mask.dtype != dtype:
-            raise TypeError(
-                f"{name} is a float (additive) mask of dtype {mask.dtype}, but the scores are "
-                f"{dtype}; pass a bool mask (True = may attend) or an additive mask of dtype {dtype}"
-            )
-    elif mask.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-        mask = mask != 0
-    else:
-        raise TypeError(f"{name} has unsupported dtype {mask.dtype}; expected bool, integer or float")
+        return ~mask, None
+    if mask.dtype.is_floating_point:
+        return None, mask
+    raise TypeError(
+        f"{name} follows torch.nn: a bool mask (True = may NOT attend) or a float additive one; "
+        f"got dtype {mask.dtype}"
+    )
+
+
+def refuse_key_padding_mask(key_padding_mask: Optional[Tensor]) -> None:
+    """``key_padding_mask`` means padding in ``torch.nn`` and real tokens in old attnlab code."""
+    if key_padding_mask is not None:
+        raise TypeError(
+            "key_padding_mask is not taken: torch.nn marks padding with True there, older attnlab "
+            "marked real tokens, so either reading could be silently wrong. Pass "
+            "attention_mask=[B, S] with True/1 on real tokens (HuggingFace's polarity; for a "
+            "torch.nn padding mask that is ~key_padding_mask)"
+        )
+
+
+def _broadcasts(dim_size: int, target: int) -> bool:
+    return dim_size == 1 or dim_size == target
+
+
+def _to_rank4(
+    mask: Tensor, batch: int, heads: int, query_len: int, key_len: int, name: str, padding_ok: bool = True
+) -> Tensor:
     expected = f"a shape that broadcasts to [B, H, T, S] = [{batch}, {heads}, {query_len}, {key_len}]"
     if mask.dim() == 2:
-        mask = mask[None, None]
+        rows, keys = mask.shape
+        fits_attention = _broadcasts(rows, query_len) and _broadcasts(keys, key_len)
+        fits_padding = padding_ok and rows == batch and keys == key_len and rows > 1
+        if fits_attention and fits_padding:
+            raise ValueError(
+                f"{name} of shape {tuple(mask.shape)} is ambiguous: batch size and query length are "
+                f"both {batch}, so it could be a [B, S] padding mask or a [T, S] attention mask. "
+                f"Pass a padding mask as attention_mask=, or the attention mask with its rank spelled "
+                f"out ({name}[None] for [1, T, S])"
+            )
+        mask = mask[:, None, None, :] if fits_padding else mask[None, None]
     elif mask.dim() == 3:
         mask = mask[:, None]
     elif mask.dim() != 4:
         raise ValueError(
-            f"{name} must have rank 2 [T, S], 3 [B, T, S] or 4 [B, H, T, S]; got rank "
+            f"{name} must have rank 2 [T, S] or [B, S], 3 [B, T, S] or 4 [B, H, T, S]; got rank "
             f"{mask.dim()} with shape {tuple(mask.shape)}"
         )
     target = (batch, heads, query_len, key_len)
     if not all(_broadcasts(size, want) for size, want in zip(mask.shape, target)):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected}")
     return mask
-
 
 def head_mask_scale(head_mask: Tensor, num_heads: int, batch: int) -> Tensor:
     """Per-head multipliers ``[H]`` or ``[B, H]`` as a ``[B|1, H, 1, 1]`` view.

@@ -3,7 +3,9 @@
 Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
 ``D`` head dim, ``E`` model dim.
 
-Masks follow attnlab's one convention: boolean ``True`` = may attend, float = additive.
+Masks follow attnlab's one contract (:mod:`attnlab.attention.masks`): masks keep
+(``True`` / 1 = may attend, any dtype), additive terms come only as ``attn_bias``, and
+PyTorch's ``attn_mask`` keeps PyTorch's meaning.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from torch import Tensor, nn
 from .._checks import check_positive_int, check_probability
 from .._precision import Linear, bf16_is_emulated, linear
 from .functional import AttentionResult, attention
-from .masks import combine_masks, head_mask_scale, padding_to_attention_mask, validate_attention_mask
+from .masks import (
+    combine_masks,
+    from_torch_mask,
+    head_mask_scale,
+    keep_mask,
+    refuse_key_padding_mask,
+    validate_attention_bias,
+    validate_attention_mask,
+)
 from .packing import TokenPacking
 from .rotary import RotaryEmbedding
 
@@ -35,7 +45,8 @@ class ScaledDotProductAttention(nn.Module):
 
     Shape:
         query ``[B, H, T, D]``, key ``[B, H, S, D]``, value ``[B, H, S, Dv]``, mask
-        broadcastable to ``[B, H, T, S]`` (bool ``True`` = may attend, or additive float)
+        broadcastable to ``[B, H, T, S]`` (``True`` / 1 = may attend, any dtype),
+        ``attn_bias`` an additive float term of the same shape
         -> ``(output [B, H, T, Dv], weights [B, H, T, S] or None)``. Weights are
         ``None`` unless ``need_weights=True``; they are the probabilities before dropout.
     """
@@ -51,6 +62,7 @@ class ScaledDotProductAttention(nn.Module):
         value: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attn_bias: Optional[Tensor] = None,
         need_weights: bool = False,
         is_causal: bool = False,
         scale: Optional[float] = None,
@@ -60,6 +72,7 @@ class ScaledDotProductAttention(nn.Module):
             key,
             value,
             mask,
+            attn_bias=attn_bias,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
             scale=scale,
@@ -91,9 +104,15 @@ class MultiHeadAttention(nn.Module):
 
     Shape:
         query ``[B, T, E]``, key ``[B, S, kdim]``, value ``[B, S, vdim]``;
-        ``mask`` broadcastable to ``[B, H, T, S]`` (``[T, S]``, ``[B, T, S]`` or
-        ``[B, H, T, S]``; bool ``True`` = may attend, or additive float);
-        ``key_padding_mask`` ``[B, S]`` bool, ``True`` on real keys;
+        ``mask`` broadcastable to ``[B, H, T, S]`` (``[T, S]``, ``[B, T, S]``,
+        ``[B, H, T, S]``, or a ``[B, S]`` padding mask where ``[T, S]`` does not fit;
+        ``True`` / 1 = may attend, any dtype);
+        ``attention_mask`` ``[B, S]``, ``True`` / 1 on real keys (HuggingFace's);
+        ``attn_bias`` an additive float term broadcastable to ``[B, H, T, S]``;
+        ``attn_mask`` as ``torch.nn.MultiheadAttention`` takes it (``[T, S]`` or
+        ``[B * H, T, S]``; bool ``True`` = may *not* attend, float additive);
+        ``key_padding_mask`` is refused (its polarity differs between torch.nn and
+        older attnlab; pass ``attention_mask``);
         ``head_mask`` ``[H]`` or ``[B, H]``, multiplies each head's output.
         Returns ``(output [B, T, E], weights)`` where weights are ``[B, H, T, S]``
         (``[B, T, S]`` with ``average_attn_weights=True``) when ``need_weights=True``,
@@ -207,6 +226,7 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         packing: TokenPacking,
         mask: Optional[Tensor],
+        attn_bias: Optional[Tensor],
         need_weights: bool,
         average_attn_weights: bool,
         head_mask: Optional[Tensor],
@@ -224,16 +244,17 @@ class MultiHeadAttention(nn.Module):
         by_sequence = (
             not need_weights
             and mask is None
+            and attn_bias is None
             and (self.rotary is None or packing.is_prefix)
             and packing.attend_by_sequence(self.d_model)
         )
         if by_sequence:
             return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
-        mask = self._with_key_padding(mask, packing.mask, T, x.dtype)
+        mask = combine_masks(mask, packing.mask[:, None, None, :])  # [B|1, H|1, T, T]
         qkv = packing.unpack(qkv)  # [B, T, 3E]
         q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
-        out, weights = self._attention_core(q, k, v, mask, False, need_weights, head_mask)
+        out, weights = self._attention_core(q, k, v, mask, attn_bias, False, need_weights, head_mask)
         out = self.out_proj(packing.pack(out.transpose(1, 2).reshape(B, T, E)))  # [N, E]
         if weights is not None:
             weights = packing.zero_padding_queries(weights)
@@ -241,16 +262,53 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.mean(dim=1)  # [B, T, S]
         return AttentionResult(out, weights)
 
-    def _with_key_padding(
-        self, mask: Optional[Tensor], key_padding: Tensor, query_len: int, dtype: torch.dtype
-    ) -> Tensor:
-        """``mask`` (validated, rank 4) combined with a ``[B, S]`` key padding mask."""
-        B, S = key_padding.shape
-        # Rank 4 first: a [B, T, S] mask would broadcast against [B, 1, 1, S] to [B, B, T, S].
-        mask = validate_attention_mask(
-            mask, batch=B, heads=self.num_heads, query_len=query_len, key_len=S, dtype=dtype
-        )  # [B|1, H|1, T|1, S|1] or None
-        return combine_masks(mask, padding_to_attention_mask(key_padding))
+    def _gather_masks(
+        self,
+        batch: int,
+        query_len: int,
+        key_len: int,
+        dtype: torch.dtype,
+        mask: Optional[Tensor],
+        attention_mask: Optional[Tensor],
+        attn_bias: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+    ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """Every mask argument read by its own rules, as one rank-4 keep mask and one bias."""
+        B, H, T, S = batch, self.num_heads, query_len, key_len
+        sizes = {"batch": B, "heads": H, "query_len": T, "key_len": S}
+        keep = validate_attention_mask(mask, **sizes, name="mask")
+        if attention_mask is not None:
+            attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
+            if attention_mask.dim() == 2:
+                if attention_mask.shape != (B, S):
+                    raise ValueError(
+                        f"attention_mask must be [B, S] = [{B}, {S}] with True/1 on real keys, "
+                        f"got {tuple(attention_mask.shape)}"
+                    )
+                attention_mask = attention_mask[:, None, None, :]  # [B, 1, 1, S]
+            attention_mask = validate_attention_mask(attention_mask, **sizes, name="attention_mask")
+        bias = validate_attention_bias(attn_bias, **sizes, dtype=dtype)
+        torch_keep, torch_bias = from_torch_mask(attn_mask, name="attn_mask", padding=False)
+        for name, term in (("keep", torch_keep), ("bias", torch_bias)):
+            if term is None:
+                continue
+            if term.dim() == 2:
+                term = term[None, None]  # [1, 1, T, S]: torch.nn's 2-D attn_mask is always [T, S]
+            elif term.dim() == 3 and term.shape[0] == B * H:
+                term = term.view(B, H, *term.shape[1:])  # torch.nn's [B * H, T, S]
+            elif term.dim() == 3:
+                raise ValueError(
+                    f"attn_mask follows torch.nn: [T, S] or [B * H, T, S] = [{B * H}, {T}, {S}], "
+                    f"got {tuple(term.shape)}"
+                )
+            if name == "keep":
+                torch_keep = validate_attention_mask(term, **sizes, name="attn_mask")
+            else:
+                torch_bias = validate_attention_bias(term, **sizes, dtype=dtype, name="attn_mask")
+        keep = combine_masks(keep, attention_mask, torch_keep)
+        if torch_bias is not None:
+            bias = torch_bias if bias is None else bias + torch_bias
+        return keep, bias
 
     def _attend_by_sequence(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
         """Fused attention sequence by sequence on packed ``qkv`` ``[N, 3E]`` -> ``[N, E]``.
@@ -290,6 +348,7 @@ class MultiHeadAttention(nn.Module):
         k: Tensor,
         v: Tensor,
         mask: Optional[Tensor],
+        attn_bias: Optional[Tensor],
         is_causal: bool,
         need_weights: bool,
         head_mask: Optional[Tensor],
@@ -302,6 +361,7 @@ class MultiHeadAttention(nn.Module):
             k,
             v,
             mask,
+            attn_bias=attn_bias,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
             need_weights=need_weights,
@@ -341,6 +401,9 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
+        attn_bias: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
         key_padding_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         average_attn_weights: bool = False,
@@ -348,34 +411,23 @@ class MultiHeadAttention(nn.Module):
         head_mask: Optional[Tensor] = None,
         packing: Optional[TokenPacking] = None,
     ) -> AttentionResult:
+        refuse_key_padding_mask(key_padding_mask)
         if packing is not None:
             if not (query is key and key is value):
                 raise ValueError(
                     "packing applies to self-attention only: pass the same tensor as query, key and value"
                 )
-            if key_padding_mask is not None or is_causal:
+            if attention_mask is not None or attn_mask is not None or is_causal:
                 raise ValueError("with packing, pass padding and causal constraints in mask")
-            return self._attend_packed(query, packing, mask, need_weights, average_attn_weights, head_mask)
+            B, T = packing.batch, packing.length
+            keep, bias = self._gather_masks(B, T, T, query.dtype, mask, None, attn_bias, None)
+            return self._attend_packed(query, packing, keep, bias, need_weights, average_attn_weights, head_mask)
         self._check_inputs(query, key, value)
         B, T, E = query.shape
         S = key.shape[1]
-        if key_padding_mask is not None:
-            if not isinstance(key_padding_mask, Tensor):
-                raise TypeError(
-                    f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}"
-                )
-            if key_padding_mask.shape != (B, S):
-                raise ValueError(
-                    f"key_padding_mask must be [B, S] = [{B}, {S}] with True on real keys, "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
-            if key_padding_mask.dtype.is_floating_point:
-                key_padding_mask = key_padding_mask.to(query.dtype)
-            else:
-                key_padding_mask = key_padding_mask.bool()
-            mask = self._with_key_padding(mask, key_padding_mask, T, query.dtype)
+        keep, bias = self._gather_masks(B, T, S, query.dtype, mask, attention_mask, attn_bias, attn_mask)
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
-        out, weights = self._attention_core(q, k, v, mask, is_causal, need_weights, head_mask)
+        out, weights = self._attention_core(q, k, v, keep, bias, is_causal, need_weights, head_mask)
         out = out.transpose(1, 2).reshape(B, T, E)  # [B, T, E]
         out = self.out_proj(out)
         if weights is not None and average_attn_weights:

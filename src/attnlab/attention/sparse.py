@@ -3,7 +3,8 @@
 Dimension letters: ``B`` batch, ``H`` heads, ``T`` sequence length, ``D`` head dim,
 ``E`` model dim, ``L`` block size.
 
-Masks follow attnlab's one convention: boolean ``True`` = may attend, float = additive.
+Masks follow attnlab's one contract (:mod:`attnlab.attention.masks`): ``True`` / 1 = may
+attend, in any dtype.
 Only key-padding masks are taken (``[B, T]``, ``[B, 1, T]`` or ``[B, 1, 1, T]``): a
 general ``[T, T]`` mask would need the dense pattern this module exists to avoid.
 """
@@ -19,7 +20,7 @@ from .._checks import check_positive_int, check_probability
 from .._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
 from .functional import AttentionResult, attention
-from .masks import combine_masks, head_mask_scale
+from .masks import combine_masks, head_mask_scale, keep_mask, refuse_key_padding_mask
 from .rotary import RotaryEmbedding
 
 __all__ = ["SparseAttention", "DENSE_WEIGHTS_MAX_LEN", "WEIGHTS_LAYOUTS"]
@@ -97,9 +98,10 @@ class SparseAttention(nn.Module):
             (a :class:`~attnlab.attention.block_sparse.BlockSparseWeights`, any ``T``).
 
     Shape:
-        query, key, value ``[B, T, E]``; ``mask``: key padding as ``[B, 1, 1, T]`` or
-        ``[B, 1, T]`` (bool ``True`` = may attend, or additive float; batch may be 1);
-        ``key_padding_mask`` ``[B, T]`` (``True`` on real tokens); ``head_mask`` ``[H]``
+        query, key, value ``[B, T, E]``; ``mask``: key padding as ``[B, 1, 1, T]``,
+        ``[B, 1, T]`` or ``[B, T]`` (``True`` / 1 = may attend, any dtype; batch may be 1);
+        ``attention_mask`` ``[B, T]`` (``True`` / 1 on real tokens, HuggingFace's);
+        ``key_padding_mask`` is refused (see :mod:`attnlab.attention.masks`); ``head_mask`` ``[H]``
         or ``[B, H]``. Returns ``(output [B, T, E], weights)``: weights are ``None``
         unless ``need_weights=True``. The dense view ``M`` ``[B, H, T, T]`` satisfies
         ``per-head output = M @ v`` exactly: sparse probabilities plus the summary's
@@ -183,34 +185,30 @@ class SparseAttention(nn.Module):
             raise ValueError("SparseAttention does not support is_causal=True; its pattern is bidirectional")
 
     def _key_mask(
-        self, mask: Optional[Tensor], key_padding_mask: Optional[Tensor], batch: int, length: int, dtype
+        self, mask: Optional[Tensor], attention_mask: Optional[Tensor], batch: int, length: int
     ) -> Optional[Tensor]:
-        """Fold ``mask`` and ``key_padding_mask`` into one ``[B, T]`` bool or float key mask."""
+        """Fold ``mask`` and ``attention_mask`` into one ``[B, T]`` bool key mask."""
         masks = []
-        for name, given in (("mask", mask), ("key_padding_mask", key_padding_mask)):
+        for name, given in (("mask", mask), ("attention_mask", attention_mask)):
             if given is None:
                 continue
-            if not isinstance(given, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor or None, got {type(given).__name__}")
+            given = keep_mask(given, name=name, bias_argument=None)
             shape = tuple(given.shape)
             if name == "mask":
-                key_only = (given.dim() == 4 and shape[1:3] == (1, 1)) or (given.dim() == 3 and shape[1] == 1)
+                key_only = (
+                    (given.dim() == 4 and shape[1:3] == (1, 1)) or (given.dim() == 3 and shape[1] == 1)
+                    or given.dim() == 2
+                )
             else:
                 key_only = given.dim() == 2
             if not key_only or shape[-1] != length or shape[0] not in (1, batch):
-                expected = "[B, 1, 1, T] or [B, 1, T]" if name == "mask" else "[B, T]"
+                expected = "[B, 1, 1, T], [B, 1, T] or [B, T]" if name == "mask" else "[B, T]"
                 raise ValueError(
                     f"SparseAttention takes key-padding masks only: {name} must be {expected} with "
                     f"B={batch} (or 1) and T={length}, got {shape}. A mask that varies per query would "
                     "need the dense T x T pattern; use MultiHeadAttention for it"
                 )
-            given = given.reshape(shape[0], length).expand(batch, length)  # [B, T]
-            if given.dtype.is_floating_point:
-                if given.dtype != dtype:
-                    raise TypeError(f"{name} is a float (additive) mask of dtype {given.dtype}; expected {dtype}")
-            elif given.dtype != torch.bool:
-                given = given != 0
-            masks.append(given)
+            masks.append(given.reshape(shape[0], length).expand(batch, length))  # [B, T]
         return combine_masks(*masks)
 
     # ------------------------------------------------------------- projections
@@ -264,6 +262,7 @@ class SparseAttention(nn.Module):
         value: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
         key_padding_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         average_attn_weights: bool = False,
@@ -273,7 +272,8 @@ class SparseAttention(nn.Module):
         """Attend; see the class docstring for the exact pattern, masks and weights."""
         self._check_inputs(query, key, value, is_causal)
         B, T, E = query.shape
-        key_mask = self._key_mask(mask, key_padding_mask, B, T, query.dtype)  # [B, T] | None
+        refuse_key_padding_mask(key_padding_mask)
+        key_mask = self._key_mask(mask, attention_mask, B, T)  # [B, T] | None
         if need_weights and self.weights_layout == "dense" and T > DENSE_WEIGHTS_MAX_LEN:
             raise ValueError(
                 f"need_weights=True with weights_layout='dense' builds [B, H, T, T] weights; T={T} is "

@@ -1,25 +1,29 @@
 """Transformer encoder layer and the full encoder.
 
 Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``H`` heads, ``L`` layers.
-Masks: bool ``True`` = may attend; a ``[B, T]`` mask given to the encoder marks real
-tokens (``True``) and padding (``False``).
+Masks follow :mod:`attnlab.attention.masks`: ``True`` / 1 = may attend, in any dtype; a
+``[B, T]`` mask given to the encoder marks real tokens (``True``) and padding (``False``).
+PyTorch's ``src_mask`` / ``src_key_padding_mask`` keep PyTorch's meaning.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from ..attention.masks import combine_masks, from_torch_mask, keep_mask
 from ..attention.multihead import MultiHeadAttention
 from ..attention.packing import TokenPacking
 from ..attention.sparse import SparseAttention
 from .dropout import Dropout
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
+from ..outputs import LayerAttentions, ModelOutput
 from .positional import LearnedPositionalEmbedding, PositionalEncoding
 
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput"]
@@ -32,17 +36,30 @@ class EncoderLayerOutput(NamedTuple):
     weights: Optional[Tensor]
 
 
-class EncoderOutput(NamedTuple):
-    """What :class:`TransformerEncoder` returns; unpacks as ``x, attentions``.
+@dataclass(eq=False)
+class EncoderOutput(ModelOutput):
+    """What :class:`TransformerEncoder` returns; unpacks as the article's ``x, attentions``.
+
+    A :class:`~attnlab.outputs.ModelOutput`: ``out.last_hidden_state``, ``out[0]``,
+    ``out["attentions"]``, ``out.to_tuple()``. The tuple is ``(last_hidden_state,
+    attentions)`` (``attentions`` ``None`` unless asked), with ``hidden_states`` between
+    them when asked for, as HuggingFace orders them.
 
     Attributes:
         last_hidden_state: ``[B, T, E]``.
-        attentions: ``{"layer_1": [B, H, T, T], ..., "layer_L": ...}`` when
-            ``output_attentions=True``, else ``None``.
+        hidden_states: with ``output_hidden_states=True``, ``L + 1`` tensors ``[B, T, E]``:
+            the embedding output, then every layer's output (the last one after the
+            final LayerNorm, so it equals ``last_hidden_state``); else ``None``.
+        attentions: with ``output_attentions=True``, a
+            :class:`~attnlab.outputs.LayerAttentions` of ``[B, H, T, T]`` per layer:
+            ``attentions[0]`` and ``attentions["layer_1"]`` are layer 1; else ``None``.
     """
 
     last_hidden_state: Tensor
-    attentions: Optional[dict[str, Tensor]]
+    hidden_states: Optional[tuple[Tensor, ...]] = None
+    attentions: Optional[LayerAttentions] = None
+
+    _always_in_tuple = ("last_hidden_state", "attentions")
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -70,7 +87,9 @@ class TransformerEncoderLayer(nn.Module):
 
     Shape:
         ``x`` ``[B, T, E]``; ``mask`` broadcastable to ``[B, H, T, T]`` (e.g.
-        ``[B, 1, 1, T]`` for padding) -> ``(output [B, T, E], weights [B, H, T, T] | None)``.
+        ``[B, 1, 1, T]`` for padding; ``True`` / 1 = may attend) or ``attention_mask``
+        ``[B, T]``; ``torch.nn``'s ``src_mask`` and ``src_key_padding_mask`` are read as
+        ``torch.nn`` reads them -> ``(output [B, T, E], weights [B, H, T, T] | None)``.
     """
 
     def __init__(
@@ -105,14 +124,8 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout1 = Dropout(dropout)
 
     def _attend(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor],
-        need_weights: bool,
-        head_mask: Optional[Tensor],
-        packing: Optional[TokenPacking],
+        self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor], extra: dict
     ) -> tuple[Tensor, Optional[Tensor]]:
-        extra = {} if packing is None else {"packing": packing}
         out, weights = self.self_attn(x, x, x, mask, need_weights=need_weights, head_mask=head_mask, **extra)
         return self.dropout1(out), weights
 
@@ -121,19 +134,51 @@ class TransformerEncoderLayer(nn.Module):
         x: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
+        attn_bias: Optional[Tensor] = None,
+        src_mask: Optional[Tensor] = None,
+        src_key_padding_mask: Optional[Tensor] = None,
+        is_causal: bool = False,
         need_weights: bool = False,
         head_mask: Optional[Tensor] = None,
         packing: Optional[TokenPacking] = None,
     ) -> EncoderLayerOutput:
-        """One layer; with ``packing`` (dense attention only) ``x`` and the output are the
-        packed ``[N, E]`` real tokens (see :mod:`attnlab.attention.packing`), the packing
-        keeps padding keys out and ``mask`` may only add constraints."""
+        """One layer.
+
+        Args:
+            x: ``[B, T, E]``; with ``packing`` (dense attention only) ``x`` and the output
+                are the packed ``[N, E]`` real tokens (see :mod:`attnlab.attention.packing`),
+                the packing keeps padding keys out and ``mask`` may only add constraints.
+            mask: keep mask broadcastable to ``[B, H, T, T]`` (``True`` / 1 = may attend).
+            attention_mask: ``[B, T]``, ``True`` / 1 on real tokens (HuggingFace's).
+            attn_bias: additive float term broadcastable to ``[B, H, T, T]``.
+            src_mask: ``torch.nn.TransformerEncoderLayer``'s: ``[T, T]`` or
+                ``[B * H, T, T]``, bool ``True`` = may *not* attend, float additive.
+            src_key_padding_mask: ``torch.nn``'s: ``[B, T]``, bool ``True`` on padding.
+            is_causal: also forbid attending to later positions.
+        """
+        extra: dict = {} if packing is None else {"packing": packing}
+        padding_keep, padding_bias = from_torch_mask(
+            src_key_padding_mask, name="src_key_padding_mask", padding=True
+        )  # [B, 1, 1, T]
+        if padding_bias is not None:
+            attn_bias = padding_bias if attn_bias is None else attn_bias + padding_bias
+        if attention_mask is not None:
+            attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
+            if attention_mask.dim() == 2:
+                attention_mask = attention_mask[:, None, None, :]  # [B, 1, 1, T]
+        attention_mask = combine_masks(attention_mask, padding_keep)
+        for name, value in (("attention_mask", attention_mask), ("attn_bias", attn_bias), ("attn_mask", src_mask)):
+            if value is not None:
+                extra[name] = value
+        if is_causal:
+            extra["is_causal"] = True
         if self.norm_first:
-            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask, packing)
+            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask, extra)
             x = x + attended
             x = x + self.ffn(self.norm2(x))
         else:
-            attended, weights = self._attend(x, mask, need_weights, head_mask, packing)
+            attended, weights = self._attend(x, mask, need_weights, head_mask, extra)
             x = self.norm1(x + attended)
             x = self.norm2(x + self.ffn(x))
         return EncoderLayerOutput(x, weights)
@@ -295,23 +340,44 @@ class TransformerEncoder(nn.Module):
                 f"or build the encoder with a larger max_len"
             )
 
-    def _padding_mask(self, input_ids: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
-        """The ``[B, T]`` padding mask (bool, or float additive), or a rank 3/4 attention mask."""
+    def padding_mask_for(
+        self,
+        input_ids: Tensor,
+        mask: Optional[Tensor],
+        attention_mask: Optional[Tensor] = None,
+        src_key_padding_mask: Optional[Tensor] = None,
+    ) -> Optional[Tensor]:
+        """The ``[B, T]`` bool padding mask, or a rank 3/4 attention mask, from whichever
+        argument carries it (at most one); derived from ``pad_id`` when none does.
+
+        Task heads call this to pool over the same real tokens the encoder attends to.
+        """
         B, T = input_ids.shape
-        if mask is None:
+        given = [(name, value) for name, value in (
+            ("mask", mask), ("attention_mask", attention_mask), ("src_key_padding_mask", src_key_padding_mask)
+        ) if value is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"pass one padding mask, got {' and '.join(name for name, _ in given)}; attention_mask "
+                f"(HuggingFace's name) and mask (the article's) mean the same: True/1 on real tokens"
+            )
+        if not given:
             if self.config.pad_id is None:
                 return None
-            mask = input_ids != self.config.pad_id
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-        if mask.dim() == 2:
-            if mask.shape != (B, T):
-                raise ValueError(
-                    f"a 2-D mask is a padding mask and must be [B, T] = [{B}, {T}], "
-                    f"got {tuple(mask.shape)}"
+            return input_ids != self.config.pad_id
+        name, mask = given[0]
+        if name == "src_key_padding_mask":
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+                raise TypeError(
+                    "src_key_padding_mask follows torch.nn: a bool [B, T] tensor, True on padding; "
+                    "pass other masks as attention_mask= with True/1 on real tokens"
                 )
-            if not mask.dtype.is_floating_point:
-                mask = mask.bool()
+            mask = ~mask
+        mask = keep_mask(mask, name=name, bias_argument=None)
+        if mask.dim() == 2 and mask.shape != (B, T):
+            raise ValueError(
+                f"a 2-D {name} is a padding mask and must be [B, T] = [{B}, {T}], got {tuple(mask.shape)}"
+            )
         return mask  # rank 3 or 4: an attention mask, validated by the attention
 
     def _packing(self, mask: Optional[Tensor]) -> Optional[TokenPacking]:
@@ -362,43 +428,59 @@ class TransformerEncoder(nn.Module):
         input_ids: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
         token_type_ids: Optional[Tensor] = None,
+        src_key_padding_mask: Optional[Tensor] = None,
         output_attentions: bool = False,
+        output_hidden_states: bool = False,
         head_mask: Optional[Tensor] = None,
+        return_dict: Optional[bool] = None,
     ) -> EncoderOutput:
         """Encode ``input_ids``.
 
         Args:
             input_ids: ``[B, T]`` token ids.
-            mask: ``[B, T]`` padding mask (``True`` on real tokens) or an attention
-                mask of rank 3/4; derived from ``pad_id`` when omitted.
+            mask: ``[B, T]`` padding mask (``True`` / 1 on real tokens, any dtype) or an
+                attention mask of rank 3/4; derived from ``pad_id`` when omitted.
+            attention_mask: HuggingFace's name for the ``[B, T]`` padding mask; give
+                ``mask`` or ``attention_mask``, not both.
             token_type_ids: ``[B, T]`` segment ids (needs ``type_vocab_size > 0``).
+            src_key_padding_mask: ``torch.nn``'s padding mask, bool, ``True`` on padding.
             output_attentions: also return every layer's per-head weights.
+            output_hidden_states: also return the embedding output and every layer's output.
             head_mask: ``[H]`` or ``[L, H]`` multipliers of each head's output
                 (0 ablates a head).
+            return_dict: ``False`` returns ``out.to_tuple()``, as in HuggingFace.
         """
         self._check_ids(input_ids)
-        mask = self._padding_mask(input_ids, mask)
+        mask = self.padding_mask_for(input_ids, mask, attention_mask, src_key_padding_mask)
         packing = self._packing(mask)
         if packing is not None:
-            attention_mask = None  # the packing keeps padding keys out
+            layer_mask = None  # the packing keeps padding keys out
         elif mask is not None and mask.dim() == 2:
-            attention_mask = mask[:, None, None, :]  # [B, 1, 1, T]
+            layer_mask = mask[:, None, None, :]  # [B, 1, 1, T]
         else:
-            attention_mask = mask
+            layer_mask = mask
         x = self.embed(input_ids, token_type_ids)  # [B, T, E]
         if packing is not None:
             x = packing.pack(x)  # [N, E]: the real tokens only
-        attentions: Optional[dict[str, Tensor]] = {} if output_attentions else None
-        for index, (layer, layer_head_mask) in enumerate(zip(self.layers, self._layer_head_masks(head_mask))):
+        unpacked = (lambda h: h) if packing is None else packing.unpack  # [B, T, E], zeros at padding
+        hidden_states: Optional[list[Tensor]] = [unpacked(x)] if output_hidden_states else None
+        attentions: list[Optional[Tensor]] = []
+        for layer, layer_head_mask in zip(self.layers, self._layer_head_masks(head_mask)):
             extra = {} if packing is None else {"packing": packing}  # replaced layers need not take it
-            x, weights = layer(
-                x, attention_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra
-            )
-            if attentions is not None:
-                attentions[f"layer_{index + 1}"] = weights
+            x, weights = layer(x, layer_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra)
+            attentions.append(weights)
+            if hidden_states is not None:
+                hidden_states.append(unpacked(x))
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        if packing is not None:
-            x = packing.unpack(x)  # [B, T, E], zeros at padding
-        return EncoderOutput(x, attentions)
+        x = unpacked(x)
+        if hidden_states is not None:
+            hidden_states[-1] = x  # as HuggingFace: the last entry after the final norm
+        output = EncoderOutput(
+            x,
+            tuple(hidden_states) if hidden_states is not None else None,
+            LayerAttentions(attentions) if output_attentions else None,
+        )
+        return output.to_tuple() if return_dict is False else output

@@ -3,7 +3,7 @@
 from .classifier import POOLINGS, EncoderClassifier, pool
 from .factory import build_encoder, load_pretrained_tokenizer
 from .masked_lm import EncoderForMaskedLM
-from .outputs import ModelOutput
+from .outputs import ModelOutput, TaskOutput
 from .serialization import LoadedModel, build_model, load_model, model_config, resolve_checkpoint_dir, save_model
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "EncoderForMaskedLM",
     "LoadedModel",
     "ModelOutput",
+    "TaskOutput",
     "POOLINGS",
     "build_encoder",
     "build_model",

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from .._checks import check_positive_int, check_probability
 from .._precision import Linear
 from ..layers import TransformerEncoder
-from .outputs import ModelOutput
+from .outputs import TaskOutput
 
 __all__ = ["EncoderClassifier", "POOLINGS", "pool"]
 
@@ -43,9 +43,11 @@ class EncoderClassifier(nn.Module):
         label_names: optional names of the classes, saved with the model.
 
     Shape:
-        ``input_ids`` ``[B, T]``; ``mask`` ``[B, T]`` padding mask (``True`` = real token,
-        may attend), derived from the encoder's ``pad_id`` when omitted; ``labels`` ``[B]``
-        -> :class:`ModelOutput` with ``logits`` ``[B, C]``.
+        ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
+        (``True`` / 1 = real token, any dtype), derived from the encoder's ``pad_id`` when
+        omitted; ``token_type_ids`` ``[B, T]``; ``labels`` ``[B]``
+        -> :class:`~attnlab.models.outputs.TaskOutput` with ``logits`` ``[B, C]``
+        (``out[0]`` is the loss when labels were given, as in HuggingFace).
 
     Example:
         >>> encoder = TransformerEncoder(100, d_model=32, num_layers=1, num_heads=4, d_ff=64, pad_id=0)
@@ -94,17 +96,26 @@ class EncoderClassifier(nn.Module):
         input_ids: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
+        token_type_ids: Optional[Tensor] = None,
         output_attentions: bool = False,
+        output_hidden_states: bool = False,
         head_mask: Optional[Tensor] = None,
         labels: Optional[Tensor] = None,
-    ) -> ModelOutput:
-        if mask is None and self.encoder.config.pad_id is not None:
-            mask = input_ids != self.encoder.config.pad_id
+        return_dict: Optional[bool] = None,
+    ) -> TaskOutput:
+        mask = self.encoder.padding_mask_for(input_ids, mask, attention_mask)
         if mask is not None and mask.dim() != 2:
             raise ValueError(f"mask must be a [B, T] padding mask, got shape {tuple(mask.shape)}")
-        hidden, attentions = self.encoder(
-            input_ids, mask, output_attentions=output_attentions, head_mask=head_mask
-        )  # [B, T, E]
+        encoded = self.encoder(
+            input_ids,
+            mask,
+            token_type_ids=token_type_ids,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            head_mask=head_mask,
+        )
+        hidden = encoded.last_hidden_state  # [B, T, E]
         pooled = pool(hidden, mask, self.pooling)  # [B, E]
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         loss = None
@@ -112,4 +123,5 @@ class EncoderClassifier(nn.Module):
             if labels.shape != logits.shape[:1]:
                 raise ValueError(f"labels must be [B]={[logits.shape[0]]}, got {tuple(labels.shape)}")
             loss = F.cross_entropy(logits.float(), labels)
-        return ModelOutput(logits=logits, loss=loss, attentions=attentions, last_hidden_state=hidden)
+        output = TaskOutput(loss, logits, encoded.hidden_states, encoded.attentions, hidden)
+        return output.to_tuple() if return_dict is False else output

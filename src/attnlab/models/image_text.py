@@ -15,8 +15,8 @@ Two fusions share the encoders and the head, so they can be compared on equal te
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,9 @@ from .._checks import check_positive_int, check_probability, dataclass_from_dict
 from .._precision import Linear
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
 from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
+from ..attention.masks import keep_mask
 from ..layers.ffn import PositionWiseFFN
+from ..outputs import LayerAttentions, ModelOutput
 
 __all__ = ["ImageTextConfig", "ImageTextModel", "ImageTextOutput", "PatchEmbedding", "gate_summary"]
 
@@ -100,30 +102,33 @@ class ImageTextConfig:
         return dataclass_from_dict(cls, values)
 
 
-class ImageTextOutput(NamedTuple):
-    """What :class:`ImageTextModel` returns.
+@dataclass(eq=False)
+class ImageTextOutput(ModelOutput):
+    """What :class:`ImageTextModel` returns (a :class:`~attnlab.outputs.ModelOutput`:
+    ``out[0]`` is the loss when labels were given, else the logits).
 
     Attributes:
-        logits: ``[B, num_labels]``.
-        attentions: text self-attention, ``{"layer_1": [B, H, T, T], ...}`` when
-            ``output_attentions=True``, else ``None``.
-        visual_attentions: patch self-attention ``{"layer_1": [B, H, S, S], ...}`` or ``None``.
-        cross_attentions: text-token -> patch attention ``{"layer_1": [B, H, T, S], ...}``
-            or ``None`` (also ``None`` for the ``concat`` baseline).
-        visual_to_text_attentions: patch -> text-token attention ``{"layer_1": [B, H, S, T]}``
-            or ``None``.
-        gates: each cross-modal layer's gate (see :class:`CrossModalOutput`); empty for
-            the baseline.
         loss: mean cross-entropy when ``labels`` were given, else ``None``.
+        logits: ``[B, num_labels]``.
+        attentions: text self-attention, a :class:`~attnlab.outputs.LayerAttentions` of
+            ``[B, H, T, T]`` (``attentions[0]`` = ``attentions["layer_1"]``) when
+            ``output_attentions=True``, else ``None``.
+        visual_attentions: patch self-attention ``[B, H, S, S]`` per layer, or ``None``.
+        cross_attentions: text-token -> patch attention ``[B, H, T, S]`` per cross-modal
+            layer, or ``None`` (also ``None`` for the ``concat`` baseline).
+        visual_to_text_attentions: patch -> text-token attention ``[B, H, S, T]`` per
+            cross-modal layer, or ``None``.
+        gates: each cross-modal layer's gate (see :class:`CrossModalOutput`), by layer
+            name; empty for the baseline.
     """
 
-    logits: Tensor
-    attentions: Optional[dict[str, Tensor]]
-    visual_attentions: Optional[dict[str, Tensor]]
-    cross_attentions: Optional[dict[str, Tensor]]
-    visual_to_text_attentions: Optional[dict[str, Tensor]]
-    gates: dict[str, Tensor]
     loss: Optional[Tensor] = None
+    logits: Optional[Tensor] = None
+    attentions: Optional[LayerAttentions] = None
+    visual_attentions: Optional[LayerAttentions] = None
+    cross_attentions: Optional[LayerAttentions] = None
+    visual_to_text_attentions: Optional[LayerAttentions] = None
+    gates: dict[str, Tensor] = field(default_factory=dict)
 
 
 class PatchEmbedding(nn.Module):
@@ -277,18 +282,18 @@ class ImageTextModel(nn.Module):
         """Patch states ``[B, S, V]`` and, when asked, per-layer patch self-attention."""
         x = self.visual_dropout(self.patch_embedding(images))  # [B, S, V]
         attention_mask = None if image_mask is None else image_mask.bool()[:, None, None, :]  # [B, 1, 1, S]
-        attentions: Optional[dict[str, Tensor]] = {} if output_attentions else None
-        for index, layer in enumerate(self.visual_layers):
+        attentions: list[Optional[Tensor]] = []
+        for layer in self.visual_layers:
             x, weights = layer(x, attention_mask, need_weights=output_attentions)
-            if attentions is not None:
-                attentions[f"layer_{index + 1}"] = weights
-        return self.visual_norm(x), attentions
+            attentions.append(weights)
+        return self.visual_norm(x), LayerAttentions(attentions) if output_attentions else None
 
     def forward(
         self,
         input_ids: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
         images: Tensor,
         image_mask: Optional[Tensor] = None,
         image_index: Optional[Tensor] = None,
@@ -300,7 +305,9 @@ class ImageTextModel(nn.Module):
 
         Args:
             input_ids: ``[B, T]`` statement ids, ``[CLS]`` first.
-            mask: ``[B, T]``, ``True`` on real tokens; derived from ``pad_id`` when omitted.
+            mask: ``[B, T]``, ``True`` / 1 on real tokens (any dtype); derived from
+                ``pad_id`` when omitted.
+            attention_mask: HuggingFace's name for ``mask``; give one of them.
             images: ``[N, image_size, image_size]``; ``N == B`` unless ``image_index`` is given.
             image_mask: ``[N, S]``, ``True`` on real patches; ``None`` = all real.
             image_index: ``[B]`` row of ``images`` that each statement is about, so that
@@ -323,34 +330,42 @@ class ImageTextModel(nn.Module):
             raise ValueError(
                 f"image_mask must be [N, S] = [{N}, {self.config.num_patches}], got {tuple(image_mask.shape)}"
             )
-        text_mask = input_ids != self.config.pad_id if mask is None else mask.bool()  # [B, T]
+        text_mask = self.text_encoder.padding_mask_for(input_ids, mask, attention_mask)  # [B, T]
+        if text_mask is None or text_mask.dim() != 2:
+            text_mask = input_ids != self.config.pad_id if text_mask is None else keep_mask(text_mask, name="mask")
+        if image_mask is not None:
+            image_mask = keep_mask(image_mask, name="image_mask", bias_argument=None)
         visual, visual_attentions = self.encode_image(images, image_mask, output_attentions=output_attentions)
         if image_index is not None:
             visual = visual[image_index]  # [B, S, V]
             image_mask = None if image_mask is None else image_mask[image_index]  # [B, S]
             if visual_attentions is not None:
-                visual_attentions = {name: value[image_index] for name, value in visual_attentions.items()}
+                visual_attentions = LayerAttentions(value[image_index] for value in visual_attentions)
         text, attentions = self.text_encoder(
             input_ids, text_mask, output_attentions=output_attentions, head_mask=head_mask
         )  # [B, T, E]
-        cross: Optional[dict[str, Tensor]] = {} if output_attentions else None
-        backward: Optional[dict[str, Tensor]] = {} if output_attentions else None
+        cross: list[Optional[Tensor]] = []
+        backward: list[Optional[Tensor]] = []
         gates: dict[str, Tensor] = {}
         if self.config.fusion == "concat":
             image_summary = masked_mean(visual, image_mask).squeeze(1)  # [B, V]
             pooled = torch.cat([image_summary, self._pool(text, text_mask)], dim=-1)  # [B, V + E]
             logits = self.head(pooled)  # [B, num_labels]
-            return ImageTextOutput(logits, attentions, visual_attentions, None, None, gates, _loss(logits, labels))
+            return ImageTextOutput(_loss(logits, labels), logits, attentions, visual_attentions, None, None, gates)
         for index, layer in enumerate(self.cross_layers):
             text, fused = layer(visual, text, image_mask, text_mask, output_attentions)
             visual = fused.visual_output  # [B, S, E]: the next layer's visual input
             name = f"layer_{index + 1}"
             gates[name] = fused.gate
-            if cross is not None:
-                cross[name] = fused.text_to_visual_weights
-                backward[name] = fused.visual_to_text_weights
+            cross.append(fused.text_to_visual_weights)
+            backward.append(fused.visual_to_text_weights)
         logits = self.head(self._pool(text, text_mask))  # [B, num_labels]
-        return ImageTextOutput(logits, attentions, visual_attentions, cross, backward, gates, _loss(logits, labels))
+        if not output_attentions:
+            return ImageTextOutput(_loss(logits, labels), logits, attentions, visual_attentions, None, None, gates)
+        return ImageTextOutput(
+            _loss(logits, labels), logits, attentions, visual_attentions,
+            LayerAttentions(cross), LayerAttentions(backward), gates,
+        )
 
 
 def _loss(logits: Tensor, labels: Optional[Tensor]) -> Optional[Tensor]:

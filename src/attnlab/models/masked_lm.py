@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from .._precision import Linear
 from ..layers import TransformerEncoder
-from .outputs import ModelOutput
+from .outputs import TaskOutput
 
 __all__ = ["EncoderForMaskedLM"]
 
@@ -19,9 +19,9 @@ class EncoderForMaskedLM(nn.Module):
     token embedding.
 
     Shape:
-        ``input_ids`` ``[B, T]``; ``mask`` ``[B, T]`` padding mask (``True`` = real token,
-        may attend); ``labels`` ``[B, T]`` token ids, -100 where nothing is predicted
-        -> :class:`ModelOutput` with ``logits`` ``[B, T, V]``; given ``labels``, ``logits``
+        ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
+        (``True`` / 1 = real token, any dtype); ``labels`` ``[B, T]`` token ids, -100 where
+        nothing is predicted -> :class:`~attnlab.models.outputs.TaskOutput` with ``logits`` ``[B, T, V]``; given ``labels``, ``logits``
         are those of the labelled positions only, ``[N, V]`` in the order of
         ``labels != -100``, and ``loss`` is their mean cross-entropy.
     """
@@ -49,13 +49,28 @@ class EncoderForMaskedLM(nn.Module):
         input_ids: Tensor,
         mask: Optional[Tensor] = None,
         *,
+        attention_mask: Optional[Tensor] = None,
+        token_type_ids: Optional[Tensor] = None,
         output_attentions: bool = False,
+        output_hidden_states: bool = False,
         head_mask: Optional[Tensor] = None,
         labels: Optional[Tensor] = None,
-    ) -> ModelOutput:
-        hidden, attentions = self.encoder(input_ids, mask, output_attentions=output_attentions, head_mask=head_mask)
+        return_dict: Optional[bool] = None,
+    ) -> TaskOutput:
+        encoded = self.encoder(
+            input_ids,
+            mask,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            head_mask=head_mask,
+        )
+        hidden = encoded.last_hidden_state  # [B, T, E]
+        extras = (encoded.hidden_states, encoded.attentions, hidden)
         if labels is None:
-            return ModelOutput(logits=self._predict(hidden), attentions=attentions, last_hidden_state=hidden)
+            output = TaskOutput(None, self._predict(hidden), *extras)
+            return output.to_tuple() if return_dict is False else output
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels must match input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}")
         # Only the labelled positions go through the vocabulary projection (about 15 %
@@ -66,4 +81,5 @@ class EncoderForMaskedLM(nn.Module):
             loss = F.cross_entropy(logits.float(), labels[selected])
         else:
             loss = logits.sum() * 0.0  # nothing masked in this batch: zero, not NaN
-        return ModelOutput(logits=logits, loss=loss, attentions=attentions, last_hidden_state=hidden)
+        output = TaskOutput(loss, logits, *extras)
+        return output.to_tuple() if return_dict is False else output

@@ -78,32 +78,38 @@ def test_non_tensor_query(mha) -> None:
     [
         (torch.ones(3, 4, dtype=torch.bool), ValueError, r"mask has shape \(1, 1, 3, 4\); expected .*\[2, 4, 3, 5\]"),
         (torch.ones(2, 3, 3, 5, dtype=torch.bool), ValueError, r"mask has shape \(2, 3, 3, 5\)"),
-        (torch.ones(5, dtype=torch.bool), ValueError, r"mask must have rank 2 \[T, S\], 3 \[B, T, S\] or 4"),
+        (torch.ones(5, dtype=torch.bool), ValueError, r"mask must have rank 2 \[T, S\] or \[B, S\], 3 \[B, T, S\] or 4"),
         (torch.zeros(3, 5, dtype=torch.complex64), TypeError, r"mask has unsupported dtype torch.complex64"),
-        (torch.zeros(3, 5, dtype=torch.float64), TypeError,
-         r"mask is a float \(additive\) mask of dtype torch.float64, but the scores are torch.float32"),
-        (torch.zeros(3, 5, dtype=torch.float16), TypeError, r"mask is a float \(additive\) mask of dtype torch.float16"),
+        (torch.zeros(3, 5).masked_fill(torch.eye(3, 5, dtype=torch.bool), float("-inf")), TypeError,
+         r"mask is a float mask holding -inf besides 0 and 1; .*pass an additive bias as attn_bias="),
+        (torch.zeros(3, 5, dtype=torch.float16), TypeError, r"mask is a float mask of zeros only"),
     ],
 )
 @pytest.mark.parametrize("with_padding", [False, True])
 def test_bad_masks(mha, mask, error, match, with_padding) -> None:
-    kwargs = {"key_padding_mask": torch.ones(2, 5, dtype=torch.bool)} if with_padding else {}
+    kwargs = {"attention_mask": torch.ones(2, 5, dtype=torch.bool)} if with_padding else {}
     with pytest.raises(error, match=match):
         mha(*_inputs(), mask, **kwargs)
 
 
 @pytest.mark.parametrize(
-    ("key_padding_mask", "error", "match"),
+    ("attention_mask", "error", "match"),
     [
         (torch.ones(2, 4, dtype=torch.bool), ValueError,
-         r"key_padding_mask must be \[B, S\] = \[2, 5\] with True on real keys, got \(2, 4\)"),
-        (torch.ones(2, 1, 1, 5, dtype=torch.bool), ValueError, r"key_padding_mask must be \[B, S\] = \[2, 5\].*got \(2, 1, 1, 5\)"),
-        ([[True] * 5] * 2, TypeError, r"key_padding_mask must be a torch.Tensor or None, got list"),
+         r"attention_mask must be \[B, S\] = \[2, 5\] with True/1 on real keys, got \(2, 4\)"),
+        ([[True] * 5] * 2, TypeError, r"attention_mask must be a torch.Tensor or None, got list"),
+        (torch.full((2, 5), 0.5), TypeError, r"attention_mask is a float mask holding 0.5 besides 0 and 1"),
     ],
 )
-def test_bad_key_padding_mask(mha, key_padding_mask, error, match) -> None:
+def test_bad_attention_mask(mha, attention_mask, error, match) -> None:
     with pytest.raises(error, match=match):
-        mha(*_inputs(), key_padding_mask=key_padding_mask)
+        mha(*_inputs(), attention_mask=attention_mask)
+
+
+def test_key_padding_mask_is_refused_with_the_way_out(mha) -> None:
+    with pytest.raises(TypeError, match=r"key_padding_mask is not taken: torch.nn marks padding with True.*"
+                                        r"attention_mask=\[B, S\]"):
+        mha(*_inputs(), key_padding_mask=torch.ones(2, 5, dtype=torch.bool))
 
 
 @pytest.mark.parametrize(

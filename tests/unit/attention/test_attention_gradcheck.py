@@ -46,7 +46,8 @@ def test_gradcheck(kind: str, need_weights: bool) -> None:
     v = torch.randn(B, H, S, D, dtype=torch.float64, requires_grad=True)
 
     def function(q, k, v):
-        out, weights = attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights)
+        masks = {"attn_bias": mask} if mask is not None and mask.dtype.is_floating_point else {"mask": mask}
+        out, weights = attention(q, k, v, **masks, is_causal=is_causal, need_weights=need_weights)
         return (out, weights) if need_weights else out
 
     assert torch.autograd.gradcheck(function, (q, k, v), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)

@@ -44,6 +44,10 @@ def _case(kind: str) -> tuple[Optional[Tensor], bool, Optional[Tensor], Optional
         additive[torch.rand(B, H, T, S) > 0.6] = float("-inf")
         additive[1, 2, 4] = float("-inf")  # one fully masked row
         return additive, False, None, additive
+    if kind == "float_keep":
+        allowed = torch.rand(B, 1, T, S) > 0.4
+        allowed[0, 0, 1] = False
+        return allowed.float(), False, allowed, None
     if kind == "causal_flag":
         return None, True, causal_mask(T, S), None
     if kind == "causal_mask":
@@ -68,6 +72,7 @@ KINDS = [
     "bool_random",
     "int_random",
     "float_additive",
+    "float_keep",
     "causal_flag",
     "causal_mask",
     "causal_and_padding",
@@ -76,9 +81,16 @@ KINDS = [
 ]
 
 
+def _as_arguments(mask):
+    """Float cases are additive biases: they go in through ``attn_bias``."""
+    if mask is not None and mask.dtype.is_floating_point and not bool(((mask == 0) | (mask == 1)).all()):
+        return {"attn_bias": mask}
+    return {"mask": mask}
+
+
 def _run(q, k, v, mask, is_causal, need_weights, cotangent):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out, weights = attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights)
+    out, weights = attention(q, k, v, **_as_arguments(mask), is_causal=is_causal, need_weights=need_weights)
     (out * cotangent).sum().backward()
     return out.detach(), weights, (q.grad, k.grad, v.grad)
 
@@ -143,7 +155,7 @@ def test_multihead_parameter_gradients_agree_between_paths(mask_kind: str, golde
     kwargs: dict = {}
     mask = None
     if mask_kind == "key_padding":
-        kwargs["key_padding_mask"] = torch.tensor([[True] * 4 + [False] * 2, [False] * S_])
+        kwargs["attention_mask"] = torch.tensor([[True] * 4 + [False] * 2, [False] * S_])
     elif mask_kind == "causal":
         kwargs["is_causal"] = True
     elif mask_kind == "attn_mask_float":
@@ -154,8 +166,8 @@ def test_multihead_parameter_gradients_agree_between_paths(mask_kind: str, golde
         module.zero_grad()
         q = query.to(dtype).clone().requires_grad_()
         m = memory.to(dtype).clone().requires_grad_()
-        attn_mask = None if mask is None else mask.to(dtype)
-        out, _ = module(q, m, m, attn_mask, need_weights=need_weights, **kwargs)
+        attn_bias = None if mask is None else mask.to(dtype)
+        out, _ = module(q, m, m, attn_bias=attn_bias, need_weights=need_weights, **kwargs)
         (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
         found = {name: p.grad.clone() for name, p in module.named_parameters()}
         found.update(output=out.detach(), grad_query=q.grad, grad_memory=m.grad)
@@ -212,6 +224,6 @@ def test_reference_path_survives_a_float16_mask_that_overflows_to_minus_infinity
     q = torch.full((1, 1, 1, 4), 8.0, dtype=torch.float16)
     k = v = torch.full((1, 1, 3, 4), -8.0, dtype=torch.float16)
     mask = torch.full((1, 1, 1, 3), torch.finfo(torch.float16).min, dtype=torch.float16)
-    out, weights = attention(q, k, v, mask, need_weights=True)
+    out, weights = attention(q, k, v, attn_bias=mask, need_weights=True)
     assert torch.isfinite(weights).all() and torch.isfinite(out).all()
     assert not weights.any()

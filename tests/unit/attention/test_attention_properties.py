@@ -61,7 +61,8 @@ def attention_cases(draw):
 
 def _forward_backward(q, k, v, mask, is_causal, need_weights, cotangent):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out, weights = attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights)
+    masks = {"attn_bias": mask} if mask is not None and mask.dtype.is_floating_point else {"mask": mask}
+    out, weights = attention(q, k, v, **masks, is_causal=is_causal, need_weights=need_weights)
     (out * cotangent).sum().backward()
     return out.detach(), weights, [q.grad, k.grad, v.grad]
 

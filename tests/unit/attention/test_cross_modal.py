@@ -196,7 +196,7 @@ def test_sigmoid_gate_lies_in_unit_interval_and_mixes_text_with_pooled_vision():
     pooled = masked_mean(module.visual_proj(visual), visual_mask)  # [B, 1, E]: the image's own patches
     enhanced = module.norm1(text + module.text_to_visual(text, module.visual_proj(visual),
                                                           module.visual_proj(visual),
-                                                          key_padding_mask=visual_mask).output)
+                                                          attention_mask=visual_mask).output)
     expected = result.gate * enhanced + (1 - result.gate) * pooled
     torch.testing.assert_close(result.output, expected)
 
@@ -233,8 +233,8 @@ def test_bad_inputs_name_the_argument():
         module(visual[:1], text)
     with pytest.raises(ValueError, match="visual_mask"):
         module(visual, text, visual_mask[:, :-1])
-    with pytest.raises(TypeError, match="text_mask"):
-        module(visual, text, visual_mask, text_mask.float())
+    with pytest.raises(TypeError, match="text_mask is a float mask holding 0.5"):
+        module(visual, text, visual_mask, text_mask.float() * 0.5)
 
 
 def test_null_slot_takes_the_attention_the_patches_do_not_get():
@@ -248,3 +248,23 @@ def test_null_slot_takes_the_attention_the_patches_do_not_get():
     assert torch.all(patches.sum(-1) < 1) and torch.all(patches[1, :, :, ~visual_mask[1]] == 0)
     nothing = module(visual, text, torch.zeros(B, S, dtype=torch.bool), text_mask, need_weights=True)
     assert torch.isfinite(nothing.output).all() and torch.all(nothing.text_to_visual_weights == 0)
+
+
+def test_masks_of_the_article_shape_and_float_masks_read_like_padding_masks():
+    module = _module("sigmoid").eval()
+    visual, text, visual_mask, text_mask = _inputs()
+    expected = module(visual, text, visual_mask, text_mask)
+    article = module(visual, text, visual_mask[:, None, None, :], text_mask[:, None, None, :])
+    floats = module(visual, text, visual_mask.float(), text_mask.float())
+    for got in (article, floats):
+        torch.testing.assert_close(got.output, expected.output, rtol=0, atol=0)
+
+
+def test_output_behaves_like_a_model_output_and_the_article_pair():
+    module = _module("sigmoid").eval()
+    visual, text, visual_mask, text_mask = _inputs()
+    result = module(visual, text, visual_mask, text_mask, need_weights=True)
+    output, weights = result
+    assert output is result.output and weights is result.text_to_visual_weights
+    assert result[0] is result.output and result["gate"] is result.gate
+    assert result.to_tuple() == (result.output, result.text_to_visual_weights)

@@ -50,8 +50,11 @@ def test_defect1_masking_in_half_precision_does_not_overflow(
     """The article's -1e9 overflows float16 (max 65504); attnlab uses -inf safely."""
     q, k, v = (torch.randn(2, 2, 4, 8).to(dtype).requires_grad_() for _ in range(3))
     allowed = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    mask = allowed if mask_kind == "bool" else torch.zeros(4, 4, dtype=dtype).masked_fill(~allowed, float("-inf"))
-    out, weights = attention(q, k, v, mask, need_weights=need_weights)
+    if mask_kind == "bool":
+        masks = {"mask": allowed}
+    else:
+        masks = {"attn_bias": torch.zeros(4, 4, dtype=dtype).masked_fill(~allowed, float("-inf"))}
+    out, weights = attention(q, k, v, **masks, need_weights=need_weights)
     out.float().sum().backward()
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
@@ -81,7 +84,7 @@ def test_defect1_half_precision_module_with_fully_padded_sequence(dtype: torch.d
     mha = MultiHeadAttention(16, 4, dropout=0.0, dtype=dtype)
     x = torch.randn(2, 4, 16, dtype=dtype, requires_grad=True)
     real = torch.tensor([[True, True, False, False], [False, False, False, False]])
-    out, _ = mha(x, x, x, key_padding_mask=real, need_weights=need_weights)
+    out, _ = mha(x, x, x, attention_mask=real, need_weights=need_weights)
     out.float().square().sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     for name, parameter in mha.named_parameters():

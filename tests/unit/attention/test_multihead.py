@@ -90,14 +90,15 @@ def test_dropout_active_in_training_only() -> None:
     assert torch.equal(mha(x, x, x)[0], mha(x, x, x)[0])
 
 
-def test_integer_and_float_key_padding_masks() -> None:
+def test_integer_float_and_bool_attention_masks_agree() -> None:
     mha = MultiHeadAttention(E, HEADS).eval()
     x = torch.randn(2, 4, E)
     real = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
-    expected, _ = mha(x, x, x, key_padding_mask=real.bool())
-    torch.testing.assert_close(mha(x, x, x, key_padding_mask=real)[0], expected)
+    expected, _ = mha(x, x, x, attention_mask=real.bool())
+    torch.testing.assert_close(mha(x, x, x, attention_mask=real)[0], expected)
+    torch.testing.assert_close(mha(x, x, x, attention_mask=real.float())[0], expected)
     additive = torch.zeros(2, 4).masked_fill(real == 0, float("-inf"))
-    torch.testing.assert_close(mha(x, x, x, key_padding_mask=additive)[0], expected)
+    torch.testing.assert_close(mha(x, x, x, attn_bias=additive[:, None, None, :])[0], expected)
 
 
 def test_causal_flag_equals_causal_mask() -> None:

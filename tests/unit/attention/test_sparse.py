@@ -130,7 +130,7 @@ def test_output_and_gradients_match_dense_reference(case: Case) -> None:
     x.requires_grad_(True)
     x64 = x.detach().double().requires_grad_(True)
 
-    out, _ = attn(x, x, x, key_padding_mask=valid)
+    out, _ = attn(x, x, x, attention_mask=valid)
     golden = dense_reference(golden_attn, x64, valid).output
     atol = tolerance(attn, x.detach(), valid, golden.detach())
     torch.testing.assert_close(out.double(), golden, atol=atol, rtol=0)
@@ -147,7 +147,7 @@ def test_output_and_gradients_match_dense_reference(case: Case) -> None:
 def test_dense_weights_are_the_exact_mixing_matrix(case: Case) -> None:
     attn, x, valid = build(case)
     golden_attn = copy.deepcopy(attn).double()
-    _, weights = attn(x, x, x, key_padding_mask=valid, need_weights=True)
+    _, weights = attn(x, x, x, attention_mask=valid, need_weights=True)
     reference = dense_reference(golden_attn, x.double(), valid)
     assert weights.shape == (case.batch, case.heads, case.length, case.length)
     torch.testing.assert_close(weights.double(), reference.mixing, atol=1e-5, rtol=0)
@@ -156,9 +156,9 @@ def test_dense_weights_are_the_exact_mixing_matrix(case: Case) -> None:
 def test_block_layout_weights_draw_the_same_dense_matrix() -> None:
     case = Case(2, 2, 4, 45, 8, 1, (0, 30), True, (45, 20))
     attn, x, valid = build(case)
-    _, dense = attn(x, x, x, key_padding_mask=valid, need_weights=True)
+    _, dense = attn(x, x, x, attention_mask=valid, need_weights=True)
     attn.weights_layout = "blocks"
-    _, blocks = attn(x, x, x, key_padding_mask=valid, need_weights=True)
+    _, blocks = attn(x, x, x, attention_mask=valid, need_weights=True)
     assert isinstance(blocks, BlockSparseWeights)
     N, K = 6, 3 * 8 + 2
     assert blocks.local.shape == (2, 2, N, 8, K)
@@ -183,7 +183,7 @@ def test_rotary_matches_reference() -> None:
     case = Case(2, 2, 8, 37, 8, 1, (3,), True, (37, 11))
     attn, x, valid = build(case, rotary=True)
     golden = dense_reference(copy.deepcopy(attn).double(), x.double(), valid).output
-    out, _ = attn(x, x, x, key_padding_mask=valid)
+    out, _ = attn(x, x, x, attention_mask=valid)
     torch.testing.assert_close(out.double(), golden, atol=1e-5, rtol=0)
 
 
@@ -201,24 +201,29 @@ def test_mask_forms_agree() -> None:
     case = Case(3, 2, 4, 30, 8, 1, (0,), True, None)
     attn, x, _ = build(case)
     valid = torch.tensor([[True] * 30, [True] * 12 + [False] * 18, [False] * 30])
-    by_padding, _ = attn(x, x, x, key_padding_mask=valid)
+    by_padding, _ = attn(x, x, x, attention_mask=valid)
     by_encoder_mask, _ = attn(x, x, x, valid[:, None, None, :])
     by_rank3, _ = attn(x, x, x, valid[:, None, :])
-    by_int, _ = attn(x, x, x, key_padding_mask=valid.long())
-    additive = torch.zeros(3, 30).masked_fill(~valid, float("-inf"))
-    by_float, _ = attn(x, x, x, additive[:, None, None, :])
-    for other in (by_encoder_mask, by_rank3, by_int, by_float):
+    by_int, _ = attn(x, x, x, attention_mask=valid.long())
+    by_float, _ = attn(x, x, x, valid.float()[:, None, None, :])
+    by_rank2, _ = attn(x, x, x, valid)
+    for other in (by_encoder_mask, by_rank3, by_int, by_float, by_rank2):
         torch.testing.assert_close(other, by_padding)
+    with pytest.raises(TypeError, match="key_padding_mask is not taken"):
+        attn(x, x, x, key_padding_mask=valid)
+    additive = torch.zeros(3, 30).masked_fill(~valid, float("-inf"))
+    with pytest.raises(TypeError, match="holding -inf besides 0 and 1"):
+        attn(x, x, x, additive[:, None, None, :])
 
 
 def test_padding_keys_do_not_change_real_positions() -> None:
     case = Case(1, 2, 4, 24, 8, 1, (0,), True, None)
     attn, x, _ = build(case)
     valid = torch.arange(24)[None] < 17
-    out, _ = attn(x, x, x, key_padding_mask=valid)
+    out, _ = attn(x, x, x, attention_mask=valid)
     noisy = x.clone()
     noisy[:, 17:] = torch.randn(1, 7, 8) * 100
-    noisy_out, _ = attn(noisy, noisy, noisy, key_padding_mask=valid)
+    noisy_out, _ = attn(noisy, noisy, noisy, attention_mask=valid)
     torch.testing.assert_close(noisy_out[:, :17], out[:, :17])
 
 
@@ -242,7 +247,7 @@ def test_fully_masked_sequence_gives_zero_before_projection() -> None:
     attn = SparseAttention(8, 2, 4, dropout=0.0, window=1, bias=False)
     x = torch.randn(2, 9, 8, requires_grad=True)
     valid = torch.tensor([[True] * 9, [False] * 9])
-    out, weights = attn(x, x, x, key_padding_mask=valid, need_weights=True)
+    out, weights = attn(x, x, x, attention_mask=valid, need_weights=True)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(weights[1], torch.zeros_like(weights[1]))
     out.sum().backward()
@@ -360,7 +365,7 @@ def test_never_builds_a_length_squared_tensor_forward_or_backward() -> None:
     x = torch.randn(1, T, E, requires_grad=True)
     valid = torch.arange(T)[None] < 2000
     with LargestTensor() as recorder:
-        out, _ = attn(x, x, x, key_padding_mask=valid)
+        out, _ = attn(x, x, x, attention_mask=valid)
         out.sum().backward()
     # Largest pieces: blocks x heads x block x (3 * 32 + 2) scores or T x E activations.
     assert recorder.largest <= T * H * (3 * 32 + 2) * 2
@@ -430,10 +435,10 @@ def test_other_refusals() -> None:
 def test_runs_on_cuda_and_matches_cpu() -> None:
     case = Case(2, 2, 8, 77, 16, 1, (0,), True, (77, 40))
     attn, x, valid = build(case)
-    out_cpu, _ = attn(x, x, x, key_padding_mask=valid)
+    out_cpu, _ = attn(x, x, x, attention_mask=valid)
     attn_gpu = copy.deepcopy(attn).cuda()
     x_gpu = x.cuda().requires_grad_(True)
-    out_gpu, _ = attn_gpu(x_gpu, x_gpu, x_gpu, key_padding_mask=valid.cuda())
+    out_gpu, _ = attn_gpu(x_gpu, x_gpu, x_gpu, attention_mask=valid.cuda())
     out_gpu.sum().backward()
     torch.testing.assert_close(out_gpu.cpu(), out_cpu, atol=1e-4, rtol=1e-4)
 

@@ -183,7 +183,7 @@ def test_float64_is_left_alone_under_bf16_autocast(emulated) -> None:
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
-def test_float32_route_validates_the_mask_against_the_bf16_inputs(emulated) -> None:
+def test_float32_route_validates_the_mask_before_attending(emulated) -> None:
     q = torch.randn(1, 1, 3, 4).bfloat16()
-    with pytest.raises(TypeError, match="additive mask of dtype torch.bfloat16"):
-        attention(q, q, q, torch.zeros(3, 3, dtype=torch.float16))
+    with pytest.raises(TypeError, match="holding -inf besides 0 and 1"):
+        attention(q, q, q, torch.full((3, 3), float("-inf"), dtype=torch.float16))

@@ -37,7 +37,7 @@ def test_output_is_a_named_tuple_that_unpacks() -> None:
 def test_attentions_per_layer_and_head_when_asked() -> None:
     model = _model()
     x, attentions = model(_ids(), output_attentions=True)
-    assert list(attentions) == [f"layer_{i}" for i in range(1, LAYERS + 1)]
+    assert list(attentions.keys()) == [f"layer_{i}" for i in range(1, LAYERS + 1)]
     for weights in attentions.values():
         assert weights.shape == (2, HEADS, 8, 8)
         assert torch.equal(weights[0, :, :, 5:], torch.zeros(HEADS, 8, 3))  # padded keys

@@ -46,7 +46,8 @@ def test_longer_than_max_len_for_each_absolute_position(position: str) -> None:
         ([[True] * 3] * 2, TypeError, r"mask must be a torch.Tensor or None, got list"),
         (torch.ones(2, 3, 4, dtype=torch.bool), ValueError, r"mask has shape \(2, 1, 3, 4\)"),
         (torch.zeros(2, 1, 3, 3, dtype=torch.complex64), TypeError, r"mask has unsupported dtype torch.complex64"),
-        (torch.zeros(2, 3, dtype=torch.float64), TypeError, r"mask is a float \(additive\) mask of dtype torch.float64"),
+        (torch.zeros(2, 3, dtype=torch.float64).masked_fill(torch.eye(2, 3, dtype=torch.bool), float("-inf")),
+         TypeError, r"mask is a float mask holding -inf besides 0 and 1; .*convert it to a bool mask"),
     ],
 )
 def test_bad_masks(model, mask, error, match) -> None:

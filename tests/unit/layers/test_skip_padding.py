@@ -114,7 +114,7 @@ def test_real_tokens_and_their_weights_match_every_position_mode(options, paddin
     assert not ours[~real].any() and not fused[~real].any()
     assert theirs[~real].abs().sum() > 0  # the comparison mode really computes padding
     rows = real[:, None, :].expand(-1, HEADS, -1)
-    for name in our_weights:
+    for name in our_weights.keys():
         torch.testing.assert_close(our_weights[name][rows], their_weights[name][rows], rtol=0, atol=1e-6)
         assert not our_weights[name][~rows].any()
 
@@ -173,7 +173,7 @@ def test_packed_attention_rejects_what_it_cannot_do() -> None:
     with pytest.raises(ValueError, match=r"packed \[N, E\] = \[2, 32\]"):
         mha(wrong, wrong, wrong, packing=packing)
     with pytest.raises(ValueError, match="constraints in mask"):
-        mha(x, x, x, key_padding_mask=torch.ones(1, 3, dtype=torch.bool), packing=packing)
+        mha(x, x, x, attention_mask=torch.ones(1, 3, dtype=torch.bool), packing=packing)
 
 
 def test_skip_padding_must_be_a_bool() -> None:

@@ -45,7 +45,7 @@ def test_cross_attention_model_shapes(gate):
     assert out.logits.shape == (2, 2)
     assert out.attentions["layer_1"].shape == (2, 2, 4, 4)
     assert out.visual_attentions["layer_1"].shape == (2, 2, 16, 16)
-    assert set(out.cross_attentions) == {"layer_1", "layer_2"}
+    assert set(out.cross_attentions.keys()) == {"layer_1", "layer_2"}
     assert out.cross_attentions["layer_2"].shape == (2, 2, 4, 16)
     assert out.visual_to_text_attentions["layer_1"].shape == (2, 2, 16, 4)
     # patches never attend to padding tokens

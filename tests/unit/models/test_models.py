@@ -63,10 +63,8 @@ def test_save_and_load_round_trip(tmp_path, kind):
     assert not loaded.model.training and loaded.tokenizer is None
     ids = torch.tensor([[2, 7, 8, 3, 0]])
     out, again = model(ids, output_attentions=True), loaded.model(ids, output_attentions=True)
-    first = out[0] if isinstance(out, tuple) else out.logits
-    second = again[0] if isinstance(again, tuple) else again.logits
-    assert torch.equal(first, second)
-    assert set(again.attentions) == {"layer_1", "layer_2"}
+    assert torch.equal(out[0], again[0])  # last_hidden_state, or the logits of a task head
+    assert set(again.attentions.keys()) == {"layer_1", "layer_2"}
     if kind == "masked_lm":
         assert loaded.model.decoder.weight is loaded.model.encoder.embedding.weight
 

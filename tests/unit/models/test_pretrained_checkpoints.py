@@ -107,7 +107,7 @@ def test_round_trip_through_the_bert_layout_is_exact(tiny_checkpoint):
         expected = model(input_ids, output_attentions=True)
         got = reloaded(input_ids, output_attentions=True)
     assert torch.equal(got.last_hidden_state, expected.last_hidden_state)
-    assert all(torch.equal(got.attentions[k], expected.attentions[k]) for k in expected.attentions)
+    assert all(torch.equal(got.attentions[k], expected.attentions[k]) for k in expected.attentions.keys())
 
 
 def test_encoder_without_token_types_is_saved_with_a_zero_token_type_embedding(tmp_path):

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear
 from .multihead import MultiHeadAttention
 
@@ -60,19 +61,6 @@ class CrossModalOutput:
     def __iter__(self) -> Iterator[Optional[Tensor]]:
         yield self.output
         yield self.text_to_visual_weights
-
-
-def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """Mean over dim 1 of the rows that ``mask`` marks ``True``; zero where none is.
-
-    Shape:
-        ``x`` ``[B, L, E]``, ``mask`` ``[B, L]`` bool or ``None`` -> ``[B, 1, E]``.
-    """
-    if mask is None:
-        return x.mean(dim=1, keepdim=True)
-    weights = mask.to(x.dtype).unsqueeze(-1)  # [B, L, 1]
-    count = weights.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, 1, 1]
-    return (x * weights).sum(dim=1, keepdim=True) / count  # [B, 1, E]
 
 
 def _check_padding_mask(name: str, mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:

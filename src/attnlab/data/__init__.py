@@ -2,6 +2,7 @@
 
 from ._errors import DataError
 from .collate import MaskedLMCollator, PaddingCollator, TokenizedDataset, mask_tokens
+from .padding import PAD_TOKENS, model_pad_id, pad_id_for, pad_token_ids, tokenizer_pad_id
 from .rotten_tomatoes import LABEL_NAMES, load_rotten_tomatoes
 from .splits import DatasetSplits, split_examples
 from .text_files import load_text_classification, read_labelled_texts
@@ -12,6 +13,7 @@ __all__ = [
     "DatasetSplits",
     "LABEL_NAMES",
     "MaskedLMCollator",
+    "PAD_TOKENS",
     "PaddingCollator",
     "SPECIAL_TOKENS",
     "TokenizedDataset",
@@ -20,8 +22,12 @@ __all__ = [
     "load_text_classification",
     "load_tokenizer_file",
     "mask_tokens",
+    "model_pad_id",
+    "pad_id_for",
+    "pad_token_ids",
     "read_labelled_texts",
     "special_ids",
     "split_examples",
+    "tokenizer_pad_id",
     "train_tokenizer",
 ]

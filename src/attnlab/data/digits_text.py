@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
+from .padding import pad_token_ids
+
 if TYPE_CHECKING:
     import torch
 
@@ -207,11 +209,8 @@ def collate_digits_text(
     import torch
 
     encodings = tokenizer.encode_batch([example.text for example in examples])
-    T = max(len(encoding.ids) for encoding in encodings)
-    input_ids = torch.zeros(len(examples), T, dtype=torch.long)
-    for row, encoding in enumerate(encodings):
-        input_ids[row, : len(encoding.ids)] = torch.tensor(encoding.ids)
-    batch = {"input_ids": input_ids, "mask": input_ids != 0}
+    input_ids, mask = pad_token_ids([encoding.ids for encoding in encodings], VOCABULARY.index(PAD_TOKEN))
+    batch = {"input_ids": input_ids, "mask": mask}
     if share_images:
         rows: dict[int, int] = {}
         for example in examples:

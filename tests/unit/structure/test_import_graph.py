@@ -151,3 +151,18 @@ def test_a_name_from_a_package_is_an_edge_to_its_init(tmp_path: Path) -> None:
 ])
 def test_relative_imports_resolve(module: str, level: int, name, is_package: bool, expected: str) -> None:
     assert _resolve_relative(module, is_package, level, name) == expected
+
+
+def test_no_module_of_the_library_uses_pyplot() -> None:
+    """Pictures are matplotlib Figures on the Agg canvas: pyplot keeps global state and may open windows."""
+    users = []
+    for module, path in _modules(SOURCE).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            if any(name == "matplotlib.pyplot" or name.startswith("matplotlib.pyplot.") for name in names):
+                users.append(module)
+    assert users == []

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
-from .padding import pad_token_ids
+from .padding import pad_token_ids, tokenizer_pad_id
 
 if TYPE_CHECKING:
     import torch
@@ -209,7 +209,8 @@ def collate_digits_text(
     import torch
 
     encodings = tokenizer.encode_batch([example.text for example in examples])
-    input_ids, mask = pad_token_ids([encoding.ids for encoding in encodings], VOCABULARY.index(PAD_TOKEN))
+    pad_id = tokenizer_pad_id(tokenizer, default=0)
+    input_ids, mask = pad_token_ids([encoding.ids for encoding in encodings], pad_id)
     batch = {"input_ids": input_ids, "mask": mask}
     if share_images:
         rows: dict[int, int] = {}

@@ -19,7 +19,9 @@ __all__ = ["PAD_TOKENS", "pad_token_ids", "tokenizer_pad_id", "model_pad_id", "p
 PAD_TOKENS = ("[PAD]", "<pad>")  # BERT-style, then SentencePiece/byte-BPE style
 
 
-def pad_token_ids(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None) -> tuple[Tensor, Tensor]:
+def pad_token_ids(
+    sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None
+) -> tuple[Tensor, Tensor]:
     """Right-pad token-id lists into ``(input_ids, mask)``.
 
     Args:

@@ -17,14 +17,16 @@ from ._errors import DataError
 from .splits import DatasetSplits, Example, split_examples
 
 __all__ = [
-    "FORMATS", "TEXT_FORMATS", "TEXT_COLUMNS", "detect_format", "read_rows", "read_labelled_texts", "read_texts",
-    "load_text_classification",
+    "FORMATS", "TEXT_FORMATS", "TEXT_COLUMNS", "detect_format", "read_rows", "read_labelled_texts",
+    "read_texts", "load_text_classification",
 ]
 
 FORMATS = ("csv", "jsonl")  # files with labels, for training
 TEXT_FORMATS = ("csv", "jsonl", "txt")  # files of texts, labels optional, for inspection
 TEXT_COLUMNS = ("text", "sentence", "review", "content")  # a CSV's text column, when none is named
-_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".txt": "txt"}
+_SUFFIXES = {
+    ".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".txt": "txt",
+}
 
 
 def detect_format(path: Path, format: Optional[str] = None, *, allowed: Sequence[str] = TEXT_FORMATS) -> str:
@@ -81,7 +83,8 @@ def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]
 
 
 def _txt_rows(text: str) -> tuple[list[str], list[tuple[int, dict]]]:
-    rows = [(number, {"text": line.strip()}) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    lines = enumerate(text.splitlines(), start=1)
+    rows = [(number, {"text": line.strip()}) for number, line in lines if line.strip()]
     return ["text"], rows
 
 
@@ -110,8 +113,10 @@ def read_rows(path: Union[str, Path], *, format: Optional[str] = None,
     return kind, columns, rows
 
 
-def _texts_and_labels(path: Path, kind: str, columns: list[str], rows: list[tuple[int, dict]], text_column: str,
-                      label_column: Optional[str], label_required: bool) -> list[tuple[str, Optional[str]]]:
+def _texts_and_labels(
+    path: Path, kind: str, columns: list[str], rows: list[tuple[int, dict]], text_column: str,
+    label_column: Optional[str], label_required: bool,
+) -> list[tuple[str, Optional[str]]]:
     """The text and label of every row, by the same rules for every caller."""
     required = [(text_column, "text_column")] + ([(label_column, "label_column")] if label_required else [])
     for column, role in required:
@@ -172,7 +177,8 @@ def read_texts(
     path = Path(path)
     kind, columns, rows = read_rows(path, format=format)
     if text_column is None:
-        text_column = next((name for name in TEXT_COLUMNS if name in columns), columns[0] if kind == "csv" else "text")
+        fallback = columns[0] if kind == "csv" else "text"
+        text_column = next((name for name in TEXT_COLUMNS if name in columns), fallback)
     return _texts_and_labels(path, kind, columns, rows, text_column, label_column, label_required=False)
 
 

@@ -161,7 +161,9 @@ class RunConfig:
             if given is None:
                 self.sections[name] = section_cls()
             elif not isinstance(given, section_cls):
-                raise TypeError(f"config section [{name}] must be a {section_cls.__name__}, got {type(given).__name__}")
+                raise TypeError(
+                    f"config section [{name}] must be a {section_cls.__name__}, got {type(given).__name__}"
+                )
         foreign = sorted(set(self.sections) - set(task.sections))
         if foreign:
             raise ValueError(f"config section [{foreign[0]}] is not used by task {task.name!r}; remove it")
@@ -190,7 +192,9 @@ class RunConfig:
         all_sections = task_sections(task)
         unknown = sorted(set(values) - set(all_sections))
         if unknown:
-            raise ValueError(f"unknown config sections {unknown}; sections of task {task!r}: {sorted(all_sections)}")
+            raise ValueError(
+                f"unknown config sections {unknown}; sections of task {task!r}: {sorted(all_sections)}"
+            )
         sections = {}
         for name, section_cls in all_sections.items():
             given = values.get(name, {})
@@ -295,7 +299,8 @@ def parse_override(override: str, sections: Optional[Mapping[str, type]] = None)
                              + ", ".join(f"{owner}.{key}" for owner in owners))
         section, name = owners[0], key
     if name not in _field_names(sections[section]):
-        raise ValueError(f"unknown config key {section}.{name}; keys of [{section}]: {sorted(_field_names(sections[section]))}")
+        keys = sorted(_field_names(sections[section]))
+        raise ValueError(f"unknown config key {section}.{name}; keys of [{section}]: {keys}")
     return section, name, _toml_value(raw)
 
 

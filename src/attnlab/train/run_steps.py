@@ -107,8 +107,10 @@ def fit(trainer: TransformerTrainer, config: RunConfig, train_set: Dataset, vali
                        resume_from=resume_checkpoint(run_dir, resume))
 
 
-def finish_run(trainer: TransformerTrainer, state: TrainerState, config: RunConfig, run_dir: Path,
-               test_set: Dataset, *, collate_fn: Callable, report: Optional[dict[str, Any]] = None) -> RunResult:
+def finish_run(
+    trainer: TransformerTrainer, state: TrainerState, config: RunConfig, run_dir: Path, test_set: Dataset, *,
+    collate_fn: Callable, report: Optional[dict[str, Any]] = None,
+) -> RunResult:
     """Reload ``checkpoints/best``, test, and write ``test_report.json`` and the test line of
     ``metrics.jsonl`` (process 0).
 

@@ -166,3 +166,24 @@ def test_no_module_of_the_library_uses_pyplot() -> None:
             if any(name == "matplotlib.pyplot" or name.startswith("matplotlib.pyplot.") for name in names):
                 users.append(module)
     assert users == []
+
+
+@pytest.mark.parametrize("lower, upper", [
+    ("attnlab.attention",
+     ("attnlab.layers", "attnlab.models", "attnlab.data", "attnlab.train", "attnlab.inspect")),
+    ("attnlab.layers", ("attnlab.models", "attnlab.data", "attnlab.train", "attnlab.inspect")),
+    ("attnlab.data", ("attnlab.models", "attnlab.train", "attnlab.inspect")),
+    ("attnlab.models", ("attnlab.train", "attnlab.inspect")),
+    ("attnlab.train", ("attnlab.inspect",)),
+    ("attnlab.inspect.compute", ("attnlab.inspect.draw", "attnlab.inspect.commands", "attnlab.train")),
+    ("attnlab.inspect.draw", ("attnlab.inspect.commands", "attnlab.train")),
+])
+def test_lower_packages_never_import_upper_ones(lower: str, upper: tuple[str, ...]) -> None:
+    """The layering docs/design.md draws under "What may import what"."""
+    edges = import_edges(_modules(SOURCE))
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items() if module == lower or module.startswith(lower + ".")
+        for target in targets if any(target == name or target.startswith(name + ".") for name in upper)
+    )
+    assert wrong == []

@@ -36,7 +36,8 @@ def test_the_text_task_refuses_the_image_section(tmp_path):
         resolve_run_config(None, ["image.visual_dim=8"])
     toml = tmp_path / "run.toml"
     toml.write_text("[image]\nvisual_dim = 8\n")
-    with pytest.raises(ValueError, match=r"unknown config sections \['image'\]; sections of task 'text-classification'"):
+    message = r"unknown config sections \['image'\]; sections of task 'text-classification'"
+    with pytest.raises(ValueError, match=message):
         resolve_run_config(toml, [])
     with pytest.raises(ValueError, match=r"\[image\] is not used by task 'text-classification'"):
         RunConfig(sections={"image": ImageSettings()})

@@ -60,7 +60,8 @@ def resolve_model(spec: str) -> ResolvedModel:
             loaded = load_model(checkpoint)
             if loaded.tokenizer is None:
                 raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
-            return ResolvedModel(loaded.model, loaded.tokenizer, spec, "checkpoint" if checkpoint == path else "run")
+            source = "checkpoint" if checkpoint == path else "run"
+            return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
     from ...models.pretrained import from_pretrained, load_tokenizer
 
     return ResolvedModel(from_pretrained(spec).eval(), load_tokenizer(spec), spec, "pretrained")

@@ -20,7 +20,9 @@ from torch import Tensor
 from ...data.digits_text import DigitsTextExample, collate_digits_text
 from .statistics import row_statistics
 
-__all__ = ["AlignmentScore", "ink_patches", "patch_alignment", "patch_attention_map", "cross_attention_alignment"]
+__all__ = [
+    "AlignmentScore", "ink_patches", "patch_alignment", "patch_attention_map", "cross_attention_alignment",
+]
 
 
 class AlignmentScore(NamedTuple):
@@ -59,7 +61,9 @@ def ink_patches(images: Tensor, patch_size: int, ink_threshold: float = 0.25) ->
     return inked[0] if single else inked
 
 
-def patch_alignment(weights: Tensor, reference: Tensor, query_mask: Optional[Tensor] = None) -> AlignmentScore:
+def patch_alignment(
+    weights: Tensor, reference: Tensor, query_mask: Optional[Tensor] = None
+) -> AlignmentScore:
     """Attention mass that text tokens put on the reference patches, and its lift over uniform.
 
     One number for a whole set of maps; the per-head ``alignment_score`` statistic of

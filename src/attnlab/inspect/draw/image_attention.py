@@ -68,7 +68,8 @@ def plot_text_to_image_attention(
         for column in range(H + 1):
             axis = axes[row][column]
             axis.imshow(image.numpy(), cmap="gray_r", vmin=0, vmax=1)
-            axis.imshow(maps[column, row], cmap="inferno", alpha=0.55, vmin=0, vmax=max(float(panels[column, row].max()), 1e-6))
+            top = max(float(panels[column, row].max()), 1e-6)
+            axis.imshow(maps[column, row], cmap="inferno", alpha=0.55, vmin=0, vmax=top)
             axis.set_xticks([])
             axis.set_yticks([])
             if row == 0:

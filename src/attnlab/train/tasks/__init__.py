@@ -31,7 +31,8 @@ TASKS: dict[str, Union[tuple[str, str], "Task"]] = {
     DEFAULT_TASK: ("attnlab.train.tasks.text_classification",
                    "text classification on the embedded snippets or a CSV/JSONL file"),
     "digits-text": ("attnlab.train.tasks.digits_text",
-                    "true/false statements about scikit-learn's 8x8 handwritten digits, with cross-modal attention"),
+                    "true/false statements about scikit-learn's 8x8 handwritten digits, "
+                    "with cross-modal attention"),
 }
 
 

@@ -30,7 +30,9 @@ from ..run_steps import RunResult, finish_run, fit, seed_everything, start_run, 
 from ..trainer import TransformerTrainer
 from . import TASKS, Task
 
-__all__ = ["TASK", "ImageSettings", "train_digits_text", "StatementsByImage", "GateLogger", "build_image_text_model"]
+__all__ = [
+    "TASK", "ImageSettings", "train_digits_text", "StatementsByImage", "GateLogger", "build_image_text_model",
+]
 
 logger = logging.getLogger(__name__)
 

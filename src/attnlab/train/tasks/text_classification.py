@@ -97,8 +97,8 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
     else:
         last = None
     ids = special_ids(tokenizer)
-    collate = MaskedLMCollator(ids["[PAD]"], ids["[MASK]"], tokenizer.get_vocab_size(), list(ids.values()),
-                               probability=train.mlm_probability, seed=train.seed)
+    collate = MaskedLMCollator(tokenizer_pad_id(tokenizer, default=0), ids["[MASK]"], tokenizer.get_vocab_size(),
+                               list(ids.values()), probability=train.mlm_probability, seed=train.seed)
     trainer = TransformerTrainer(lm, train.mlm_learning_rate, min(train.warmup_steps, train.mlm_steps // 10),
                                  output_dir=directory, tokenizer=tokenizer, **trainer_options(config, quiet))
     trainer.fit(TokenizedDataset(train_set.input_ids), collate_fn=collate, batch_size=train.batch_size,

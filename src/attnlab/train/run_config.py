@@ -174,10 +174,13 @@ class RunConfig:
                 raise ValueError(f"{setting}={value!r} is not used by task {task.name!r}; remove it")
 
     def __getattr__(self, name: str) -> Any:
+        # only called for names not found normally: a task's own section, by name
         sections = self.__dict__.get("sections") or {}
         if name in sections:
             return sections[name]
-        raise AttributeError(f"{type(self).__name__} has no section {name!r} (task {self.data.task!r})")
+        data = self.__dict__.get("data")
+        task = getattr(data, "task", None)
+        raise AttributeError(f"{type(self).__name__} has no section {name!r} (task {task!r})")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         shared = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}

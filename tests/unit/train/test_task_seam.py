@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -48,6 +50,7 @@ def test_a_task_section_lives_with_its_task_and_round_trips():
     assert isinstance(config.image, ImageSettings) and config.image.visual_dim == 16
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert "image" not in RunConfig().to_dict()
+    assert copy.deepcopy(config) == config and pickle.loads(pickle.dumps(config)).image == config.image
     with pytest.raises(AttributeError, match="image"):
         RunConfig().image
 

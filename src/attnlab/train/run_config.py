@@ -213,7 +213,16 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, path: Union[str, Path]) -> "RunConfig":
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        """Read a run's ``config.json``. Runs written before tasks owned their sections
+        carry every task's sections; one left at its defaults is dropped, not refused."""
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = values.get("data") if isinstance(values, dict) else None
+        task = data.get("task", DEFAULT_TASK) if isinstance(data, dict) else DEFAULT_TASK
+        if isinstance(values, dict) and task in task_names():
+            for name in set(values) - set(task_sections(task)):
+                if values[name] == _default_section(name):
+                    del values[name]
+        return cls.from_dict(values)
 
     def with_overrides(self, overrides: Sequence[str]) -> "RunConfig":
         """A copy with ``section.key=value`` (or unique ``key=value``) overrides applied;
@@ -223,6 +232,15 @@ class RunConfig:
             section, key, value = parse_override(override, task_sections(self.data.task))
             values[section][key] = value
         return RunConfig.from_dict(values)
+
+
+def _default_section(name: str) -> Optional[dict[str, Any]]:
+    """The default values of the section ``name`` of any task, or ``None``."""
+    for task in task_names():
+        section_cls = get_task(task).sections.get(name)
+        if section_cls is not None:
+            return dataclasses.asdict(section_cls())
+    return None
 
 
 def _read_toml(path: Union[str, Path]) -> dict[str, Any]:

@@ -74,3 +74,16 @@ def test_finish_run_waits_for_every_process_before_reloading_the_best_checkpoint
     for name in ("text-classification", "digits-text"):
         module = __import__(TASKS[name][0], fromlist=["finish_run"])
         assert module.finish_run is run_steps.finish_run
+
+
+def test_a_saved_run_with_another_tasks_default_section_still_resumes(tmp_path):
+    """config.json of runs written before tasks owned their sections holds [image] at its defaults."""
+    values = RunConfig().to_dict()
+    values["image"] = json.loads(json.dumps(ImageSettings().__dict__))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    assert RunConfig.from_json(path) == RunConfig()
+    values["image"]["visual_dim"] = 8  # a real setting the task does not read: refused
+    path.write_text(json.dumps(values))
+    with pytest.raises(ValueError, match="image"):
+        RunConfig.from_json(path)

@@ -15,8 +15,8 @@ from typing import Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from .._masked_mean import masked_mean
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
 from .functional import AttentionResult, attention

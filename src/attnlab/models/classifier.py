@@ -7,8 +7,8 @@ from typing import Any, Optional, Sequence
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .._masked_mean import masked_mean
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear
 from ..layers import TransformerEncoder
 from .outputs import ModelOutput

@@ -16,9 +16,11 @@ from typing import Optional, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("attnlab.demo", "run the demonstration job on the embedded data"),
     "train": ("attnlab.train.command", "train a classifier on the embedded data or your CSV/JSONL file"),
-    "inspect": ("attnlab.inspect.inspect_command", "pictures and an interactive report of one text's attention"),
-    "analyze": ("attnlab.inspect.analyze_command", "attention statistics over a data set: JSON, plots, HTML summary"),
-    "image-attention": ("attnlab.inspect.digits_attention",
+    "inspect": ("attnlab.inspect.commands.inspect_command",
+                "pictures and an interactive report of one text's attention"),
+    "analyze": ("attnlab.inspect.commands.analyze_command",
+                "attention statistics over a data set: JSON, plots, HTML summary"),
+    "image-attention": ("attnlab.inspect.commands.image_attention_command",
                         "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
 }
 

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_report(run_dir: Path) -> Path:
     """Pictures and the interactive attention report of the first example, in ``run_dir/inspect``."""
-    from .inspect.inspection import write_inspection
+    from .inspect.commands.inspect_text import write_inspection
     from .models import load_model
 
     model, tokenizer, _ = load_model(run_dir)

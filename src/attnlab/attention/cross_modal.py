@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear
 from ..outputs import ModelOutput
 from .masks import keep_mask
@@ -63,19 +64,6 @@ class CrossModalOutput(ModelOutput):
     gate: Tensor
 
     _tuple_fields = ("output", "text_to_visual_weights")
-
-
-def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """Mean over dim 1 of the rows that ``mask`` marks ``True``; zero where none is.
-
-    Shape:
-        ``x`` ``[B, L, E]``, ``mask`` ``[B, L]`` bool or ``None`` -> ``[B, 1, E]``.
-    """
-    if mask is None:
-        return x.mean(dim=1, keepdim=True)
-    weights = mask.to(x.dtype).unsqueeze(-1)  # [B, L, 1]
-    count = weights.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, 1, 1]
-    return (x * weights).sum(dim=1, keepdim=True) / count  # [B, 1, E]
 
 
 def _check_padding_mask(name: str, mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:

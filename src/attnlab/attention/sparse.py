@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
 from .functional import AttentionResult, attention
@@ -240,9 +241,7 @@ class SparseAttention(nn.Module):
             bias = None
         else:
             valid = key_mask if key_mask.dtype == torch.bool else key_mask > float("-inf")  # [B, T]
-            weights = valid.to(query.dtype)
-            count = weights.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, 1]
-            pooled = torch.einsum("bt,bte->be", weights / count, query).unsqueeze(1)  # [B, 1, E]
+            pooled = masked_mean(query, valid)  # [B, 1, E]
             bias = key_mask[:, None, None, :]  # [B, 1, 1, T]
         pooled_query = self.global_q(pooled).view(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
         return attention(

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .padding import pad_token_ids
+
 __all__ = ["TokenizedDataset", "PaddingCollator", "MaskedLMCollator", "mask_tokens"]
 
 
@@ -38,14 +40,7 @@ class TokenizedDataset(Dataset):
 
 
 def _pad(items: Sequence[dict], pad_id: int) -> tuple[Tensor, Tensor]:
-    B, T = len(items), max(len(item["input_ids"]) for item in items)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
-    mask = torch.zeros(B, T, dtype=torch.bool)  # [B, T], True on real tokens
-    for row, item in enumerate(items):
-        length = len(item["input_ids"])
-        input_ids[row, :length] = torch.tensor(item["input_ids"], dtype=torch.long)
-        mask[row, :length] = True
-    return input_ids, mask
+    return pad_token_ids([item["input_ids"] for item in items], pad_id)  # [B, T] each
 
 
 class PaddingCollator:

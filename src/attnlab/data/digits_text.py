@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
+from .padding import pad_token_ids, tokenizer_pad_id
+
 if TYPE_CHECKING:
     import torch
 
@@ -207,11 +209,9 @@ def collate_digits_text(
     import torch
 
     encodings = tokenizer.encode_batch([example.text for example in examples])
-    T = max(len(encoding.ids) for encoding in encodings)
-    input_ids = torch.zeros(len(examples), T, dtype=torch.long)
-    for row, encoding in enumerate(encodings):
-        input_ids[row, : len(encoding.ids)] = torch.tensor(encoding.ids)
-    batch = {"input_ids": input_ids, "mask": input_ids != 0}
+    pad_id = tokenizer_pad_id(tokenizer, default=0)
+    input_ids, mask = pad_token_ids([encoding.ids for encoding in encodings], pad_id)
+    batch = {"input_ids": input_ids, "mask": mask}
     if share_images:
         rows: dict[int, int] = {}
         for example in examples:

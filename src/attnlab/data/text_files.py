@@ -1,4 +1,9 @@
-"""Your own labelled text: CSV or JSONL files with a text column and a label column."""
+"""Text files, read by one set of rules for training, ``inspect`` and ``analyze``.
+
+CSV (a header row; ``.tsv`` tab-separated), JSONL (one object a line) and, where no
+labels are needed, plain text (one text a line). Every reader raises
+:class:`~attnlab.data.DataError` naming the file and the line.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +16,30 @@ from typing import Optional, Sequence, Union
 from ._errors import DataError
 from .splits import DatasetSplits, Example, split_examples
 
-__all__ = ["read_labelled_texts", "load_text_classification", "FORMATS"]
+__all__ = [
+    "FORMATS", "TEXT_FORMATS", "TEXT_COLUMNS", "detect_format", "read_rows", "read_labelled_texts",
+    "read_texts", "load_text_classification",
+]
 
-FORMATS = ("csv", "jsonl")
+FORMATS = ("csv", "jsonl")  # files with labels, for training
+TEXT_FORMATS = ("csv", "jsonl", "txt")  # files of texts, labels optional, for inspection
+TEXT_COLUMNS = ("text", "sentence", "review", "content")  # a CSV's text column, when none is named
+_SUFFIXES = {
+    ".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".txt": "txt",
+}
 
 
-def _detect_format(path: Path, format: Optional[str]) -> str:
-    if format is not None:
-        if format not in FORMATS:
-            raise DataError(f"format must be one of {FORMATS}, got {format!r}")
-        return format
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv"):
-        return "csv"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return "jsonl"
-    raise DataError(f"{path}: cannot tell the format from the suffix {suffix!r}; pass format='csv' or 'jsonl'")
+def detect_format(path: Path, format: Optional[str] = None, *, allowed: Sequence[str] = TEXT_FORMATS) -> str:
+    """``format`` if given, else the format the file's suffix names (``.csv``/``.tsv``,
+    ``.jsonl``/``.ndjson``/``.json``, ``.txt``); one of ``allowed``."""
+    if format is None:
+        format = _SUFFIXES.get(path.suffix.lower())
+        if format is None:
+            raise DataError(f"{path}: cannot tell the format from the suffix {path.suffix.lower()!r}; "
+                            f"pass format= one of {tuple(allowed)}")
+    if format not in allowed:
+        raise DataError(f"format must be one of {tuple(allowed)}, got {format!r}")
+    return format
 
 
 def _read_text(path: Path) -> str:
@@ -69,6 +82,62 @@ def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]
     return columns, rows
 
 
+def _txt_rows(text: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    lines = enumerate(text.splitlines(), start=1)
+    rows = [(number, {"text": line.strip()}) for number, line in lines if line.strip()]
+    return ["text"], rows
+
+
+def read_rows(path: Union[str, Path], *, format: Optional[str] = None,
+              allowed: Sequence[str] = TEXT_FORMATS) -> tuple[str, list[str], list[tuple[int, dict]]]:
+    """``(format, columns, [(line number, row dict), ...])`` of a CSV, JSONL or text file.
+
+    A ``.txt`` file is one text a line (column ``text``; blank lines skipped).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        DataError: unknown format, bad encoding, empty file, invalid JSON, no data rows;
+            the message names the file (and the line).
+    """
+    path = Path(path)
+    kind = detect_format(path, format, allowed=allowed)
+    text = _read_text(path)
+    if kind == "csv":
+        columns, rows = _csv_rows(path, text)
+    elif kind == "jsonl":
+        columns, rows = _jsonl_rows(path, text)
+    else:
+        columns, rows = _txt_rows(text)
+    if not rows:
+        raise DataError(f"{path}: no data rows")
+    return kind, columns, rows
+
+
+def _texts_and_labels(
+    path: Path, kind: str, columns: list[str], rows: list[tuple[int, dict]], text_column: str,
+    label_column: Optional[str], label_required: bool,
+) -> list[tuple[str, Optional[str]]]:
+    """The text and label of every row, by the same rules for every caller."""
+    required = [(text_column, "text_column")] + ([(label_column, "label_column")] if label_required else [])
+    for column, role in required:
+        if kind == "csv" and column not in columns:
+            raise DataError(f"{path}: no column {column!r} ({role}); the columns are {columns}")
+    pairs = []
+    for line, row in rows:
+        for column, role in required:
+            if row.get(column) is None:
+                raise DataError(f"{path}:{line}: missing {role} {column!r}; this row has {sorted(row)}")
+        text_value = str(row[text_column]).strip()
+        label = row.get(label_column) if label_column is not None else None
+        label_value = None if label is None or not str(label).strip() else str(label).strip()
+        if not text_value:
+            raise DataError(f"{path}:{line}: empty text in column {text_column!r}")
+        if label_required and label_value is None:
+            raise DataError(f"{path}:{line}: empty label in column {label_column!r}")
+        pairs.append((text_value, label_value))
+    return pairs
+
+
 def read_labelled_texts(
     path: Union[str, Path],
     *,
@@ -84,26 +153,33 @@ def read_labelled_texts(
             or label; the message names the file and the line.
     """
     path = Path(path)
-    kind = _detect_format(path, format)
-    text = _read_text(path)
-    columns, rows = _csv_rows(path, text) if kind == "csv" else _jsonl_rows(path, text)
-    if not rows:
-        raise DataError(f"{path}: no data rows")
-    for column, role in ((text_column, "text_column"), (label_column, "label_column")):
-        if kind == "csv" and column not in columns:
-            raise DataError(f"{path}: no column {column!r} ({role}); the columns are {columns}")
-    pairs = []
-    for line, row in rows:
-        for column, role in ((text_column, "text_column"), (label_column, "label_column")):
-            if row.get(column) is None:
-                raise DataError(f"{path}:{line}: missing {role} {column!r}; this row has {sorted(row)}")
-        text_value, label_value = str(row[text_column]).strip(), str(row[label_column]).strip()
-        if not text_value:
-            raise DataError(f"{path}:{line}: empty text in column {text_column!r}")
-        if not label_value:
-            raise DataError(f"{path}:{line}: empty label in column {label_column!r}")
-        pairs.append((text_value, label_value))
-    return pairs
+    kind, columns, rows = read_rows(path, format=format, allowed=FORMATS)
+    return _texts_and_labels(path, kind, columns, rows, text_column, label_column, label_required=True)
+
+
+def read_texts(
+    path: Union[str, Path],
+    *,
+    text_column: Optional[str] = None,
+    label_column: str = "label",
+    format: Optional[str] = None,
+) -> list[tuple[str, Optional[str]]]:
+    """Read ``(text, label or None)`` pairs from a CSV, JSONL or text file; labels are optional.
+
+    Args:
+        text_column: the column holding the text; default the first of
+            :data:`TEXT_COLUMNS` a CSV file has (else its first column), ``text`` in JSONL.
+        label_column: the column holding labels, where a row has one.
+
+    Raises:
+        FileNotFoundError, DataError: as :func:`read_labelled_texts`, by the same rules.
+    """
+    path = Path(path)
+    kind, columns, rows = read_rows(path, format=format)
+    if text_column is None:
+        fallback = columns[0] if kind == "csv" else "text"
+        text_column = next((name for name in TEXT_COLUMNS if name in columns), fallback)
+    return _texts_and_labels(path, kind, columns, rows, text_column, label_column, label_required=False)
 
 
 def load_text_classification(

@@ -5,14 +5,20 @@ from attnlab.inspect import capture_attention, AttentionAnalyzer
 with capture_attention(model) as captured:
     model(ids)
 captured.attentions["layer_1"]          # [B, H, T, T], eval mode, per head
+
+Three rooms: :mod:`~attnlab.inspect.compute` (what computes: capture, statistics,
+rollout, head importance, the analyzer, image alignment), :mod:`~attnlab.inspect.draw`
+(what draws: plots and HTML pages, matplotlib ``Figure`` on the Agg canvas) and
+:mod:`~attnlab.inspect.commands` (what ``attnlab inspect``, ``analyze`` and
+``image-attention`` do). The computing names are importable from here.
 """
 
-from .analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult
-from .batches import AnalysisBatch, as_analysis_batch
-from .capture import AttentionCapture, capture_attention, find_attention_modules
-from .heads import head_importance, head_mask_from, mask_heads
-from .rollout import attention_rollout
-from .statistics import HeadStatistics, neighbour_alignment, row_statistics
+from .compute.analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult
+from .compute.batches import AnalysisBatch, as_analysis_batch
+from .compute.capture import AttentionCapture, capture_attention, find_attention_modules
+from .compute.heads import head_importance, head_mask_from, mask_heads
+from .compute.rollout import attention_rollout
+from .compute.statistics import HeadStatistics, neighbour_alignment, row_statistics
 
 __all__ = [
     "AnalysisBatch",

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._checks import check_positive_int, check_probability
+from .._masked_mean import masked_mean
 from .._precision import Linear
 from ..layers import TransformerEncoder
 from .outputs import TaskOutput
@@ -25,10 +26,7 @@ def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
     """
     if pooling == "first":
         return hidden[:, 0]
-    if mask is None:
-        return hidden.mean(dim=1)
-    weights = mask.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+    return masked_mean(hidden, mask, keepdim=False)
 
 
 class EncoderClassifier(nn.Module):

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from tokenizers import Encoding, Tokenizer
 from torch import Tensor
 
+from .._masked_mean import masked_mean
+from ..data.padding import pad_token_ids
 from ..layers.encoder import TransformerEncoder
 from .pretrained import PathLike, from_pretrained, load_tokenizer, pretrained_dir
 
@@ -36,10 +38,7 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
         raise ValueError(
             f"hidden must be [B, T, E] and mask [B, T]; got {tuple(hidden.shape)} and {tuple(mask.shape)}"
         )
-    weights = mask.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
-    total = (hidden * weights).sum(dim=1)  # [B, E]
-    count = weights.sum(dim=1).clamp(min=1e-9)  # [B, 1]; as sentence-transformers
-    return total / count
+    return masked_mean(hidden, mask, keepdim=False)
 
 
 def pad_encodings(encodings: Sequence[Encoding], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -47,15 +46,7 @@ def pad_encodings(encodings: Sequence[Encoding], pad_id: int) -> tuple[Tensor, T
 
     ``mask`` is ``True`` on real tokens.
     """
-    B = len(encodings)
-    T = max((len(encoding.ids) for encoding in encodings), default=0)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    mask = torch.zeros(B, T, dtype=torch.bool)
-    for row, encoding in enumerate(encodings):
-        length = len(encoding.ids)
-        input_ids[row, :length] = torch.tensor(encoding.ids, dtype=torch.long)
-        mask[row, :length] = True
-    return input_ids, mask
+    return pad_token_ids([encoding.ids for encoding in encodings], pad_id)
 
 
 class SentenceEncoder:

@@ -29,6 +29,7 @@ __all__ = [
     "save_model",
     "load_model",
     "resolve_checkpoint_dir",
+    "find_checkpoint_dir",
 ]
 
 MODEL_FILE = "model.safetensors"
@@ -98,6 +99,26 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
     return directory
 
 
+def _run_checkpoint(path: Path) -> Optional[Path]:
+    """A run directory's best (else last) checkpoint, if it has one."""
+    for name in ("best", "last"):
+        candidate = path / "checkpoints" / name
+        if (candidate / MODEL_FILE).is_file():
+            return candidate
+    return None
+
+
+def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
+    """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
+    or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
+    has no ``"encoder"`` entry."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        return path if isinstance(config, dict) and "encoder" in config else None
+    return _run_checkpoint(path)
+
+
 def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
     """The checkpoint directory meant by ``path``: itself, or a run's best (else last) checkpoint."""
     path = Path(path)
@@ -105,10 +126,9 @@ def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
         raise FileNotFoundError(f"no model at {path}: the path does not exist")
     if (path / MODEL_FILE).is_file():
         return path
-    for name in ("best", "last"):
-        candidate = path / "checkpoints" / name
-        if (candidate / MODEL_FILE).is_file():
-            return candidate
+    checkpoint = _run_checkpoint(path)
+    if checkpoint is not None:
+        return checkpoint
     raise FileNotFoundError(
         f"{path} is neither a checkpoint directory (with {MODEL_FILE}) nor a run directory "
         f"(with checkpoints/best or checkpoints/last)"

@@ -1,6 +1,8 @@
-"""The configuration of an ``attnlab train`` run: three validated sections.
+"""The configuration of an ``attnlab train`` run: three shared, validated sections and
+the sections of the run's task.
 
-Read from TOML (``[model]``, ``[data]``, ``[train]`` tables), changed with
+Read from TOML (``[model]``, ``[data]``, ``[train]`` tables, and a task's own such as
+``[image]``), changed with
 ``section.key=value`` overrides, written next to the run as ``config.json``.
 The defaults are the demonstration run: a small encoder trained from scratch on the
 embedded Rotten Tomatoes snippets, within a few minutes on two CPU cores.
@@ -14,7 +16,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
@@ -22,8 +24,8 @@ from .tasks import DEFAULT_TASK, get_task, task_names
 from .trainer import METRICS, PRECISIONS
 
 __all__ = [
-    "ModelSettings", "DataSettings", "TrainSettings", "ImageSettings", "RunConfig", "parse_override",
-    "resolve_run_config",
+    "ModelSettings", "DataSettings", "TrainSettings", "RunConfig", "parse_override", "resolve_run_config",
+    "task_sections", "check_choice",
 ]
 
 
@@ -49,8 +51,8 @@ class ModelSettings:
             _positive(f"model.{name}", getattr(self, name))
         for name in ("dropout", "attention_dropout", "classifier_dropout"):
             _probability(f"model.{name}", getattr(self, name))
-        _choice("model.position", self.position, POSITIONS)
-        _choice("model.pooling", self.pooling, POOLINGS)
+        check_choice("model.position", self.position, POSITIONS)
+        check_choice("model.pooling", self.pooling, POOLINGS)
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
 
@@ -77,7 +79,7 @@ class DataSettings:
     train_limit: Optional[int] = None  # use only the first N training examples (quick runs)
 
     def __post_init__(self) -> None:
-        _choice("data.task", self.task, task_names())
+        check_choice("data.task", self.task, task_names())
         if self.path is None and self.dataset != "rotten_tomatoes":
             raise ValueError(f"data.dataset must be 'rotten_tomatoes' (or set data.path), got {self.dataset!r}")
         for name in ("vocab_size", "max_length", "min_frequency"):
@@ -125,60 +127,85 @@ class TrainSettings:
                 raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)!r}")
         if self.warmup_steps < 0 or self.mlm_steps < 0:
             raise ValueError("train.warmup_steps and train.mlm_steps must be >= 0")
-        _choice("train.precision", self.precision, PRECISIONS)
-        _choice("train.metric", self.metric, tuple(METRICS))
+        check_choice("train.precision", self.precision, PRECISIONS)
+        check_choice("train.metric", self.metric, tuple(METRICS))
         _probability("train.mlm_probability", self.mlm_probability)
 
 
-@dataclass
-class ImageSettings:
-    """The image side of image–text tasks (``task=digits-text``); other tasks ignore it.
-    The text side and the fusion width come from ``[model]``."""
-
-    patch_size: int = 2  # 2x2-pixel patches: 16 per 8x8 digit
-    visual_dim: int = 64
-    visual_layers: int = 1
-    cross_layers: int = 1
-    gate: str = "sigmoid"  # "sigmoid" | "tanh0" (starts as the identity on the text)
-    fusion: str = "cross_attention"  # "cross_attention" | "concat" (the baseline)
-    statements_per_image: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("patch_size", "visual_dim", "visual_layers", "cross_layers", "statements_per_image"):
-            _positive(f"image.{name}", getattr(self, name))
-        _choice("image.gate", self.gate, ("sigmoid", "tanh0"))
-        _choice("image.fusion", self.fusion, ("cross_attention", "concat"))
-        if self.statements_per_image % 2:
-            raise ValueError(f"image.statements_per_image must be even, got {self.statements_per_image}")
+_SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainSettings}
 
 
-_SECTIONS = {"model": ModelSettings, "data": DataSettings, "train": TrainSettings, "image": ImageSettings}
+def task_sections(task: str) -> dict[str, type]:
+    """Every config section of a run of ``task``: the shared ones, then the task's own."""
+    return {**_SECTIONS, **get_task(task).sections}
 
 
 @dataclass
 class RunConfig:
-    """A whole run: ``model``, ``data``, ``train`` (and ``image``) sections."""
+    """A whole run: the shared ``model``, ``data`` and ``train`` sections, and the sections
+    of the task ``data.task`` names (``config.image`` for ``digits-text``).
+
+    A task's unused shared settings must keep their defaults: setting one is refused
+    with a ValueError that names it and the task.
+    """
 
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
-    image: ImageSettings = field(default_factory=ImageSettings)
+    sections: dict[str, Any] = field(default_factory=dict)  # the task's own, by name
+
+    def __post_init__(self) -> None:
+        task = get_task(self.data.task)
+        for name, section_cls in task.sections.items():
+            given = self.sections.get(name)
+            if given is None:
+                self.sections[name] = section_cls()
+            elif not isinstance(given, section_cls):
+                raise TypeError(
+                    f"config section [{name}] must be a {section_cls.__name__}, got {type(given).__name__}"
+                )
+        foreign = sorted(set(self.sections) - set(task.sections))
+        if foreign:
+            raise ValueError(f"config section [{foreign[0]}] is not used by task {task.name!r}; remove it")
+        for setting in task.unused:
+            section, key = setting.split(".", 1)
+            value = getattr(getattr(self, section), key)
+            if value != getattr(_SECTIONS[section](), key):
+                raise ValueError(f"{setting}={value!r} is not used by task {task.name!r}; remove it")
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names not found normally: a task's own section, by name
+        sections = self.__dict__.get("sections") or {}
+        if name in sections:
+            return sections[name]
+        data = self.__dict__.get("data")
+        task = getattr(data, "task", None)
+        raise AttributeError(f"{type(self).__name__} has no section {name!r} (task {task!r})")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        shared = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        return {**shared, **{name: dataclasses.asdict(value) for name, value in self.sections.items()}}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        unknown = sorted(set(values) - set(_SECTIONS))
+        data = values.get("data", {})
+        task = data.get("task", DEFAULT_TASK) if isinstance(data, dict) else DEFAULT_TASK
+        if not isinstance(task, str) or task not in task_names():
+            check_choice("data.task", task, task_names())
+        all_sections = task_sections(task)
+        unknown = sorted(set(values) - set(all_sections))
         if unknown:
-            raise ValueError(f"unknown config sections {unknown}; sections: {sorted(_SECTIONS)}")
+            raise ValueError(
+                f"unknown config sections {unknown}; sections of task {task!r}: {sorted(all_sections)}"
+            )
         sections = {}
-        for name, section_cls in _SECTIONS.items():
+        for name, section_cls in all_sections.items():
             given = values.get(name, {})
             if not isinstance(given, dict):
                 raise ValueError(f"config section [{name}] must be a table, got {given!r}")
             sections[name] = section_cls(**_check_types(name, section_cls, given))
-        return cls(**sections)
+        own = {name: sections.pop(name) for name in list(sections) if name not in _SECTIONS}
+        return cls(**sections, sections=own)
 
     @classmethod
     def from_toml(cls, path: Union[str, Path]) -> "RunConfig":
@@ -186,16 +213,34 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, path: Union[str, Path]) -> "RunConfig":
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        """Read a run's ``config.json``. Runs written before tasks owned their sections
+        carry every task's sections; one left at its defaults is dropped, not refused."""
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = values.get("data") if isinstance(values, dict) else None
+        task = data.get("task", DEFAULT_TASK) if isinstance(data, dict) else DEFAULT_TASK
+        if isinstance(values, dict) and task in task_names():
+            for name in set(values) - set(task_sections(task)):
+                if values[name] == _default_section(name):
+                    del values[name]
+        return cls.from_dict(values)
 
     def with_overrides(self, overrides: Sequence[str]) -> "RunConfig":
         """A copy with ``section.key=value`` (or unique ``key=value``) overrides applied;
         values are read as TOML (``3e-4``, ``true``, ``"text"``, ``none``), else as strings."""
         values = self.to_dict()
         for override in overrides:
-            section, key, value = parse_override(override)
+            section, key, value = parse_override(override, task_sections(self.data.task))
             values[section][key] = value
         return RunConfig.from_dict(values)
+
+
+def _default_section(name: str) -> Optional[dict[str, Any]]:
+    """The default values of the section ``name`` of any task, or ``None``."""
+    for task in task_names():
+        section_cls = get_task(task).sections.get(name)
+        if section_cls is not None:
+            return dataclasses.asdict(section_cls())
+    return None
 
 
 def _read_toml(path: Union[str, Path]) -> dict[str, Any]:
@@ -217,48 +262,67 @@ def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[
     explicit: dict[str, Any] = {}
     if path is not None:
         explicit = _read_toml(path)
-    parsed = [parse_override(override) for override in overrides]
     task = explicit.get("data", {}).get("task", DEFAULT_TASK) if isinstance(explicit.get("data"), dict) else DEFAULT_TASK
-    for section, key, value in parsed:
-        if (section, key) == ("data", "task"):
-            task = value
-    values = RunConfig().to_dict()
-    if isinstance(task, str) and task in task_names():
-        for section, key, value in map(parse_override, get_task(task).defaults):
-            values[section][key] = value
+    for override in overrides:
+        key, raw = _split_override(override)
+        if key in ("task", "data.task"):
+            task = _toml_value(raw)
+    if not isinstance(task, str) or task not in task_names():
+        check_choice("data.task", task, task_names())
+    sections = task_sections(task)
+    values = {name: dataclasses.asdict(section_cls()) for name, section_cls in sections.items()}
+    values["data"]["task"] = task
+    for section, key, value in (parse_override(item, sections) for item in get_task(task).defaults):
+        values[section][key] = value
     for section, given in explicit.items():
         if section not in values or not isinstance(given, dict):
             return RunConfig.from_dict(explicit)  # reports the bad section
         values[section].update(given)
-    for section, key, value in parsed:
+    for section, key, value in (parse_override(override, sections) for override in overrides):
         values[section][key] = value
     return RunConfig.from_dict(values)
 
 
-def parse_override(override: str) -> tuple[str, str, Any]:
-    """``"train.learning_rate=3e-4"`` -> ``("train", "learning_rate", 0.0003)``."""
+def _split_override(override: str) -> tuple[str, str]:
     if "=" not in override:
         raise ValueError(f"--set expects key=value, got {override!r}")
     key, raw = (part.strip() for part in override.split("=", 1))
+    return key, raw
+
+
+def _toml_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def parse_override(override: str, sections: Optional[Mapping[str, type]] = None) -> tuple[str, str, Any]:
+    """``"train.learning_rate=3e-4"`` -> ``("train", "learning_rate", 0.0003)``.
+
+    Args:
+        override: ``section.key=value``, or ``key=value`` when one section has ``key``.
+        sections: the sections a key may belong to; default the shared ones
+            (:func:`task_sections` adds a task's own).
+    """
+    sections = dict(_SECTIONS if sections is None else sections)
+    key, raw = _split_override(override)
     if "." in key:
         section, name = key.split(".", 1)
-        if section not in _SECTIONS:
-            raise ValueError(f"unknown config section {section!r} in {override!r}; sections: {sorted(_SECTIONS)}")
+        if section not in sections:
+            raise ValueError(f"unknown config section {section!r} in {override!r}; sections: {sorted(sections)}")
     else:
-        owners = [section for section, cls in _SECTIONS.items() if key in _field_names(cls)]
+        owners = [section for section, cls in sections.items() if key in _field_names(cls)]
         if len(owners) != 1:
             raise ValueError(f"unknown config key {key!r}" if not owners else f"ambiguous key {key!r}: use one of "
                              + ", ".join(f"{owner}.{key}" for owner in owners))
         section, name = owners[0], key
-    if name not in _field_names(_SECTIONS[section]):
-        raise ValueError(f"unknown config key {section}.{name}; keys of [{section}]: {sorted(_field_names(_SECTIONS[section]))}")
-    if raw.lower() in ("none", "null"):
-        return section, name, None
-    try:
-        value = tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return section, name, value
+    if name not in _field_names(sections[section]):
+        keys = sorted(_field_names(sections[section]))
+        raise ValueError(f"unknown config key {section}.{name}; keys of [{section}]: {keys}")
+    return section, name, _toml_value(raw)
 
 
 def _field_names(cls) -> set[str]:
@@ -296,6 +360,6 @@ def _probability(name: str, value: Any) -> None:
         raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
 
 
-def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")

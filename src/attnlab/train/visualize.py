@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..data.padding import model_pad_id
+
 __all__ = ["attention_map", "save_attention_map"]
 
 
@@ -42,8 +44,7 @@ def attention_map(model: nn.Module, input_sequence: Tensor, layer_idx: int = 0, 
     if not 0 <= head_idx < weights.shape[1]:
         raise ValueError(f"head_idx={head_idx} is out of range: the model has heads 0..{weights.shape[1] - 1}")
     attn = weights[0, head_idx].float().cpu().numpy()
-    encoder = getattr(model, "encoder", model)
-    pad_id = getattr(getattr(encoder, "config", None), "pad_id", None)
+    pad_id = model_pad_id(model)
     if pad_id is not None:
         length = int((input_sequence[0] != pad_id).sum())
         attn = attn[:length, :length]

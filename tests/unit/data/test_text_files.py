@@ -73,3 +73,39 @@ def test_bad_json_line(tmp_path):
 def test_missing_file():
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_labelled_texts("no/such/file.csv")
+
+
+def test_training_and_analysis_read_files_by_the_same_rules(tmp_path):
+    """One reader: the same BOM handling, the same errors, for `train` and `analyze`."""
+    from attnlab.data import load_texts, read_texts
+
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufefftext,label\ngood,1\n".encode("utf-8"))
+    assert read_labelled_texts(bom) == [("good", "1")]
+    assert load_texts(str(bom)) == [("good", 1)]
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "a", "label": 1}\n{"text": \n')
+    empty_text = write_csv(tmp_path / "empty.csv", ["good,1", ",0"])
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("text,label\ncaf\xe9,1\n".encode("latin-1"))
+    for path, message in ((bad_json, r"bad\.jsonl:2: invalid JSON"), (empty_text, r"empty\.csv:3: empty text"),
+                          (latin, r"latin\.csv: not valid UTF-8")):
+        with pytest.raises(DataError, match=message):
+            read_labelled_texts(path)
+        with pytest.raises(DataError, match=message):
+            load_texts(str(path))
+    missing = tmp_path / "m.jsonl"
+    missing.write_text('{"review": "x"}\n{"other": "y"}\n')
+    with pytest.raises(DataError, match=r"m\.jsonl:2: missing text_column 'review'"):
+        read_texts(missing)
+
+
+def test_texts_without_labels_come_from_txt_csv_and_jsonl(tmp_path):
+    from attnlab.data import read_texts
+
+    (tmp_path / "a.txt").write_text("one\n\n two \n")
+    (tmp_path / "b.tsv").write_text("sentence\tlabel\nx y\tpos\nz\t\n")
+    assert read_texts(tmp_path / "a.txt") == [("one", None), ("two", None)]
+    assert read_texts(tmp_path / "b.tsv") == [("x y", "pos"), ("z", None)]
+    with pytest.raises(DataError, match="format must be one of"):
+        read_labelled_texts(tmp_path / "a.txt")

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.inspect.image_attention import (
-    alignment_score,
-    ink_patches,
-    patch_attention_map,
-    plot_text_to_image_attention,
-)
+from attnlab.inspect.compute.image_alignment import ink_patches, patch_alignment, patch_attention_map
+from attnlab.inspect.draw.image_attention import plot_text_to_image_attention
 
 
 def _image() -> torch.Tensor:
@@ -30,26 +26,26 @@ def test_ink_patches_marks_patches_with_any_inked_pixel():
         ink_patches(_image(), 3)
 
 
-def test_alignment_score_is_attention_mass_on_ink_and_its_lift_over_uniform():
+def test_patch_alignment_is_attention_mass_on_ink_and_its_lift_over_uniform():
     reference = ink_patches(_image(), 2)[None]  # [1, 16]
     on_ink = torch.zeros(1, 2, 3, 16)
     on_ink[..., 0] = 1.0
-    score = alignment_score(on_ink, reference)
+    score = patch_alignment(on_ink, reference)
     assert score.mass == pytest.approx(1.0)
     assert score.chance == pytest.approx(2 / 16)
     assert score.lift == pytest.approx(8.0)
     uniform = torch.full((1, 2, 3, 16), 1 / 16)
-    assert alignment_score(uniform, reference).lift == pytest.approx(1.0)
+    assert patch_alignment(uniform, reference).lift == pytest.approx(1.0)
 
 
-def test_alignment_score_counts_only_selected_tokens():
+def test_patch_alignment_counts_only_selected_tokens():
     reference = ink_patches(_image(), 2)[None]
     weights = torch.zeros(1, 1, 2, 16)
     weights[0, 0, 0, 0] = 1.0  # token 0 on ink
     weights[0, 0, 1, 5] = 1.0  # token 1 on background
-    assert alignment_score(weights, reference).mass == pytest.approx(0.5)
+    assert patch_alignment(weights, reference).mass == pytest.approx(0.5)
     only_first = torch.tensor([[True, False]])
-    assert alignment_score(weights, reference, only_first).mass == pytest.approx(1.0)
+    assert patch_alignment(weights, reference, only_first).mass == pytest.approx(1.0)
 
 
 def test_patch_attention_map_spreads_each_patch_over_its_pixels():
@@ -71,8 +67,8 @@ def test_plot_writes_a_png_per_head_and_mean(tmp_path):
         plot_text_to_image_attention(_image(), weights, ["a"], tmp_path / "x.png", patch_size=2)
 
 
-def test_alignment_score_agrees_with_the_inspection_statistics():
-    from attnlab.inspect.statistics import row_statistics
+def test_patch_alignment_agrees_with_the_inspection_statistics():
+    from attnlab.inspect.compute.statistics import row_statistics
 
     generator = torch.Generator().manual_seed(0)
     weights = torch.softmax(torch.randn(3, 2, 4, 16, generator=generator), dim=-1)
@@ -81,4 +77,4 @@ def test_alignment_score_agrees_with_the_inspection_statistics():
     values, rows = row_statistics(weights, query_mask, torch.ones(3, 16, dtype=torch.bool),
                                   alignment=reference[:, None, :])
     expected = values["alignment_score"][rows["alignment_score"]].mean()
-    assert alignment_score(weights, reference, query_mask).mass == pytest.approx(float(expected), rel=1e-5)
+    assert patch_alignment(weights, reference, query_mask).mass == pytest.approx(float(expected), rel=1e-5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.inspect.plots import (
+from attnlab.inspect.draw.plots import (
     bucket_attention,
     plot_head,
     plot_layer,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.inspect.report import json_for_script, render_report, render_summary, write_report
-from attnlab.inspect.rollout import attention_rollout
+from attnlab.inspect.draw.report import json_for_script, render_report, render_summary, write_report
+from attnlab.inspect.compute.rollout import attention_rollout
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

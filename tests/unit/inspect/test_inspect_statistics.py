@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.inspect import AttentionAnalyzer, HeadStatistics, row_statistics
-from attnlab.inspect.statistics import neighbour_alignment
+from attnlab.inspect.compute.statistics import neighbour_alignment
 
 
 def _one_layer(weights, mask, **options):

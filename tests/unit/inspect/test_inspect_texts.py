@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab.inspect import as_analysis_batch
-from attnlab.inspect.texts import encode_batches, load_texts
+from attnlab.data import encode_batches, load_texts
 
 
 def test_text_csv_and_jsonl_files(tmp_path):
@@ -49,9 +49,6 @@ def test_batch_forms():
 
 
 def test_embedded_data_splits(monkeypatch):
-    import sys
-    import types
-
     class Splits:  # indexable by name only, like the data package's result
         def __getitem__(self, name):
             data = {"train": [("a", 1), ("b", 0)], "validation": [("c", 1)], "test": [("d", 0)]}
@@ -59,11 +56,7 @@ def test_embedded_data_splits(monkeypatch):
                 raise KeyError(name)
             return data[name]
 
-    module = types.ModuleType("attnlab.data.rotten_tomatoes")
-    module.load_rotten_tomatoes = Splits
-    monkeypatch.setitem(sys.modules, "attnlab.data.rotten_tomatoes", module)
-    if "attnlab.data" not in sys.modules:
-        monkeypatch.setitem(sys.modules, "attnlab.data", types.ModuleType("attnlab.data"))
+    monkeypatch.setattr("attnlab.data.texts.load_rotten_tomatoes", Splits)
     assert load_texts("rotten_tomatoes") == [("a", 1), ("b", 0), ("c", 1), ("d", 0)]
     assert load_texts("rotten_tomatoes", split="validation") == [("c", 1)]
     assert load_texts("rotten_tomatoes", limit=3)[-1] == ("c", 1)

@@ -102,3 +102,20 @@ def test_pretrained_encoder_and_tokenizer_build():
     ids = torch.tensor([tokenizer.encode("a fine film").ids])
     model = EncoderClassifier(encoder, 2).eval()
     assert model(ids).logits.shape == (1, 2)
+
+
+def test_a_pretrained_directory_is_not_taken_for_a_checkpoint(tmp_path):
+    import json
+
+    from attnlab.models.serialization import find_checkpoint_dir
+
+    pretrained = tmp_path / "bert"
+    pretrained.mkdir()
+    (pretrained / "model.safetensors").write_bytes(b"")
+    (pretrained / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    assert find_checkpoint_dir(pretrained) is None
+    run = tmp_path / "run"
+    (run / "checkpoints" / "last").mkdir(parents=True)
+    (run / "checkpoints" / "last" / "model.safetensors").write_bytes(b"")
+    assert find_checkpoint_dir(run) == run / "checkpoints" / "last"
+    assert find_checkpoint_dir(tmp_path) is None

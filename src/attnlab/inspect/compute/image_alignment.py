@@ -1,4 +1,4 @@
-"""Text-token -> image-patch attention: drawn over the image, and scored against the ink.
+"""Text-token -> image-patch attention, scored against the ink of the image.
 
 Dimension letters: ``H`` heads, ``T`` text tokens, ``S`` patches (row-major on a
 ``G x G`` grid), ``N`` images.
@@ -11,19 +11,17 @@ the empty background.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ...data.digits_text import DigitsTextExample, collate_digits_text
+from .statistics import row_statistics
+
 __all__ = [
-    "AlignmentScore",
-    "ink_patches",
-    "alignment_score",
-    "patch_attention_map",
-    "plot_text_to_image_attention",
+    "AlignmentScore", "ink_patches", "patch_alignment", "patch_attention_map", "cross_attention_alignment",
 ]
 
 
@@ -63,8 +61,13 @@ def ink_patches(images: Tensor, patch_size: int, ink_threshold: float = 0.25) ->
     return inked[0] if single else inked
 
 
-def alignment_score(weights: Tensor, reference: Tensor, query_mask: Optional[Tensor] = None) -> AlignmentScore:
-    """Attention mass that text tokens put on the reference patches.
+def patch_alignment(
+    weights: Tensor, reference: Tensor, query_mask: Optional[Tensor] = None
+) -> AlignmentScore:
+    """Attention mass that text tokens put on the reference patches, and its lift over uniform.
+
+    One number for a whole set of maps; the per-head ``alignment_score`` statistic of
+    :func:`~attnlab.inspect.compute.statistics.row_statistics` is the same mass per row.
 
     Args:
         weights: attention over patches, ``[..., T, S]`` (e.g. ``[N, H, T, S]``); rows
@@ -106,74 +109,55 @@ def patch_attention_map(weights: Tensor, grid_size: int, patch_size: int) -> np.
     return pixels.numpy()
 
 
-def plot_text_to_image_attention(
-    image: Union[Tensor, np.ndarray],
-    weights: Tensor,
-    tokens: Sequence[str],
-    path: Union[str, Path],
-    *,
-    patch_size: int,
-    title: Optional[str] = None,
-    reference: Optional[Tensor] = None,
-) -> Path:
-    """Draw each token's attention over the image, per head and averaged, to a PNG.
+@torch.no_grad()
+def cross_attention_alignment(model, tokenizer, examples: Sequence[DigitsTextExample], *,
+                              batch_size: int = 256) -> dict[str, dict]:
+    """Per cross-modal layer and head: how much the text's attention lies on inked patches.
 
-    One row per token, one column per head plus the head average; each panel shows the
-    image in grey with the attention in colour over it. Inked reference patches, when
-    given, are outlined in the left-most column.
-
-    Args:
-        image: ``[height, width]`` pixels in ``[0, 1]``.
-        weights: ``[H, T, S]`` text-token -> patch attention of one example.
-        tokens: the ``T`` token strings (padding already dropped from ``weights``).
-        path: where to write the PNG.
-        patch_size: side of a patch in pixels.
-        title: figure title.
-        reference: ``[S]`` bool reference patches to outline.
+    The per-head figures are the inspection statistics ``alignment_score`` (attention
+    mass on the reference patches) and ``alignment_argmax`` (how often the most attended
+    patch is inked) of :func:`attnlab.inspect.compute.statistics.row_statistics`, with the
+    inked patches of each image as every real token's reference; ``chance`` is the mass
+    uniform attention would put there.
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        ``{"layer_1": {"mass": .., "chance": .., "lift": .., "argmax": ..,
+        "heads": {"alignment_score": [H], "alignment_argmax": [H]}}, ...}``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    image = torch.as_tensor(image).detach().float()
-    if weights.dim() != 3 or weights.shape[1] != len(tokens):
-        raise ValueError(
-            f"weights must be [H, T, S] with T={len(tokens)} tokens, got shape {tuple(weights.shape)}"
-        )
-    H, T, S = weights.shape
-    grid_size = image.shape[0] // patch_size
-    if grid_size * grid_size != S:
-        raise ValueError(f"image {tuple(image.shape)} with patch_size={patch_size} has {grid_size ** 2} patches, "
-                         f"weights have S={S}")
-    panels = torch.cat([weights, weights.mean(0, keepdim=True)], dim=0)  # [H + 1, T, S]
-    maps = patch_attention_map(panels, grid_size, patch_size)  # [H + 1, T, height, width]
-    figure, axes = plt.subplots(T, H + 1, figsize=(1.6 * (H + 1), 1.6 * T + 0.4), squeeze=False)
-    for row, token in enumerate(tokens):
-        for column in range(H + 1):
-            axis = axes[row][column]
-            axis.imshow(image.numpy(), cmap="gray_r", vmin=0, vmax=1)
-            axis.imshow(maps[column, row], cmap="inferno", alpha=0.55, vmin=0, vmax=max(float(panels[column, row].max()), 1e-6))
-            axis.set_xticks([])
-            axis.set_yticks([])
-            if row == 0:
-                axis.set_title("mean" if column == H else f"head {column + 1}", fontsize=8)
-            if column == 0:
-                axis.set_ylabel(token, fontsize=8, rotation=0, ha="right", va="center")
-                if reference is not None:
-                    for index in torch.nonzero(reference.bool()).flatten().tolist():
-                        r, c = divmod(index, grid_size)
-                        axis.add_patch(Rectangle((c * patch_size - 0.5, r * patch_size - 0.5), patch_size,
-                                                 patch_size, fill=False, edgecolor="cyan", linewidth=0.6))
-    if title:
-        figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    model.eval()
+    patch_size = model.config.patch_size
+    sums: dict[str, dict[str, torch.Tensor]] = {}
+    chance_total = rows_total = 0.0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = collate_digits_text(chunk, tokenizer)
+        out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
+        reference = ink_patches(batch["images"], patch_size)  # [B, S]
+        B, S = reference.shape
+        query_mask = batch["mask"]  # [B, T]
+        chance = reference.float().mean(-1, keepdim=True).expand_as(query_mask)  # [B, T]
+        chance_total += float(chance[query_mask].sum())
+        rows_total += float(query_mask.sum())
+        for name, weights in (out.cross_attentions or {}).items():
+            values, rows = row_statistics(weights, query_mask, torch.ones(B, S, dtype=torch.bool),
+                                          alignment=reference[:, None, :])
+            totals = sums.setdefault(name, {})
+            for statistic in ("alignment_score", "alignment_argmax"):
+                counted = rows[statistic].double()  # [B, H, T]
+                value = (values[statistic].double() * counted).sum((0, 2))  # [H]
+                totals[statistic] = totals.get(statistic, 0) + value
+                totals[statistic + "_rows"] = totals.get(statistic + "_rows", 0) + counted.sum((0, 2))
+    chance = chance_total / max(rows_total, 1.0)
+    result = {}
+    for name, totals in sums.items():
+        heads = {statistic: (totals[statistic] / totals[statistic + "_rows"].clamp_min(1)).tolist()
+                 for statistic in ("alignment_score", "alignment_argmax")}
+        mass = sum(heads["alignment_score"]) / len(heads["alignment_score"])
+        result[name] = {
+            "mass": mass,
+            "chance": chance,
+            "lift": mass / chance if chance else 0.0,
+            "argmax": sum(heads["alignment_argmax"]) / len(heads["alignment_argmax"]),
+            "heads": heads,
+        }
+    return result

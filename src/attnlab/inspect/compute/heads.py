@@ -101,7 +101,7 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
 
 
 def forward_batch(model: nn.Module, batch: Any, pad_id: Optional[int] = None) -> Any:
-    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.batches`).
+    """Run ``model`` on one dataloader batch (see :mod:`attnlab.inspect.compute.batches`).
 
     The padding mask goes to the model whenever it is known (given by the batch or found
     from ``pad_id``), so the model never attends to padding the statistics leave out.
@@ -148,7 +148,7 @@ def head_importance(
 
     Args:
         model: a model with attention modules that take ``head_mask``.
-        dataloader: batches as in :mod:`attnlab.inspect.batches`.
+        dataloader: batches as in :mod:`attnlab.inspect.compute.batches`.
         loss_fn: ``loss_fn(output, batch) -> scalar``; default cross-entropy of the
             logits against the batch's labels.
         pad_id: padding id, when batches carry no mask.

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..attention.multihead import MultiHeadAttention
+from ...attention.multihead import MultiHeadAttention
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules"]
 

@@ -56,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
-    from .analysis import write_analysis
+    from ...data.texts import load_texts
+    from .analyze_texts import write_analysis
     from .resolve import resolve_model
-    from .texts import load_texts
 
     resolved = resolve_model(args.model)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)

@@ -11,12 +11,12 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
-from .analyzer import AttentionAnalyzer, AttentionStatistics
-from .inspection import pad_id_for
-from .plots import plot_statistic, save_figure
-from .report import render_summary, stats_tables_html
-from .resolve import special_token_groups
-from .texts import encode_batches
+from ...data.padding import pad_id_for
+from ...data.text_batches import encode_batches
+from ..compute.analyzer import AttentionAnalyzer, AttentionStatistics
+from ..compute.token_groups import special_token_groups
+from ..draw.plots import plot_statistic, save_figure
+from ..draw.report import render_summary, stats_tables_html
 
 logger = logging.getLogger(__name__)
 

@@ -175,7 +175,7 @@ def render_report(
         statistics: ``{statistic: [L][H]}`` tables.
         rollout: ``[L, T, T]`` attention rollout, adds a "rollout" view.
         max_tokens: longer inputs are pooled into this many position buckets (see
-            :func:`attnlab.inspect.plots.bucket_attention`).
+            :func:`attnlab.inspect.draw.plots.bucket_attention`).
     """
     names = list(attentions)
     if not names:

@@ -17,66 +17,12 @@ from typing import Sequence
 
 import torch
 
-from ..data.digits_text import DigitsTextExample, collate_digits_text
-from .image_attention import ink_patches, plot_text_to_image_attention
-from .report import render_summary
-from .statistics import row_statistics
+from ...data.digits_text import DigitsTextExample, collate_digits_text
+from ..compute.image_alignment import cross_attention_alignment, ink_patches
+from ..draw.image_attention import plot_text_to_image_attention
+from ..draw.report import render_summary
 
-__all__ = ["cross_attention_alignment", "draw_examples", "write_html_summary", "add_arguments", "run"]
-
-
-@torch.no_grad()
-def cross_attention_alignment(model, tokenizer, examples: Sequence[DigitsTextExample], *,
-                              batch_size: int = 256) -> dict[str, dict]:
-    """Per cross-modal layer and head: how much the text's attention lies on inked patches.
-
-    The per-head figures are the inspection statistics ``alignment_score`` (attention
-    mass on the reference patches) and ``alignment_argmax`` (how often the most attended
-    patch is inked) of :func:`attnlab.inspect.statistics.row_statistics`, with the
-    inked patches of each image as every real token's reference; ``chance`` is the mass
-    uniform attention would put there.
-
-    Returns:
-        ``{"layer_1": {"mass": .., "chance": .., "lift": .., "argmax": ..,
-        "heads": {"alignment_score": [H], "alignment_argmax": [H]}}, ...}``.
-    """
-    model.eval()
-    patch_size = model.config.patch_size
-    sums: dict[str, dict[str, torch.Tensor]] = {}
-    chance_total = rows_total = 0.0
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = collate_digits_text(chunk, tokenizer)
-        out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
-        reference = ink_patches(batch["images"], patch_size)  # [B, S]
-        B, S = reference.shape
-        query_mask = batch["mask"]  # [B, T]
-        chance = reference.float().mean(-1, keepdim=True).expand_as(query_mask)  # [B, T]
-        chance_total += float(chance[query_mask].sum())
-        rows_total += float(query_mask.sum())
-        for name, weights in (out.cross_attentions or {}).items():
-            values, rows = row_statistics(weights, query_mask, torch.ones(B, S, dtype=torch.bool),
-                                          alignment=reference[:, None, :])
-            totals = sums.setdefault(name, {})
-            for statistic in ("alignment_score", "alignment_argmax"):
-                counted = rows[statistic].double()  # [B, H, T]
-                value = (values[statistic].double() * counted).sum((0, 2))  # [H]
-                totals[statistic] = totals.get(statistic, 0) + value
-                totals[statistic + "_rows"] = totals.get(statistic + "_rows", 0) + counted.sum((0, 2))
-    chance = chance_total / max(rows_total, 1.0)
-    result = {}
-    for name, totals in sums.items():
-        heads = {statistic: (totals[statistic] / totals[statistic + "_rows"].clamp_min(1)).tolist()
-                 for statistic in ("alignment_score", "alignment_argmax")}
-        mass = sum(heads["alignment_score"]) / len(heads["alignment_score"])
-        result[name] = {
-            "mass": mass,
-            "chance": chance,
-            "lift": mass / chance if chance else 0.0,
-            "argmax": sum(heads["alignment_argmax"]) / len(heads["alignment_argmax"]),
-            "heads": heads,
-        }
-    return result
+__all__ = ["draw_examples", "write_html_summary", "add_arguments", "run"]
 
 
 def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path], *, meta: dict) -> Path:
@@ -130,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.digits_text import load_digits_text
-    from ..models import load_model
+    from ...data.digits_text import load_digits_text
+    from ...models import load_model
 
     loaded = load_model(args.run)
     if loaded.config.get("model_type") != "image_text":

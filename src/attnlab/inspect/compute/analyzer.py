@@ -12,8 +12,8 @@ Unlike the article's version it excludes padding, takes the sparsity threshold a
 parameter, computes the ``alignment_score`` it promises, streams (memory does not grow
 with the data) and reads the weights through :func:`capture_attention`, so it works on
 any model built from attnlab attention modules. Statistics are defined in
-:mod:`attnlab.inspect.statistics`; batches may take the forms in
-:mod:`attnlab.inspect.batches`.
+:mod:`attnlab.inspect.compute.statistics`; batches may take the forms in
+:mod:`attnlab.inspect.compute.batches`.
 """
 
 from __future__ import annotations
@@ -30,22 +30,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...data.padding import model_pad_id
 from .batches import AnalysisBatch, as_analysis_batch
 from .capture import capture_attention, find_attention_modules
 from .heads import LossFn, default_loss, forward_batch, head_importance, mask_heads
 from .rollout import attention_rollout
 from .statistics import HeadStatistics
 
-__all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult", "find_pad_id"]
-
-
-def find_pad_id(model: nn.Module) -> Optional[int]:
-    """The padding id declared by the model's (or a submodule's) ``config.pad_id``, if any."""
-    for module in model.modules():
-        pad_id = getattr(getattr(module, "config", None), "pad_id", None)
-        if isinstance(pad_id, int):
-            return pad_id
-    return None
+__all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult"]
 
 
 @dataclass
@@ -148,7 +140,7 @@ class AttentionAnalyzer:
         if not modules:
             raise ValueError(f"{type(model).__name__} has no attention module to analyse")
         self.model = model
-        self.pad_id = find_pad_id(model) if pad_id is None else pad_id
+        self.pad_id = model_pad_id(model) if pad_id is None else pad_id
         self.sparsity_threshold = sparsity_threshold
         self.top_k = top_k
         self.token_groups = dict(token_groups or {})

@@ -12,14 +12,13 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .analyzer import find_pad_id
-from .capture import capture_attention
-from .heads import forward_batch
-from .plots import plot_head, plot_layer, plot_model, save_figure
-from .report import write_report
-from .resolve import find_tokenizer_pad_id, special_token_groups
-from .rollout import attention_rollout
-from .statistics import HeadStatistics
+from ..compute.capture import capture_attention
+from ..compute.heads import forward_batch
+from ..compute.rollout import attention_rollout
+from ..compute.statistics import HeadStatistics
+from ..compute.token_groups import special_token_groups
+from ..draw.plots import plot_head, plot_layer, plot_model, save_figure
+from ..draw.report import write_report
 
 __all__ = ["Inspection", "encode_text", "write_inspection"]
 
@@ -144,10 +143,3 @@ def write_inspection(
     )
     return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
 
-
-def pad_id_for(tokenizer: Any, model: nn.Module) -> int:
-    """Padding id: the tokenizer's ``[PAD]``/``<pad>``, else the model's ``pad_id``, else 0."""
-    for candidate in (find_tokenizer_pad_id(tokenizer), find_pad_id(model)):
-        if candidate is not None:
-            return candidate
-    return 0

@@ -1,91 +1,17 @@
-"""Texts for ``attnlab analyze``: where they come from and how they become batches.
+"""Texts into padded batches for analysis, lazily and within a memory budget.
 
 Dimension letters: ``B`` batch, ``T`` length.
-
-``--data`` is a ``.txt`` file (one text a line), a ``.csv`` file (column ``text`` or the
-one named, labels from ``label`` when present), a ``.jsonl`` file (``{"text": ...,
-"label": ...}`` a line) or ``rotten_tomatoes``, the embedded data set (all splits in
-order, or the one named).
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
 
-__all__ = ["load_texts", "encode_batches"]
+from .padding import pad_token_ids
 
-TEXT_COLUMNS = ("text", "sentence", "review", "content")
-
-
-def _label(value: Any) -> Optional[int]:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def load_texts(
-    spec: str, *, split: Optional[str] = None, text_column: Optional[str] = None, limit: Optional[int] = None
-) -> list[tuple[str, Optional[int]]]:
-    """``[(text, label or None), ...]`` from a file or the embedded data set.
-
-    Args:
-        spec: a path or ``"rotten_tomatoes"``.
-        split: for the embedded data: ``train``, ``validation`` or ``test`` (default all).
-        text_column: CSV column holding the text.
-        limit: keep the first ``limit`` texts.
-    """
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
-    if spec == "rotten_tomatoes":
-        try:
-            from ..data.rotten_tomatoes import load_rotten_tomatoes  # type: ignore[import-not-found]
-        except ImportError as error:
-            raise ValueError(
-                f"the embedded data set is not available in this installation ({error})"
-            ) from error
-        splits = load_rotten_tomatoes()
-        names = [split] if split else ["train", "validation", "test"]
-        rows: list[tuple[str, Optional[int]]] = []
-        for name in names:
-            try:
-                examples = splits[name]
-            except KeyError as error:
-                raise ValueError(f"split must be train, validation or test, got {name!r}") from error
-            rows.extend((text, _label(label)) for text, label in examples)
-        return rows[:limit]
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"--data {spec!r} is neither a file nor 'rotten_tomatoes'")
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            columns = reader.fieldnames or []
-            column = text_column or next(
-                (name for name in TEXT_COLUMNS if name in columns), columns[0] if columns else None
-            )
-            if column not in columns:
-                raise ValueError(f"text column {column!r} not in {path} (columns: {columns})")
-            rows = [(row[column], _label(row.get("label"))) for row in reader if row.get(column)]
-    elif suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                record = json.loads(line)
-                if not isinstance(record, dict) or "text" not in record:
-                    raise ValueError(f"{path}:{number}: expected an object with a 'text' field")
-                rows.append((str(record["text"]), _label(record.get("label"))))
-    else:
-        rows = [(line, None) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"{path} holds no text")
-    return rows[:limit]
+__all__ = ["encode_batches"]
 
 
 def _real_ids(encoding: Any) -> list[int]:
@@ -100,11 +26,7 @@ def _padded_length(length: int, multiple: int, max_length: int) -> int:
 
 
 def _padded(part: list[tuple[list[int], Optional[int]]], pad_id: int, T: int) -> dict[str, torch.Tensor]:
-    input_ids = torch.full((len(part), T), pad_id, dtype=torch.long)  # [B, T]
-    mask = torch.zeros(len(part), T, dtype=torch.bool)  # [B, T]
-    for row, (ids, _) in enumerate(part):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        mask[row, : len(ids)] = True
+    input_ids, mask = pad_token_ids([ids for ids, _ in part], pad_id, T)  # [B, T] each
     batch = {"input_ids": input_ids, "mask": mask}
     labels = [label for _, label in part]
     if all(label is not None for label in labels):

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
-    from .inspection import write_inspection
+    from .inspect_text import write_inspection
     from .resolve import resolve_model
 
     resolved = resolve_model(args.model)

@@ -8,6 +8,10 @@ and every subpackage is an attribute: ``attnlab.attention`` (kernels, masks, att
 modules; the kernel function itself is ``attnlab.attention.attention``),
 ``attnlab.layers``, ``attnlab.models``, ``attnlab.data``, ``attnlab.train``,
 ``attnlab.inspect``, ``attnlab.outputs``.
+
+One loader opens everything: ``model, tokenizer, config = attnlab.load(path_or_name)``
+(an attnlab run or checkpoint, a HuggingFace directory, or ``"minilm"``); the model
+classes have ``from_pretrained`` / ``save_pretrained``.
 """
 
 from . import attention, data, inspect, layers, models, outputs, train
@@ -35,6 +39,7 @@ from .layers import (
     TransformerEncoderLayer,
 )
 from .models import EncoderClassifier, EncoderForMaskedLM
+from .models.loading import load
 from .models.pretrained import from_pretrained
 from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer
@@ -72,6 +77,7 @@ __all__ = [
     "head_importance",
     "inspect",
     "layers",
+    "load",
     "mask_heads",
     "models",
     "outputs",

@@ -9,9 +9,11 @@ from .splits import DatasetSplits, split_examples
 from .text_batches import encode_batches
 from .text_files import load_text_classification, read_labelled_texts, read_rows, read_texts
 from .texts import load_texts
+from .tokenizer import BatchEncoding, Tokenizer
 from .tokenization import SPECIAL_TOKENS, encode_texts, load_tokenizer_file, special_ids, train_tokenizer
 
 __all__ = [
+    "BatchEncoding",
     "DataError",
     "DatasetSplits",
     "LABEL_NAMES",
@@ -20,6 +22,7 @@ __all__ = [
     "PaddingCollator",
     "SPECIAL_TOKENS",
     "TokenizedDataset",
+    "Tokenizer",
     "encode_batches",
     "encode_texts",
     "load_rotten_tomatoes",

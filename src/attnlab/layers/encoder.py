@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._pretrained_io import PretrainedIO
 from ..attention.masks import combine_masks, from_torch_mask, keep_mask
 from ..attention.multihead import MultiHeadAttention
 from ..attention.packing import TokenPacking
@@ -203,7 +204,7 @@ def build_self_attention(config: EncoderConfig, *, device=None, dtype=None) -> O
     return None
 
 
-class TransformerEncoder(nn.Module):
+class TransformerEncoder(PretrainedIO, nn.Module):
     """Token embedding, positions, a stack of encoder layers and a final LayerNorm.
 
     The article's model, with its embedding scaling (``sqrt(d_model)``) and

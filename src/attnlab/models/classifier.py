@@ -10,6 +10,7 @@ from torch.nn import functional as F
 from .._checks import check_positive_int, check_probability
 from .._masked_mean import masked_mean
 from .._precision import Linear
+from .._pretrained_io import PretrainedIO
 from ..layers import TransformerEncoder
 from .outputs import TaskOutput
 
@@ -29,7 +30,7 @@ def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
     return masked_mean(hidden, mask, keepdim=False)
 
 
-class EncoderClassifier(nn.Module):
+class EncoderClassifier(PretrainedIO, nn.Module):
     """An encoder, a pooling step and a linear classifier.
 
     Args:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability, dataclass_from_dict
 from .._precision import Linear
+from .._pretrained_io import PretrainedIO
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
 from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
 from ..attention.masks import keep_mask
@@ -204,7 +205,7 @@ class _ClassificationHead(nn.Module):
         return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))
 
 
-class ImageTextModel(nn.Module):
+class ImageTextModel(PretrainedIO, nn.Module):
     """Classify an (image, statement) pair, e.g. "is this statement true of the image?".
 
     Args:

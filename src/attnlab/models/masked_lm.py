@@ -8,13 +8,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._precision import Linear
+from .._pretrained_io import PretrainedIO
 from ..layers import TransformerEncoder
 from .outputs import TaskOutput
 
 __all__ = ["EncoderForMaskedLM"]
 
 
-class EncoderForMaskedLM(nn.Module):
+class EncoderForMaskedLM(PretrainedIO, nn.Module):
     """BERT's masked-LM head: dense + GELU + LayerNorm, then a decoder tied to the
     token embedding.
 

@@ -183,9 +183,20 @@ def from_pretrained(
     """
     directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
+    if (directory / "checkpoints").is_dir():
+        raise UnsupportedCheckpointError(
+            f"{directory} is an attnlab run directory, not a HuggingFace one; open it with "
+            f"attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
+        )
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
-    config = encoder_config_from_bert(_read_json(config_path), source=str(config_path))
+    raw = _read_json(config_path)
+    if isinstance(raw, dict) and "encoder" in raw and "model_type" in raw:
+        raise UnsupportedCheckpointError(
+            f"{directory} is an attnlab checkpoint (model_type {raw['model_type']!r}), not a HuggingFace "
+            f"one; open it with attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
+        )
+    config = encoder_config_from_bert(raw, source=str(config_path))
     changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
                if value is not None}
     if changes:

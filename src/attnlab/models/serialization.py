@@ -160,6 +160,11 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
     if not config_path.is_file():
         raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
     config = json.loads(config_path.read_text(encoding="utf-8"))
+    if isinstance(config, dict) and "encoder" not in config and "model_type" in config:
+        raise ValueError(
+            f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
+            f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"
+        )
     model = build_model(config, device=device)
     missing, unexpected = safetensors.torch.load_model(model, str(checkpoint / MODEL_FILE), strict=False, device=str(device or "cpu"))
     if missing or unexpected:

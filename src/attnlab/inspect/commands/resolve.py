@@ -1,12 +1,8 @@
 """Find the model and tokenizer that ``--model`` names: a run, a checkpoint, a pretrained dir or name.
 
-* a run directory (``config.json`` + ``checkpoints/``) or a checkpoint directory
-  (``model.safetensors`` + ``config.json`` with an ``"encoder"`` entry) is loaded with
-  :func:`attnlab.models.load_model`, which also finds its ``tokenizer.json``;
-* any other directory, or a name such as ``minilm``, goes to
-  :func:`attnlab.models.pretrained.from_pretrained` and ``load_tokenizer``.
-
-Those loaders are imported only when used.
+Everything goes through :func:`attnlab.load` (one loader, one set of rules): an attnlab
+run or checkpoint directory, a HuggingFace directory, or a packaged name such as
+``minilm``. The loader is imported only when used.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ class ResolvedModel:
 
     Attributes:
         model: the ``nn.Module`` (called as ``model(input_ids, mask=...)``).
-        tokenizer: a ``tokenizers.Tokenizer``.
+        tokenizer: an :class:`attnlab.data.Tokenizer` (wraps a ``tokenizers.Tokenizer``).
         name: what ``--model`` said.
         source: ``"run"``, ``"checkpoint"`` or ``"pretrained"``.
     """
@@ -52,16 +48,11 @@ def resolve_model(spec: str) -> ResolvedModel:
         raise ValueError(
             f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
         )
-    if path.is_dir():
-        from ...models.serialization import find_checkpoint_dir, load_model
+    from ...models.loading import detect_format, load
 
-        checkpoint = find_checkpoint_dir(path)
-        if checkpoint is not None:
-            loaded = load_model(checkpoint)
-            if loaded.tokenizer is None:
-                raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
-            source = "checkpoint" if checkpoint == path else "run"
-            return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
-    from ...models.pretrained import from_pretrained, load_tokenizer
-
-    return ResolvedModel(from_pretrained(spec).eval(), load_tokenizer(spec), spec, "pretrained")
+    kind = detect_format(spec)
+    loaded = load(spec)
+    if loaded.tokenizer is None:
+        raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
+    source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
+    return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)

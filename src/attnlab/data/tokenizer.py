@@ -1,0 +1,211 @@
+"""A tokenizer that HuggingFace users can call: ``tok(texts, padding=True, return_tensors="pt")``.
+
+:class:`Tokenizer` wraps a ``tokenizers.Tokenizer`` (the fast Rust tokenizer HuggingFace's
+own fast tokenizers wrap). Calling it gives a :class:`BatchEncoding` with ``input_ids``,
+``attention_mask`` (1 on real tokens) and, where the model has segment embeddings,
+``token_type_ids``: ``model(**tok(texts, padding=True, return_tensors="pt"))`` works on
+attnlab's models. Every other attribute is the wrapped tokenizer's (``encode``,
+``encode_batch``, ``token_to_id``, ``save``, ...), so code written for
+``tokenizers.Tokenizer`` keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from tokenizers import Tokenizer as BackendTokenizer
+
+from .padding import PAD_TOKENS
+
+__all__ = ["BatchEncoding", "Tokenizer"]
+
+_PADDING_CHOICES = (True, False, "longest", "max_length", "do_not_pad")
+
+
+class BatchEncoding(dict):
+    """What :class:`Tokenizer` returns: a dict (``**encoding`` passes it to a model) whose
+    keys are also attributes (``encoding.input_ids``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"this encoding has no {name!r}; it has {sorted(self)}") from None
+
+
+class Tokenizer:
+    """A callable wrapper around a ``tokenizers.Tokenizer``.
+
+    Args:
+        backend: the ``tokenizers.Tokenizer`` to wrap (its own padding and truncation
+            settings are left as they are: each call sets what it needs and restores them).
+        model_max_length: the longest input the model takes; ``truncation=True`` without
+            ``max_length`` cuts there.
+        return_token_type_ids: include ``token_type_ids`` by default (models with segment
+            embeddings).
+
+    Example:
+        >>> tok = attnlab.load("minilm").tokenizer
+        >>> batch = tok(["a short text", "a somewhat longer text"], padding=True, return_tensors="pt")
+        >>> batch["input_ids"].shape == batch["attention_mask"].shape
+        True
+    """
+
+    def __init__(
+        self,
+        backend: BackendTokenizer,
+        *,
+        model_max_length: Optional[int] = None,
+        return_token_type_ids: bool = False,
+    ) -> None:
+        if isinstance(backend, Tokenizer):
+            backend = backend.backend
+        if not isinstance(backend, BackendTokenizer):
+            raise TypeError(f"backend must be a tokenizers.Tokenizer, got {type(backend).__name__}")
+        self.backend = backend
+        self.model_max_length = model_max_length
+        self.return_token_type_ids = return_token_type_ids
+
+    @classmethod
+    def from_file(cls, path: str, **options: Any) -> "Tokenizer":
+        """Read a ``tokenizer.json``."""
+        return cls(BackendTokenizer.from_file(str(path)), **options)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "backend":  # not set yet (during unpickling): never recurse
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.backend.get_vocab_size()}, model_max_length={self.model_max_length}, "
+            f"pad_token={self.pad_token!r})"
+        )
+
+    @property
+    def pad_token(self) -> Optional[str]:
+        """``[PAD]`` (or ``<pad>``) when the vocabulary has it."""
+        return next((token for token in PAD_TOKENS if self.backend.token_to_id(token) is not None), None)
+
+    @property
+    def pad_token_id(self) -> Optional[int]:
+        token = self.pad_token
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]]) -> Union[str, list[str]]:
+        if isinstance(ids, int):
+            return self.backend.id_to_token(ids)
+        return [self.backend.id_to_token(int(index)) for index in ids]
+
+    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Union[Optional[int], list[Optional[int]]]:
+        if isinstance(tokens, str):
+            return self.backend.token_to_id(tokens)
+        return [self.backend.token_to_id(token) for token in tokens]
+
+    def _max_length(self, truncation: Any, max_length: Optional[int], padding: Any) -> Optional[int]:
+        if max_length is not None:
+            if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
+                raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+            return max_length
+        if truncation or padding == "max_length":
+            if self.model_max_length is None:
+                raise ValueError(
+                    "truncation=True and padding='max_length' need max_length=N: this tokenizer does "
+                    "not know its model's limit"
+                )
+            return self.model_max_length
+        return None
+
+    def __call__(
+        self,
+        text: Union[str, Sequence[str]],
+        *,
+        padding: Union[bool, str] = False,
+        truncation: Union[bool, str] = False,
+        max_length: Optional[int] = None,
+        return_tensors: Optional[str] = None,
+        return_attention_mask: bool = True,
+        return_token_type_ids: Optional[bool] = None,
+        add_special_tokens: bool = True,
+    ) -> BatchEncoding:
+        """Encode one text or a batch, as a HuggingFace tokenizer does.
+
+        Args:
+            text: a string or a list of strings.
+            padding: ``True`` / ``"longest"`` pads to the longest text of the batch,
+                ``"max_length"`` to ``max_length``; ``False`` leaves lengths as they are.
+            truncation: cut texts to ``max_length`` (default: the model's limit),
+                keeping the special tokens.
+            max_length: the length to cut or pad to.
+            return_tensors: ``"pt"`` for ``[B, T]`` torch tensors (a single text gives
+                ``[1, T]``); ``None`` for lists.
+            return_attention_mask: include ``attention_mask`` (1 on real tokens).
+            return_token_type_ids: include ``token_type_ids``; default: whether the model
+                has segment embeddings.
+            add_special_tokens: add ``[CLS]`` / ``[SEP]`` (or the tokenizer's own).
+        """
+        if padding not in _PADDING_CHOICES:
+            raise ValueError(f"padding must be one of {_PADDING_CHOICES}, got {padding!r}")
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"return_tensors must be 'pt' or None (attnlab works in torch), got {return_tensors!r}")
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        if not all(isinstance(item, str) for item in texts):
+            raise TypeError("text must be a string or a list of strings")
+        padding = "longest" if padding is True else (False if padding == "do_not_pad" else padding)
+        length = self._max_length(truncation, max_length, padding)
+        backend = self.backend
+        previous_truncation, previous_padding = backend.truncation, backend.padding
+        backend.no_padding()
+        backend.no_truncation()
+        try:
+            if truncation and length is not None:
+                backend.enable_truncation(length)
+            if padding:
+                pad_id = self.pad_token_id
+                if pad_id is None:
+                    raise ValueError("padding needs a [PAD] or <pad> token, and this vocabulary has neither")
+                backend.enable_padding(
+                    pad_id=pad_id, pad_token=self.pad_token, length=length if padding == "max_length" else None
+                )
+            encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        finally:
+            backend.no_padding()
+            backend.no_truncation()
+            if previous_truncation:
+                backend.enable_truncation(**previous_truncation)
+            if previous_padding:
+                backend.enable_padding(**previous_padding)
+        with_types = self.return_token_type_ids if return_token_type_ids is None else return_token_type_ids
+        columns = {"input_ids": [encoding.ids for encoding in encodings]}
+        if with_types:
+            columns["token_type_ids"] = [encoding.type_ids for encoding in encodings]
+        if return_attention_mask:
+            columns["attention_mask"] = [encoding.attention_mask for encoding in encodings]
+        if return_tensors == "pt":
+            lengths = {len(ids) for ids in columns["input_ids"]}
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"the texts have different lengths ({min(lengths)} to {max(lengths)} tokens): pass "
+                    f"padding=True to make one [B, T] tensor"
+                )
+            return BatchEncoding({key: torch.tensor(value, dtype=torch.long) for key, value in columns.items()})
+        if single:
+            return BatchEncoding({key: value[0] for key, value in columns.items()})
+        return BatchEncoding(columns)
+
+    def decode(self, ids: Union[Sequence[int], torch.Tensor], *, skip_special_tokens: bool = True) -> str:
+        """Text of ``ids`` (a list or a 1-D tensor)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch: Union[Sequence[Sequence[int]], torch.Tensor], *, skip_special_tokens: bool = True) -> list[str]:
+        if isinstance(batch, torch.Tensor):
+            batch = batch.tolist()
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch]

@@ -36,7 +36,7 @@ def _show_predictions(run_dir: Path) -> None:
 
     from .data import encode_texts
     from .models import load_model
-    from .train.visualize import attention_map, save_attention_map
+    from .train.visualize import attention_map, map_title, save_attention_map
 
     model, tokenizer, config = load_model(run_dir)
     labels = config["head"]["label_names"]
@@ -47,8 +47,10 @@ def _show_predictions(run_dir: Path) -> None:
             best = int(probabilities.argmax())
             print(f"  {labels[best]:>6} {float(probabilities[best]):.2f}  {text}")
     row = torch.tensor([ids[0]])
-    path = save_attention_map(attention_map(model, row, layer_idx=0, head_idx=0), run_dir / "attention.png",
-                              title="Layer 1, head 0: " + EXAMPLES[0][:40])
+    attn = attention_map(model, row, layer_idx=0, head_idx=0)
+    tokens = [tokenizer.id_to_token(index) for index in ids[0]][: attn.shape[0]]
+    path = save_attention_map(attn, run_dir / "attention.png", title=map_title(0, 0, EXAMPLES[0][:40]),
+                              tokens=tokens)
     print(f"attention map of the first example: {path}")
 
 

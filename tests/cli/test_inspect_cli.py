@@ -104,7 +104,7 @@ def test_analyze_writes_json_plots_and_summary(run_dir, tmp_path, capsys):
             "--batch-size",
             "4",
             "--mask-heads",
-            "layer_2:1",
+            "2:2",
             "--sparsity-threshold",
             "0.2",
         ]
@@ -113,7 +113,7 @@ def test_analyze_writes_json_plots_and_summary(run_dir, tmp_path, capsys):
     stats = json.loads((out / "statistics.json").read_text())
     assert stats["examples"] == 21 and stats["layers"] == ["layer_1", "layer_2"]
     assert stats["settings"]["sparsity_threshold"] == 0.2
-    assert stats["settings"]["head_mask"] == {"layer_2": [1]}
+    assert stats["settings"]["head_mask"] == {"layer_2": ["head_2"]}
     assert set(stats["statistics"]) >= {"entropy", "alignment_score", "mass_cls", "mass_sep", "mass_punct"}
     assert (out / "plots" / "entropy.png").is_file() and (out / "summary.html").is_file()
     printed = capsys.readouterr()
@@ -203,3 +203,15 @@ def test_checkpoint_dir_window_and_importance_needs_a_classifier(run_dir, tmp_pa
     )
     assert code == 2
     assert "label" in capsys.readouterr().err
+
+
+def test_mask_heads_flag_counts_from_1_and_refuses_0():
+    import argparse
+
+    from attnlab.inspect.commands.analyze_command import _heads
+
+    assert _heads("2:1,4") == ("layer_2", [0, 3])
+    assert _heads("layer_2:1") == ("layer_2", [0])
+    for bad in ("2:0", "0:1", "layer_2", "2:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="numbered from 1"):
+            _heads(bad)

@@ -31,7 +31,7 @@ from .distributed import all_reduce_mean, distributed_info
 from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
 from .optimizer import build_optimizer
 from .schedules import warmup_cosine_scheduler
-from .visualize import attention_map, save_attention_map
+from .visualize import attention_map, map_title, save_attention_map
 
 __all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS"]
 
@@ -446,6 +446,7 @@ class TransformerTrainer:
         head_idx: int = 0,
         *,
         path: Union[str, Path, None] = None,
+        tokens: Optional[Sequence[str]] = None,
     ) -> np.ndarray:
         """The ``[T, T]`` attention map of one head for the first sequence, in eval mode.
 
@@ -454,11 +455,13 @@ class TransformerTrainer:
 
         Args:
             input_sequence: ``[T]`` or ``[B, T]`` token ids (the first row is shown).
-            layer_idx: 0-based layer index.
-            head_idx: 0-based head index.
+            layer_idx: 0-based layer index (the picture says "Layer 1" for 0).
+            head_idx: 0-based head index (the picture says "head 1" for 0).
             path: where to write the PNG, if anywhere.
+            tokens: the tokens of the shown sequence, to label the axes with.
         """
         attn = attention_map(self.model, input_sequence, layer_idx, head_idx)
         if path is not None:
-            save_attention_map(attn, path, title=f"Layer {layer_idx + 1}, Head {head_idx} Attention Map")
+            shown = None if tokens is None else list(tokens)[: attn.shape[0]]
+            save_attention_map(attn, path, title=map_title(layer_idx, head_idx), tokens=shown)
         return attn

@@ -172,3 +172,16 @@ def test_hovering_a_token_highlights_its_row(opened):
         "#heatmap tbody tr.highlight", "rows => rows.map(r => r.dataset.row)"
     ) == ["2"]
     assert problems == []
+
+
+def test_a_models_layer_attentions_go_straight_into_the_report_and_rollout():
+    from attnlab import TransformerEncoder
+    from attnlab.inspect import attention_rollout
+    from attnlab.outputs import LayerAttentions
+
+    model = TransformerEncoder(20, 16, 2, 2, 32, pad_id=0).eval()
+    out = model(torch.tensor([[3, 4, 5, 6]]), output_attentions=True)
+    one_example = LayerAttentions(weights[0] for weights in out.attentions)  # [H, T, T] per layer
+    page = render_report(one_example, ["a", "b", "c", "d"])
+    assert "layer_2" in page
+    assert attention_rollout(out.attentions).shape == (2, 1, 4, 4)

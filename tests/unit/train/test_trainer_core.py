@@ -196,3 +196,37 @@ def test_masked_lm_training_and_evaluation(dataset):
     trainer.fit(texts, collate_fn=collate, batch_size=8, epochs=3)
     after = trainer.evaluate(texts, collate_fn=collate)
     assert after["loss"] < before["loss"] and 0.0 <= after["accuracy"] <= 1.0
+
+
+def test_pictures_number_layers_and_heads_from_1_and_label_tokens(tmp_path, make_model) -> None:
+    from attnlab.train.visualize import attention_figure, map_title
+
+    assert map_title(0, 0) == "Layer 1, head 1" and map_title(1, 2, "a text") == "Layer 2, head 3: a text"
+    model = make_model(0.0)
+    trainer = TransformerTrainer(model, total_steps=10)
+    ids = torch.tensor([[1, 5, 6, 7, 2, 0, 0]])
+    tokens = ["[CLS]", "a", "b", "c", "[SEP]"]
+    attn = trainer.visualize_attention(ids, layer_idx=1, head_idx=0, path=tmp_path / "map.png", tokens=tokens)
+    figure = attention_figure(attn, title=map_title(1, 0), tokens=tokens)
+    axes = figure.axes[0]
+    assert axes.get_title() == "Layer 2, head 1"
+    assert [label.get_text() for label in axes.get_xticklabels()] == tokens
+    assert [label.get_text() for label in axes.get_yticklabels()] == tokens
+    with pytest.raises(ValueError, match="tokens has 2 entries for a 5 x 5 map"):
+        attention_figure(attn, tokens=tokens[:2])
+
+
+def test_dict_batches_with_huggingfaces_attention_mask_train_like_attnlabs_mask(dataset, make_model) -> None:
+    """A collator that names the padding mask ``attention_mask`` (HF's name, here as 0/1 floats)."""
+
+    def hf_collate(items):
+        batch = COLLATE(items)
+        return {"input_ids": batch["input_ids"], "attention_mask": batch.pop("mask").float(), "labels": batch["labels"]}
+
+    losses = []
+    for collate in (COLLATE, hf_collate):
+        torch.manual_seed(0)
+        trainer = TransformerTrainer(make_model(0.0), 1e-3, 2, quiet=True)
+        trainer.fit(dataset, collate_fn=collate, batch_size=8, epochs=1)
+        losses.append(trainer.evaluate(dataset, collate_fn=collate)["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)

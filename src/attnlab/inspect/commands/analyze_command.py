@@ -6,13 +6,18 @@ import argparse
 
 
 def _heads(value: str) -> tuple[str, list[int]]:
+    """``LAYER:H,H`` with layers and heads numbered from 1, as in every report and file;
+    returns the layer's name and 0-based head indices for :func:`attnlab.inspect.mask_heads`."""
+    usage = f"--mask-heads takes LAYER:HEADS numbered from 1 (e.g. 2:1,4 or layer_2:1,4), got {value!r}"
     try:
         layer, heads = value.split(":")
-        return layer, [int(head) for head in heads.split(",") if head]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"--mask-heads must be LAYER:H,H (e.g. layer_2:0,3), got {value!r}"
-        ) from error
+        layer_number = int(layer.removeprefix("layer_"))
+        numbers = [int(head) for head in heads.split(",") if head]
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    if layer_number < 1 or not numbers or min(numbers) < 1:
+        raise argparse.ArgumentTypeError(usage)
+    return f"layer_{layer_number}", [number - 1 for number in numbers]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="LAYER:H,H",
-        help="switch heads off (0-based), e.g. layer_2:0,3; repeatable",
+        help="switch heads off, numbered from 1 like every report: 2:1,4 is heads 1 and 4 of layer 2; repeatable",
     )
     parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

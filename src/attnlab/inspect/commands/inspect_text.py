@@ -93,7 +93,7 @@ def write_inspection(
     with torch.no_grad(), capture_attention(model) as captured:
         forward_batch(model, {"input_ids": input_ids, "mask": mask})
     attentions = {name: weights[0].float() for name, weights in captured.attentions.items()}  # [H, T, T]
-    names = list(attentions)
+    names = list(attentions.keys())
     layer = len(names) if layer is None else layer
     if not 1 <= layer <= len(names):
         raise ValueError(f"layer must lie in 1..{len(names)}, got {layer}")

@@ -226,9 +226,9 @@ class AttentionAnalyzer:
         mask = batch.mask
         shapes = {tuple(weights.shape) for weights in attentions.values()}
         if len(shapes) == 1:  # every layer alike: all layers in one pass
-            groups = [list(attentions)]
+            groups = [list(attentions.keys())]
         else:
-            groups = [[name] for name in attentions]
+            groups = [[name] for name in attentions.keys()]
         for names in groups:
             B, H, T, S = attentions[names[0]].shape
             key_mask = mask if S == mask.shape[1] else torch.ones(B, S, dtype=torch.bool, device=mask.device)
@@ -328,4 +328,5 @@ def _describe(head_mask: Any) -> Any:
         return None
     if isinstance(head_mask, Tensor):
         return head_mask.tolist()
-    return {layer: sorted(map(int, heads)) for layer, heads in head_mask.items()}
+    # Files are read by people: heads by name, numbered from 1 like the layers.
+    return {layer: [f"head_{int(head) + 1}" for head in sorted(map(int, heads))] for layer, heads in head_mask.items()}

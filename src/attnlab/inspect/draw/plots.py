@@ -218,7 +218,7 @@ def plot_model(
         title: figure title.
         tile_tokens: positions per tile axis before pooling.
     """
-    names = list(attentions)
+    names = list(attentions.keys())
     if not names:
         raise ValueError("attentions is empty")
     tiles = []

@@ -177,7 +177,7 @@ def render_report(
         max_tokens: longer inputs are pooled into this many position buckets (see
             :func:`attnlab.inspect.draw.plots.bucket_attention`).
     """
-    names = list(attentions)
+    names = list(attentions.keys())
     if not names:
         raise ValueError("attentions is empty")
     maps = [_numpy(attentions[name]) for name in names]

@@ -18,7 +18,7 @@ from .splits import DatasetSplits, Example, split_examples
 
 __all__ = [
     "FORMATS", "TEXT_FORMATS", "TEXT_COLUMNS", "detect_format", "read_rows", "read_labelled_texts",
-    "read_texts", "load_text_classification",
+    "read_texts", "load_text_classification", "label_order",
 ]
 
 FORMATS = ("csv", "jsonl")  # files with labels, for training
@@ -60,9 +60,18 @@ def _read_text(path: Path) -> str:
 
 def _csv_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]]]:
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-    columns = list(reader.fieldnames or [])
-    rows = [(index + 2, row) for index, row in enumerate(reader)]  # line 1 is the header
+    # The csv module refuses fields over 128 KiB by default; a whole document in one cell
+    # is ordinary here. The limit is the module's, so it is restored afterwards.
+    previous_limit = csv.field_size_limit(max(len(text), 131072))
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        columns = list(reader.fieldnames or [])
+        try:
+            rows = [(index + 2, row) for index, row in enumerate(reader)]  # line 1 is the header
+        except csv.Error as error:
+            raise DataError(f"{path}:{reader.line_num}: not valid CSV ({error})") from None
+    finally:
+        csv.field_size_limit(previous_limit)
     return columns, rows
 
 
@@ -168,7 +177,9 @@ def read_texts(
 
     Args:
         text_column: the column holding the text; default the first of
-            :data:`TEXT_COLUMNS` a CSV file has (else its first column), ``text`` in JSONL.
+            :data:`TEXT_COLUMNS` a CSV file has, ``text`` in JSONL. A CSV file with none
+            of them is refused with its columns listed (never a guess: its first column
+            is often the labels).
         label_column: the column holding labels, where a row has one.
 
     Raises:
@@ -177,9 +188,23 @@ def read_texts(
     path = Path(path)
     kind, columns, rows = read_rows(path, format=format)
     if text_column is None:
-        fallback = columns[0] if kind == "csv" else "text"
-        text_column = next((name for name in TEXT_COLUMNS if name in columns), fallback)
+        text_column = next((name for name in TEXT_COLUMNS if name in columns), None)
+        if text_column is None and kind == "csv":
+            raise DataError(
+                f"{path}: no text column: the columns are {columns}, none of {list(TEXT_COLUMNS)}; "
+                f"name the text column with --text-column (text_column=)"
+            )
+        text_column = text_column or "text"
     return _texts_and_labels(path, kind, columns, rows, text_column, label_column, label_required=False)
+
+
+def label_order(labels: set[str]) -> list[str]:
+    """Labels in class-id order: numerically when every label is an integer (``2`` before
+    ``10``), else alphabetically."""
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
 
 
 def load_text_classification(
@@ -204,7 +229,7 @@ def load_text_classification(
             fewer than two labels.
     """
     pairs = read_labelled_texts(path, text_column=text_column, label_column=label_column, format=format)
-    found = sorted({label for _, label in pairs})
+    found = label_order({label for _, label in pairs})
     if labels is None:
         label_names = tuple(found)
     else:

@@ -7,13 +7,13 @@ these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
 import safetensors.torch
 from torch import nn
 
+from .._files import CorruptFileError, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
 from .image_text import ImageTextModel
@@ -92,7 +92,7 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
     config = model_config(model)
     # save_model (not save_file) handles tied weights such as the masked-LM decoder
     safetensors.torch.save_model(model, str(directory / MODEL_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    write_json(directory / CONFIG_FILE, config)
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
     return directory
@@ -139,9 +139,11 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
     config_path = checkpoint / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
     model = build_model(config, device=device)
-    missing, unexpected = safetensors.torch.load_model(model, str(checkpoint / MODEL_FILE), strict=False, device=str(device or "cpu"))
+    missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False, device=str(device or "cpu"))
     if missing or unexpected:
         raise ValueError(
             f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "

@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-import safetensors.torch
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .._files import load_safetensors_into, write_json
 from ..data.digits_text import DigitsTextExample, collate_digits_text, digits_text_tokenizer, load_digits_text
 from ..models.image_text import ImageTextConfig, ImageTextModel, gate_summary
 from ..models.serialization import MODEL_FILE, TOKENIZER_FILE
-from .checkpoint import TRAINER_STATE_FILE
 from .distributed import distributed_info
 from .run import REPORT_FILE, RunResult, _prepare_run_dir, _trainer_options, seed_everything
 from .run_config import RunConfig
@@ -121,8 +120,7 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
     train_set, validation_set, test_set = (StatementsByImage(splits[name]) for name in ("train", "validation", "test"))
     seed_everything(train.seed)  # the model's initial weights depend on the seed alone
     model = build_image_text_model(config, tokenizer.get_vocab_size(), tokenizer.token_to_id("[PAD]"))
-    last = run_dir / "checkpoints" / "last"
-    resume_from = last if resume and (last / TRAINER_STATE_FILE).is_file() else None
+    resume_from = True if resume else None  # the newest whole checkpoint in checkpoints/, if any
     trainer = TransformerTrainer(model, train.learning_rate, train.warmup_steps, output_dir=run_dir,
                                  tokenizer=tokenizer, device=device, callbacks=[GateLogger(model)],
                                  **_trainer_options(config, quiet))
@@ -136,7 +134,7 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
     train_seconds = time.perf_counter() - start
     best = run_dir / "checkpoints" / "best"
     if (best / MODEL_FILE).is_file():
-        safetensors.torch.load_model(trainer.model, str(best / MODEL_FILE), device=str(trainer.device))
+        load_safetensors_into(trainer.model, best / MODEL_FILE, device=str(trainer.device))
     test = trainer.evaluate(test_set, collate_fn=collate, batch_size=train.eval_batch_size)
     report = {
         "task": "digits-text",
@@ -152,6 +150,6 @@ def train_digits_text(config: RunConfig, run_dir: Union[str, Path], *, resume: b
         "processes": info.world_size,
     }
     if info.is_main:
-        (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_json(run_dir / REPORT_FILE, report)
         trainer.metrics_logger and trainer.metrics_logger.write({"step": state.step, "split": "test", **test})
     return RunResult(run_dir, report)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-import safetensors.torch
 import torch
 import torch.distributed as dist
 
+from .._files import load_safetensors_into, write_json
 from ..data import (
     DatasetSplits, MaskedLMCollator, PaddingCollator, TokenizedDataset, encode_texts, load_rotten_tomatoes,
     load_text_classification, load_tokenizer_file, special_ids, train_tokenizer,
@@ -124,7 +124,7 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
     if resume and (last / TRAINER_STATE_FILE).is_file():
         state = torch.load(last / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
         if state["trainer"]["step"] >= train.mlm_steps:
-            safetensors.torch.load_model(lm, str(last / MODEL_FILE))
+            load_safetensors_into(lm, last / MODEL_FILE)
             set_rng_state(state["rng"])  # where an uninterrupted run starts classifying
             return
     else:
@@ -182,8 +182,7 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
     model = _build_classifier(config, tokenizer, splits.label_names)
     if train.mlm_steps:
         _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, quiet)
-    last = run_dir / "checkpoints" / "last"
-    resume_from = last if resume and (last / TRAINER_STATE_FILE).is_file() else None
+    resume_from = True if resume else None  # the newest whole checkpoint in checkpoints/, if any
     trainer = TransformerTrainer(model, train.learning_rate, train.warmup_steps, output_dir=run_dir,
                                  tokenizer=tokenizer, device=device, **_trainer_options(config, quiet))
     collate = PaddingCollator(special_ids(tokenizer).get("[PAD]", 0))
@@ -195,7 +194,7 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
     best = run_dir / "checkpoints" / "best"
     _barrier()  # process 0 may still be writing the last best checkpoint
     if (best / MODEL_FILE).is_file():
-        safetensors.torch.load_model(trainer.model, str(best / MODEL_FILE), device=str(trainer.device))
+        load_safetensors_into(trainer.model, best / MODEL_FILE, device=str(trainer.device))
     test = trainer.evaluate(test_set, collate_fn=collate, batch_size=train.eval_batch_size)
     report = {
         "test": test,
@@ -208,6 +207,6 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
         "processes": info.world_size,
     }
     if info.is_main:
-        (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_json(run_dir / REPORT_FILE, report)
         trainer.metrics_logger and trainer.metrics_logger.write({"step": state.step, "split": "test", **test})
     return RunResult(run_dir, report)

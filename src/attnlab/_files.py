@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
 __all__ = ["CorruptFileError", "json_dumps", "write_json", "read_json", "check_safetensors", "load_safetensors",
-           "load_safetensors_into"]
+           "load_safetensors_into", "follow_umask"]
 
 
 class CorruptFileError(ValueError):
@@ -123,3 +124,25 @@ def load_safetensors_into(model: Any, path: Union[str, Path], *, strict: bool = 
 
 def _message(error: Exception) -> str:
     return " ".join(str(error).split())[:300]
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # the portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Union[str, Path]) -> None:
+    """Give a file the permissions ``open()`` would have (``0o666`` less the umask).
+
+    ``safetensors`` writes its files through a private temporary file (mode ``0o600``);
+    a model's weights should be as readable as the rest of its directory.
+    """
+    os.chmod(path, 0o666 & ~_umask())

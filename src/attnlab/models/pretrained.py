@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from .._files import load_safetensors, read_json
+from .._files import follow_umask, load_safetensors, read_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import (
@@ -328,6 +328,7 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
         handle.write("\n")
     save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})
+    follow_umask(directory / WEIGHTS_FILE)
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
     return directory

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional, Union
 import safetensors.torch
 from torch import nn
 
-from .._files import CorruptFileError, load_safetensors_into, read_json, write_json
+from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
 from .image_text import ImageTextModel
@@ -92,6 +92,7 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
     config = model_config(model)
     # save_model (not save_file) handles tied weights such as the masked-LM decoder
     safetensors.torch.save_model(model, str(directory / MODEL_FILE), metadata={"format": "pt"})
+    follow_umask(directory / MODEL_FILE)
     write_json(directory / CONFIG_FILE, config)
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))

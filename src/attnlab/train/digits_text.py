@@ -10,7 +10,6 @@ each image is encoded once per step. Each cross-modal layer's gate goes into
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path

@@ -170,9 +170,11 @@ class ProgressBar:
                 self.last_line = now
                 done, elapsed = step - self.start_step, now - self.start_time
                 rate = done / elapsed if elapsed > 0 else 0.0
-                left = f", about {_duration((total - step) / rate)} left" if rate > 0 and step < total else ""
-                logger.info("step %d/%d (%d%%)  loss %.4f  %.2f steps/s%s", step, total, 100 * step // max(1, total),
-                            trainer.last_log["loss"], rate, left)
+                speed = f"  {rate:.2f} steps/s" if rate > 0 else ""
+                if rate > 0 and step < total:
+                    speed += f", about {_duration((total - step) / rate)} left"
+                logger.info("step %d/%d (%d%%)  loss %.4f%s", step, total, 100 * step // max(1, total),
+                            trainer.last_log["loss"], speed)
 
     def on_evaluate(self, trainer) -> None:
         if self.quiet:

@@ -25,32 +25,24 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler
 
-from .._files import load_safetensors_into, read_json
+from .._files import load_safetensors_into
 from .._precision import cpu_has_native_bf16
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
-from .checkpoint import MANIFEST_FILE, TRAINER_STATE_FILE, find_resumable, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import find_resumable, rng_state, save_checkpoint, set_rng_state
 from .distributed import all_reduce_mean, any_process, distributed_info
 from .interrupts import InterruptGuard, NonFiniteLossError, TrainingInterrupted
 from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
 from .optimizer import build_optimizer
+from .saving import KEEP_CHECKPOINTS, SAVE_EVERY_MINUTES, SaveSchedule, saved_best
 from .schedules import warmup_cosine_scheduler
 from .visualize import attention_map, save_attention_map
 
-__all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS", "SAVE_EVERY_MINUTES", "KEEP_CHECKPOINTS"]
+__all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS"]
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = {"accuracy": max, "f1": max, "loss": min}  # how "better" is judged
-# A resumable checkpoint every few minutes of training, so a killed run loses at most
-# that much. One save of the default `attnlab train` model (1.3 M parameters, with
-# Adam's moments) takes well under a second (docs/design.md, "Training runs"), a few
-# tenths of a percent of the interval; periodic saves also wait at least
-# _SAVE_COST_FACTOR times the last save's duration, which keeps their cost under 2 %
-# for any model size.
-SAVE_EVERY_MINUTES = 5.0
-_SAVE_COST_FACTOR = 50
-KEEP_CHECKPOINTS = 3  # checkpoints/last, last.1, last.2: a damaged newest one has fallbacks
 
 
 @dataclass
@@ -423,24 +415,7 @@ class TransformerTrainer:
                 return None
         return self.load_checkpoint(resume_from)
 
-    def _read_best_on_disk(self, metric: str) -> Optional[tuple[int, float]]:
-        directory = self.output_dir / "checkpoints" / "best"
-        try:
-            if (directory / MANIFEST_FILE).is_file():
-                trainer = read_json(directory / MANIFEST_FILE).get("trainer") or {}
-            elif (directory / TRAINER_STATE_FILE).is_file():
-                trainer = torch.load(directory / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)["trainer"]
-            else:
-                return None
-        except Exception as error:  # a damaged best checkpoint may be replaced
-            logger.warning("checkpoints/best cannot be read (%s); it will be replaced by the next best model", error)
-            return None
-        step, value = trainer.get("best_step"), trainer.get("best_metric")
-        if not isinstance(step, int) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return step, float(value)
-
-    def _save_last(self, keep: int, schedule: "_SaveSchedule") -> None:
+    def _save_last(self, keep: int, schedule: SaveSchedule) -> None:
         started = time.monotonic()
         self.save_checkpoint(self.output_dir / "checkpoints" / "last", keep=keep)
         schedule.saved(started, time.monotonic())
@@ -523,20 +498,20 @@ class TransformerTrainer:
         if loaded is not None and (self.state.step >= self.total_steps or self.state.should_stop):
             logger.info("the run in %s already finished at step %d; nothing to do", loaded, self.state.step)
             return self.state
-        self._best_on_disk = self._read_best_on_disk(metric) if resuming and self.output_dir is not None else None
+        self._best_on_disk = saved_best(self.output_dir / "checkpoints" / "best") if resuming and self.output_dir else None
         self._default_callbacks(metric)
         self.trigger("on_fit_start")
         try:
             with InterruptGuard() as guard:
                 self._loop(train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
-                           early_stopping_patience, _SaveSchedule(save_every, save_every_minutes), keep_checkpoints,
+                           early_stopping_patience, SaveSchedule(save_every, save_every_minutes), keep_checkpoints,
                            guard)
         finally:
             self.trigger("on_fit_end")
         return self.state
 
     def _loop(self, train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric, patience,
-              schedule: "_SaveSchedule", keep: int, guard: InterruptGuard) -> None:
+              schedule: SaveSchedule, keep: int, guard: InterruptGuard) -> None:
         state = self.state
         while state.step < self.total_steps and not state.should_stop:
             batches = self._chunks(self._sampler(train_data, state.epoch), batch_size)
@@ -595,23 +570,3 @@ class TransformerTrainer:
         if path is not None:
             save_attention_map(attn, path, title=f"Layer {layer_idx + 1}, Head {head_idx} Attention Map")
         return attn
-
-
-class _SaveSchedule:
-    """When ``fit`` writes a periodic ``checkpoints/last``: every ``every_steps`` steps, and
-    after ``every_minutes`` since the last save but never sooner than
-    ``_SAVE_COST_FACTOR`` times that save's duration."""
-
-    def __init__(self, every_steps: Optional[int], every_minutes: Optional[float]) -> None:
-        self.every_steps, self.every_minutes = every_steps, every_minutes
-        self.last_end, self.last_cost = time.monotonic(), 0.0
-
-    def due(self, step: int) -> bool:
-        if self.every_steps and step % self.every_steps == 0:
-            return True
-        if self.every_minutes is None:
-            return False
-        return time.monotonic() - self.last_end >= max(self.every_minutes * 60.0, _SAVE_COST_FACTOR * self.last_cost)
-
-    def saved(self, started: float, ended: float) -> None:
-        self.last_end, self.last_cost = ended, ended - started

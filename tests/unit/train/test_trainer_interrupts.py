@@ -17,6 +17,7 @@ import torch
 
 from attnlab.data import PaddingCollator
 from attnlab.train import NonFiniteLossError, ProgressBar, TrainingInterrupted, TransformerTrainer
+from attnlab.train import saving
 from attnlab.train import trainer as trainer_module
 
 import tiny_run
@@ -145,7 +146,7 @@ def test_periodic_saves_follow_training_time(tmp_path, dataset, make_model, monk
 
 
 def test_saves_wait_fifty_times_their_own_duration():
-    schedule = trainer_module._SaveSchedule(None, 0.01)
+    schedule = saving.SaveSchedule(None, 0.01)
     schedule.saved(0.0, 10.0)  # one save took 10 s
     schedule.last_end = time.monotonic() - 400.0
     assert not schedule.due(1)  # 0.6 s interval, but 50 x 10 s = 500 s have not passed

@@ -212,3 +212,23 @@ def test_sigint_sigterm_and_sigkill_at_random_points_then_resume_bit_for_bit(tmp
     full = torch.load(tmp_path / "full" / "params.pt", weights_only=True)
     assert all(torch.equal(resumed[name], full[name]) for name in full), (seed, points)
     assert _step_of(run / "checkpoints" / "best") == _step_of(tmp_path / "full" / "checkpoints" / "best")
+
+
+@pytest.mark.parametrize("error, code, line", [
+    (TrainingInterrupted(signal.SIGINT, 7, Path("my run/checkpoints/last")), 130,
+     "stopped by SIGINT after step 7; resumable checkpoint written to my run/checkpoints/last; "
+     "continue with: attnlab train --out 'my run' --resume"),
+    (TrainingInterrupted(signal.SIGTERM, 7, Path("r/checkpoints/last")), 143, "stopped by SIGTERM after step 7"),
+    (NonFiniteLossError(5, "training loss", float("inf"), 1e-3), 2, "error: the training loss is inf at step 5"),
+])
+def test_the_command_prints_one_line_and_exits_with_the_status(monkeypatch, capsys, error, code, line):
+    import attnlab.train.command as command
+    from attnlab.cli import main
+
+    def stop(args):
+        raise error
+
+    monkeypatch.setattr(command, "run", stop)
+    assert main(["train", "--out", "my run" if code == 130 else "r"]) == code
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and line in printed

@@ -15,8 +15,10 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["CorruptFileError", "json_dumps", "write_json", "read_json", "check_safetensors", "load_safetensors",
-           "load_safetensors_into", "follow_umask"]
+__all__ = [
+    "CorruptFileError", "json_dumps", "write_json", "read_json", "check_safetensors", "load_safetensors",
+    "load_safetensors_into", "follow_umask",
+]
 
 
 class CorruptFileError(ValueError):
@@ -72,7 +74,8 @@ def read_json(path: Union[str, Path]) -> Any:
     try:
         return json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as error:
-        raise CorruptFileError(path, f"not valid JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+        where = f"line {error.lineno} column {error.colno}"
+        raise CorruptFileError(path, f"not valid JSON ({error.msg} at {where})") from None
     except ValueError as error:
         raise CorruptFileError(path, f"not valid JSON ({error})") from None
 

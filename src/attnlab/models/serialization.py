@@ -144,7 +144,8 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
     if not isinstance(config, dict):
         raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
     model = build_model(config, device=device)
-    missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False, device=str(device or "cpu"))
+    missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False,
+                                                device=str(device or "cpu"))
     if missing or unexpected:
         raise ValueError(
             f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "

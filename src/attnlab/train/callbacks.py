@@ -69,7 +69,8 @@ class MetricsLogger:
             self.logged_through[split] = max(step, self.logged_through.get(split, step))
         if not resuming:
             if records:
-                logger.warning("%s already holds %d records; this run's are appended after them", self.path, records)
+                logger.warning("%s already holds %d records; this run's are appended after them",
+                               self.path, records)
             self.logged_through = {}
 
     def write(self, record: dict[str, Any]) -> None:
@@ -180,7 +181,8 @@ class ProgressBar:
         if self.quiet:
             return
         shown = {key: value for key, value in trainer.last_log.items() if key in ("loss", "accuracy", "f1")}
-        line = f"step {trainer.state.step} validation " + " ".join(f"{key} {_format(value)}" for key, value in shown.items())
+        values = " ".join(f"{key} {_format(value)}" for key, value in shown.items())
+        line = f"step {trainer.state.step} validation {values}"
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
         else:

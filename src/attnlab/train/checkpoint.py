@@ -35,8 +35,9 @@ from .._files import CorruptFileError, check_safetensors, read_json, write_json
 from ..models.serialization import CONFIG_FILE, MODEL_FILE, save_model
 
 __all__ = [
-    "TRAINER_STATE_FILE", "MANIFEST_FILE", "Resumable", "save_checkpoint", "load_trainer_state", "check_checkpoint",
-    "find_resumable", "rotated_versions", "rng_state", "set_rng_state", "atomic_directory",
+    "TRAINER_STATE_FILE", "MANIFEST_FILE", "Resumable", "save_checkpoint", "load_trainer_state",
+    "check_checkpoint", "find_resumable", "rotated_versions", "rng_state", "set_rng_state",
+    "atomic_directory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ def check_checkpoint(directory: Union[str, Path], *, trainer_state: bool = True)
     check_safetensors(directory / MODEL_FILE)
     config = read_json(directory / CONFIG_FILE)
     if not isinstance(config, dict) or "model_type" not in config:
-        raise CorruptFileError(directory / CONFIG_FILE, "not a model config (a JSON object with 'model_type')")
+        raise CorruptFileError(directory / CONFIG_FILE, "not a model config (a JSON object with model_type)")
     if not trainer_state:
         return None
     return _read_trainer_state(directory / TRAINER_STATE_FILE)
@@ -324,7 +325,8 @@ def find_resumable(path: Union[str, Path]) -> Resumable:
     for _, candidate in sorted(candidates):
         try:
             state = check_checkpoint(candidate)
-            if not isinstance(state.get("trainer"), dict) or not isinstance(state["trainer"].get("step"), int):
+            trainer = state.get("trainer")
+            if not isinstance(trainer, dict) or not isinstance(trainer.get("step"), int):
                 raise CorruptFileError(candidate / TRAINER_STATE_FILE, "has no trainer step")
         except (CorruptFileError, FileNotFoundError) as error:
             problems.append((candidate, error))

@@ -14,8 +14,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedInfo", "distributed_info", "init_distributed", "shutdown_distributed", "all_reduce_mean",
-           "any_process"]
+__all__ = [
+    "DistributedInfo", "distributed_info", "init_distributed", "shutdown_distributed", "all_reduce_mean",
+    "any_process",
+]
 
 
 class DistributedInfo(NamedTuple):

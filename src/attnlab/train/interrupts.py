@@ -40,7 +40,8 @@ class TrainingInterrupted(Exception):
         self.step = step
         self.checkpoint = checkpoint
         self.exit_code = 128 + int(signal_number)
-        where = f"resumable checkpoint written to {checkpoint}" if checkpoint is not None else "no output_dir, nothing saved"
+        where = (f"resumable checkpoint written to {checkpoint}" if checkpoint is not None
+                 else "no output_dir, nothing saved")
         super().__init__(f"stopped by {signal.Signals(signal_number).name} after step {step}; {where}")
 
 
@@ -54,8 +55,9 @@ class NonFiniteLossError(ValueError):
 
     def __init__(self, step: int, what: str, value: float, learning_rate: float) -> None:
         self.step, self.value = step, value
-        super().__init__(f"the {what} is {value} at step {step} (learning rate {learning_rate:.3g}); training stopped "
-                         f"before that step's update; try a lower learning rate, gradient clipping or fp32")
+        super().__init__(f"the {what} is {value} at step {step} (learning rate {learning_rate:.3g}); "
+                         f"training stopped before that step's update; try a lower learning rate, "
+                         f"gradient clipping or fp32")
 
 
 class InterruptGuard:
@@ -75,8 +77,8 @@ class InterruptGuard:
             self._restore()
             raise KeyboardInterrupt(f"second {signal.Signals(signal_number).name}: stopping without saving")
         self.received = signal_number
-        logger.warning("%s received: finishing this step and writing a checkpoint (send it again to stop at once)",
-                       signal.Signals(signal_number).name)
+        logger.warning("%s received: finishing this step and writing a checkpoint "
+                       "(send it again to stop at once)", signal.Signals(signal_number).name)
 
     def __enter__(self) -> "InterruptGuard":
         if threading.current_thread() is threading.main_thread():

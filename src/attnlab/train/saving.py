@@ -50,7 +50,8 @@ class SaveSchedule:
             return True
         if self.every_minutes is None:
             return False
-        return time.monotonic() - self.last_end >= max(self.every_minutes * 60.0, SAVE_COST_FACTOR * self.last_cost)
+        wait = max(self.every_minutes * 60.0, SAVE_COST_FACTOR * self.last_cost)
+        return time.monotonic() - self.last_end >= wait
 
     def saved(self, started: float, ended: float) -> None:
         """Record a save that ran from ``started`` to ``ended`` (``time.monotonic()`` seconds)."""
@@ -65,7 +66,8 @@ def saved_best(directory: Union[str, Path]) -> Optional[tuple[int, float]]:
         if (directory / MANIFEST_FILE).is_file():
             trainer = read_json(directory / MANIFEST_FILE).get("trainer") or {}
         elif (directory / TRAINER_STATE_FILE).is_file():
-            trainer = torch.load(directory / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)["trainer"]
+            state = torch.load(directory / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
+            trainer = state["trainer"]
         else:
             return None
     except Exception as error:  # noqa: BLE001 - any damage means: nothing to protect

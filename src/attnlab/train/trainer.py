@@ -314,7 +314,8 @@ class TransformerTrainer:
         """
         if not self.distributed.is_main:
             return None
-        path = save_checkpoint(directory, self.model, self.trainer_state_dict(), tokenizer=self.tokenizer, keep=keep)
+        path = save_checkpoint(directory, self.model, self.trainer_state_dict(), tokenizer=self.tokenizer,
+                               keep=keep)
         self.trigger("on_save")
         return path
 
@@ -411,7 +412,8 @@ class TransformerTrainer:
             try:
                 return self.load_checkpoint(self.output_dir / "checkpoints" / "last")
             except FileNotFoundError:
-                logger.info("no checkpoint in %s yet: starting from the first step", self.output_dir / "checkpoints")
+                logger.info("no checkpoint in %s yet: starting from the first step",
+                            self.output_dir / "checkpoints")
                 return None
         return self.load_checkpoint(resume_from)
 
@@ -498,20 +500,21 @@ class TransformerTrainer:
         if loaded is not None and (self.state.step >= self.total_steps or self.state.should_stop):
             logger.info("the run in %s already finished at step %d; nothing to do", loaded, self.state.step)
             return self.state
-        self._best_on_disk = saved_best(self.output_dir / "checkpoints" / "best") if resuming and self.output_dir else None
+        best = self.output_dir / "checkpoints" / "best" if self.output_dir is not None else None
+        self._best_on_disk = saved_best(best) if resuming and best is not None else None
         self._default_callbacks(metric)
         self.trigger("on_fit_start")
         try:
             with InterruptGuard() as guard:
                 self._loop(train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
-                           early_stopping_patience, SaveSchedule(save_every, save_every_minutes), keep_checkpoints,
-                           guard)
+                           early_stopping_patience, SaveSchedule(save_every, save_every_minutes),
+                           keep_checkpoints, guard)
         finally:
             self.trigger("on_fit_end")
         return self.state
 
-    def _loop(self, train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric, patience,
-              schedule: SaveSchedule, keep: int, guard: InterruptGuard) -> None:
+    def _loop(self, train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
+              patience, schedule: SaveSchedule, keep: int, guard: InterruptGuard) -> None:
         state = self.state
         while state.step < self.total_steps and not state.should_stop:
             batches = self._chunks(self._sampler(train_data, state.epoch), batch_size)
@@ -527,7 +530,8 @@ class TransformerTrainer:
                 if eval_data is not None and (finished or (eval_every and state.step % eval_every == 0)
                                               or (eval_every is None and epoch_done)):
                     self._evaluate_and_track(eval_data, collate_fn, eval_batch_size, metric, patience)
-                saved = self.output_dir is not None and (finished or state.should_stop or schedule.due(state.step))
+                due = finished or state.should_stop or schedule.due(state.step)
+                saved = self.output_dir is not None and due
                 if saved:
                     self._save_last(keep, schedule)
                 if epoch_done:

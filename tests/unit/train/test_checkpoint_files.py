@@ -28,7 +28,8 @@ def test_rotation_keeps_the_newest_versions(tmp_path, make_model):
     _save_steps(target, make_model(0.0), [1, 2, 3, 4])
     names = sorted(path.name for path in target.parent.iterdir())
     assert names == ["last", "last.1", "last.2"]
-    steps = [json.loads((target.parent / name / "checkpoint.json").read_text())["trainer"]["step"] for name in names]
+    manifests = [json.loads((target.parent / name / "checkpoint.json").read_text()) for name in names]
+    steps = [manifest["trainer"]["step"] for manifest in manifests]
     assert steps == [4, 3, 2]
     assert find_resumable(target).step == 4
 
@@ -47,8 +48,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ma
 @pytest.mark.parametrize("damage, message", [
     (lambda d: os.truncate(d / "trainer_state.pt", 100), "trainer_state.pt"),
     (lambda d: (d / "config.json").write_text("{not json"), "config.json"),
-    (lambda d: (d / "checkpoint.json").unlink() or os.truncate(d / "model.safetensors", 50), "model.safetensors"),
-    (lambda d: (d / "checkpoint.json").unlink() or (d / "trainer_state.pt").write_bytes(b"garbage"), "trainer_state"),
+    (lambda d: (d / "checkpoint.json").unlink() or os.truncate(d / "model.safetensors", 50),
+     "model.safetensors"),
+    (lambda d: (d / "checkpoint.json").unlink() or (d / "trainer_state.pt").write_bytes(b"garbage"),
+     "trainer_state"),
 ])
 def test_each_kind_of_damage_is_one_line_naming_the_file(tmp_path, make_model, damage, message):
     target = tmp_path / "last"
@@ -92,7 +95,8 @@ def test_checkpoints_follow_the_umask(tmp_path, make_model):
 
 
 def test_written_json_is_strict(tmp_path, make_model):
-    assert json_dumps({"a": [float("nan"), {"b": float("-inf")}], "c": 1.5}) == '{"a": [null, {"b": null}], "c": 1.5}'
+    strict = json_dumps({"a": [float("nan"), {"b": float("-inf")}], "c": 1.5})
+    assert strict == '{"a": [null, {"b": null}], "c": 1.5}'
     save_checkpoint(tmp_path / "last", make_model(0.0), _state(1))
     manifest = read_json(tmp_path / "last" / "checkpoint.json")  # read_json refuses NaN
     assert manifest["trainer"]["best_metric"] is None

@@ -65,8 +65,8 @@ def test_metrics_logger_appends_and_skips_steps_it_already_holds(tmp_path):
     resumed.write({"step": 6, "split": "validation", "accuracy": 0.5})
     assert path.read_bytes().startswith(before)  # never rewritten, only appended to
     records = [json.loads(line, parse_constant=pytest.fail) for line in path.read_text().splitlines()]
-    assert [(r["step"], r["split"]) for r in records] == (
-        [(step, "train") for step in range(1, 6)] + [(4, "validation"), (6, "train"), (7, "train"), (6, "validation")])
+    appended = [(4, "validation"), (6, "train"), (7, "train"), (6, "validation")]
+    assert [(r["step"], r["split"]) for r in records] == [(step, "train") for step in range(1, 6)] + appended
     assert records[4]["loss"] is None and records[5]["accuracy"] is None  # strict JSON: no NaN, no Infinity
 
 

@@ -44,7 +44,8 @@ def _step_of(checkpoint):
 
 
 @pytest.mark.parametrize("signal_number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, dataset, make_model, signal_number, code):
+def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, dataset, make_model, signal_number,
+                                                               code):
     reference = _trainer(make_model(0.1), tmp_path / "full")
     _fit(reference, dataset, eval_data=dataset, eval_every=4)
     before = signal.getsignal(signal_number)
@@ -84,14 +85,16 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, dataset, make_model, 
     _fit(_trainer(make_model(0.1), tmp_path), dataset, eval_data=dataset, eval_every=4)
     files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     with caplog.at_level(logging.INFO, logger="attnlab.train.trainer"):
-        state = _fit(_trainer(make_model(0.1), tmp_path), dataset, eval_data=dataset, eval_every=4, resume_from=True)
+        state = _fit(_trainer(make_model(0.1), tmp_path), dataset, eval_data=dataset, eval_every=4,
+                     resume_from=True)
     assert state.step == 12 and "already finished at step 12" in caplog.text
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files
 
 
 def test_an_early_stopped_run_stays_stopped(tmp_path, dataset, make_model):
     trainer = _trainer(make_model(0.1), tmp_path)
-    _fit(trainer, dataset, eval_data=dataset, eval_every=1, metric="loss", early_stopping_patience=1, max_steps=40)
+    _fit(trainer, dataset, eval_data=dataset, eval_every=1, metric="loss", early_stopping_patience=1,
+         max_steps=40)
     assert trainer.state.should_stop and trainer.state.step < 40
     again = _fit(_trainer(make_model(0.1), tmp_path), dataset, eval_data=dataset, eval_every=1, metric="loss",
                  early_stopping_patience=1, max_steps=40, resume_from=True)
@@ -127,7 +130,12 @@ def test_replayed_steps_never_overwrite_a_better_best_checkpoint(tmp_path, datas
 def test_non_finite_loss_stops_before_the_update(tmp_path, dataset, make_model):
     model = make_model(0.0)
     trainer = _trainer(model, tmp_path)
-    trainer.add_callback("on_step_end", lambda t: t.state.step == 3 and model.classifier.weight.data.fill_(float("nan")))
+
+    def poison(t):
+        if t.state.step == 3:
+            model.classifier.weight.data.fill_(float("nan"))
+
+    trainer.add_callback("on_step_end", poison)
     with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 4") as error:
         _fit(trainer, dataset)
     assert isinstance(error.value, ValueError) and trainer.state.step == 3
@@ -142,7 +150,8 @@ def test_periodic_saves_follow_training_time(tmp_path, dataset, make_model, monk
     trainer.add_callback("on_step_end", lambda t: now.__setitem__(0, now[0] + 25.0))  # 25 s per step
     _fit(trainer, dataset, max_steps=7, save_every_minutes=1.0)
     checkpoints = tmp_path / "checkpoints"
-    assert [_step_of(checkpoints / name) for name in ("last", "last.1", "last.2")] == [7, 6, 3]  # 75 s, 75 s, end
+    steps = [_step_of(checkpoints / name) for name in ("last", "last.1", "last.2")]
+    assert steps == [7, 6, 3]  # at 75 s, 75 s later, and at the end
 
 
 def test_saves_wait_fifty_times_their_own_duration():
@@ -169,7 +178,8 @@ def test_progress_goes_to_log_lines_without_a_terminal(tmp_path, dataset, make_m
 
 def _env():
     src = str(Path(__file__).parents[3] / "src")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 
 def _start(out, *extra):
@@ -206,7 +216,7 @@ def test_sigint_sigterm_and_sigkill_at_random_points_then_resume_bit_for_bit(tmp
     finished, log = _start(run, "--resume")
     with log:
         assert finished.wait(timeout=120) == 0, (tmp_path / "stopped.log").read_text()[-2000:]
-    tiny_run.main(["--out", str(tmp_path / "full"), "--losses", "--eval-every", "5"])  # uninterrupted, in this process
+    tiny_run.main(["--out", str(tmp_path / "full"), "--losses", "--eval-every", "5"])  # uninterrupted, here
     assert _records(run) == _records(tmp_path / "full"), (seed, points)  # the whole history, byte for byte
     resumed = torch.load(run / "params.pt", weights_only=True)
     full = torch.load(tmp_path / "full" / "params.pt", weights_only=True)
@@ -218,8 +228,10 @@ def test_sigint_sigterm_and_sigkill_at_random_points_then_resume_bit_for_bit(tmp
     (TrainingInterrupted(signal.SIGINT, 7, Path("my run/checkpoints/last")), 130,
      "stopped by SIGINT after step 7; resumable checkpoint written to my run/checkpoints/last; "
      "continue with: attnlab train --out 'my run' --resume"),
-    (TrainingInterrupted(signal.SIGTERM, 7, Path("r/checkpoints/last")), 143, "stopped by SIGTERM after step 7"),
-    (NonFiniteLossError(5, "training loss", float("inf"), 1e-3), 2, "error: the training loss is inf at step 5"),
+    (TrainingInterrupted(signal.SIGTERM, 7, Path("r/checkpoints/last")), 143,
+     "stopped by SIGTERM after step 7"),
+    (NonFiniteLossError(5, "training loss", float("inf"), 1e-3), 2,
+     "error: the training loss is inf at step 5"),
 ])
 def test_the_command_prints_one_line_and_exits_with_the_status(monkeypatch, capsys, error, code, line):
     import attnlab.train.command as command

@@ -62,11 +62,12 @@ def main(argv=None) -> None:
     trainer.add_callback("on_step_end", lambda t: losses.__setitem__(t.state.step, t.last_log["loss"]))
     if args.sleep:
         trainer.add_callback("on_step_end", lambda t: time.sleep(args.sleep))
-    evaluation = {"eval_data": tiny_dataset(16, seed=1), "eval_every": args.eval_every} if args.eval_every else {}
+    evaluation = {"eval_data": tiny_dataset(16, seed=1), "eval_every": args.eval_every}
+    evaluation = evaluation if args.eval_every else {}
     try:
         trainer.fit(tiny_dataset(), collate_fn=PaddingCollator(0), batch_size=args.batch_size, epochs=None,
-                    max_steps=args.steps, save_every=args.save_every, resume_from=True if args.resume else None,
-                    **evaluation)
+                    max_steps=args.steps, save_every=args.save_every,
+                    resume_from=True if args.resume else None, **evaluation)
     except TrainingInterrupted as error:
         print(error, file=sys.stderr)
         shutdown_distributed()

@@ -46,6 +46,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             error.checkpoint is not None and hasattr(args, "resume") and hasattr(args, "out")) else ""
         print(f"attnlab {args.command}: {error}{again}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt as error:  # a second signal during training, or Ctrl-C outside it
+        print(f"attnlab {args.command}: stopped{f' ({error})' if str(error) else ''}", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
         return 2

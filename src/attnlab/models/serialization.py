@@ -106,7 +106,7 @@ def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
         raise FileNotFoundError(f"no model at {path}: the path does not exist")
     if (path / MODEL_FILE).is_file():
         return path
-    for name in ("best", "last"):
+    for name in ("best", "last", "last.1", "last.2"):  # last.N: older versions, when a save was cut short
         candidate = path / "checkpoints" / name
         if (candidate / MODEL_FILE).is_file():
             return candidate

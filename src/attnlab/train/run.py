@@ -27,7 +27,7 @@ from ..data import (
 from ..data.tokenization import TOKENIZER_KINDS
 from ..models import EncoderClassifier, EncoderForMaskedLM, build_encoder, load_pretrained_tokenizer
 from ..models.serialization import MODEL_FILE, TOKENIZER_FILE
-from .checkpoint import TRAINER_STATE_FILE, set_rng_state
+from .checkpoint import TRAINER_STATE_FILE, find_resumable, set_rng_state
 from .distributed import distributed_info
 from .run_config import RunConfig
 from .tasks import get_task
@@ -122,7 +122,7 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
     last = directory / "checkpoints" / "last"
     lm = EncoderForMaskedLM(model.encoder)
     if resume and (last / TRAINER_STATE_FILE).is_file():
-        state = torch.load(last / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
+        last, state = find_resumable(last)  # its newest whole version (last, last.1, last.2)
         if state["trainer"]["step"] >= train.mlm_steps:
             load_safetensors_into(lm, last / MODEL_FILE)
             set_rng_state(state["rng"])  # where an uninterrupted run starts classifying

@@ -113,3 +113,9 @@ def test_a_crash_between_rotation_renames_leaves_a_resumable_version(tmp_path, m
     _save_steps(target, make_model(0.0), [3])
     assert find_resumable(target).step == 3
     assert torch.load(target / "trainer_state.pt", weights_only=True)["trainer"]["step"] == 3
+
+
+def test_load_model_finds_an_older_version_when_last_is_gone(tmp_path, make_model):
+    _save_steps(tmp_path / "checkpoints" / "last", make_model(0.0), [1, 2])
+    os.replace(tmp_path / "checkpoints" / "last", tmp_path / "gone")  # a save cut short mid-rotation
+    assert load_model(tmp_path).model is not None

@@ -128,7 +128,7 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
             set_rng_state(state["rng"])  # where an uninterrupted run starts classifying
             return
     else:
-        last = None
+        last = True if resume else None  # resume: the newest whole version, or the first step
     ids = special_ids(tokenizer)
     collate = MaskedLMCollator(ids["[PAD]"], ids["[MASK]"], tokenizer.get_vocab_size(), list(ids.values()),
                                probability=train.mlm_probability, seed=train.seed)

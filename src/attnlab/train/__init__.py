@@ -1,5 +1,6 @@
 """Training: TransformerTrainer, schedules, checkpoints, callbacks, distributed set-up."""
 
+from .._files import CorruptFileError
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger
 from .checkpoint import check_checkpoint, find_resumable, load_trainer_state, save_checkpoint
 from .interrupts import NonFiniteLossError, TrainingInterrupted
@@ -10,6 +11,7 @@ from .trainer import TrainerState, TransformerTrainer
 from .visualize import attention_map, save_attention_map
 
 __all__ = [
+    "CorruptFileError",
     "EVENTS",
     "MetricsLogger",
     "NonFiniteLossError",

@@ -30,8 +30,8 @@ from .._precision import cpu_has_native_bf16
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
 from .checkpoint import find_resumable, rng_state, save_checkpoint, set_rng_state
 from .distributed import all_reduce_mean, any_process, distributed_info
-from .interrupts import InterruptGuard, NonFiniteLossError, TrainingInterrupted
 from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
+from .interrupts import InterruptGuard, NonFiniteLossError, TrainingInterrupted
 from .optimizer import build_optimizer
 from .saving import KEEP_CHECKPOINTS, SAVE_EVERY_MINUTES, SaveSchedule, saved_best
 from .schedules import warmup_cosine_scheduler
@@ -330,7 +330,7 @@ class TransformerTrainer:
 
         Raises:
             FileNotFoundError: no checkpoint at ``directory``.
-            attnlab.CorruptFileError: (a ``ValueError``) every version is damaged.
+            CorruptFileError: (a ``ValueError``, in :mod:`attnlab.train`) every version is damaged.
         """
         from ..models.serialization import MODEL_FILE
 

@@ -244,3 +244,26 @@ def test_the_command_prints_one_line_and_exits_with_the_status(monkeypatch, caps
     assert main(["train", "--out", "my run" if code == 130 else "r"]) == code
     printed = capsys.readouterr().err
     assert printed.count("\n") == 1 and line in printed
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_exactly(tmp_path, dataset, make_model, caplog):
+    reference = _trainer(make_model(0.1), tmp_path / "full")
+    _fit(reference, dataset)
+    trainer = _trainer(make_model(0.1), tmp_path / "cut")
+
+    def die(t):
+        if t.state.step == 7:
+            raise KeyboardInterrupt  # as a kill: checkpoints at steps 6, 4 and 2 remain
+
+    trainer.add_callback("on_step_end", die)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(trainer, dataset, save_every=2)
+    weights = tmp_path / "cut" / "checkpoints" / "last" / "model.safetensors"
+    os.truncate(weights, 1000)
+    resumed = _trainer(make_model(0.1), tmp_path / "cut")
+    with caplog.at_level(logging.WARNING):
+        _fit(resumed, dataset, save_every=2, resume_from=True)
+    assert "model.safetensors" in caplog.text and "step 4" in caplog.text
+    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    for (name, a), b in zip(reference.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), name

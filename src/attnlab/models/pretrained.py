@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from .._files import follow_umask, load_safetensors, read_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import (
@@ -121,8 +122,7 @@ def pretrained_dir(name_or_path: PathLike) -> Path:
 
 
 def _read_json(path: Path) -> dict:
-    with path.open(encoding="utf-8") as handle:
-        return json.load(handle)
+    return read_json(path)
 
 
 def _weights_file(directory: Path) -> Path:
@@ -202,7 +202,7 @@ def from_pretrained(
     if changes:
         config = dataclasses.replace(config, **changes)  # validated again in __post_init__
     weights_path = _weights_file(directory)
-    tensors = load_file(str(weights_path))
+    tensors = load_safetensors(weights_path)
     state, skipped = bert_state_to_encoder(tensors, config, strict=strict, source=str(weights_path))
     if skipped:
         logger.info("from_pretrained(%s): skipped tensors the encoder does not use: %s", directory, skipped)
@@ -339,6 +339,7 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
         handle.write("\n")
     save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})
+    follow_umask(directory / WEIGHTS_FILE)
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
     return directory

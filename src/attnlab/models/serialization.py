@@ -7,13 +7,13 @@ these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
 import safetensors.torch
 from torch import nn
 
+from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
 from .image_text import ImageTextModel
@@ -93,7 +93,8 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
     config = model_config(model)
     # save_model (not save_file) handles tied weights such as the masked-LM decoder
     safetensors.torch.save_model(model, str(directory / MODEL_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    follow_umask(directory / MODEL_FILE)
+    write_json(directory / CONFIG_FILE, config)
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
     return directory
@@ -101,7 +102,7 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
 
 def _run_checkpoint(path: Path) -> Optional[Path]:
     """A run directory's best (else last) checkpoint, if it has one."""
-    for name in ("best", "last"):
+    for name in ("best", "last", "last.1", "last.2"):  # last.N: older versions, when a save was cut short
         candidate = path / "checkpoints" / name
         if (candidate / MODEL_FILE).is_file():
             return candidate
@@ -114,7 +115,7 @@ def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
     has no ``"encoder"`` entry."""
     path = Path(path)
     if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
-        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = read_json(path / CONFIG_FILE)
         return path if isinstance(config, dict) and "encoder" in config else None
     return _run_checkpoint(path)
 
@@ -159,14 +160,17 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
     config_path = checkpoint / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if isinstance(config, dict) and "encoder" not in config and "model_type" in config:
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
+    if "encoder" not in config and "model_type" in config:
         raise ValueError(
             f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
             f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"
         )
     model = build_model(config, device=device)
-    missing, unexpected = safetensors.torch.load_model(model, str(checkpoint / MODEL_FILE), strict=False, device=str(device or "cpu"))
+    missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False,
+                                                device=str(device or "cpu"))
     if missing or unexpected:
         raise ValueError(
             f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "

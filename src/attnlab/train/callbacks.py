@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import os
 import sys
+import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
+
+from .._files import json_dumps
 
 __all__ = ["EVENTS", "MetricsLogger", "TensorBoardLogger", "ProgressBar", "tensorboard_available"]
 
@@ -24,31 +27,58 @@ logger = logging.getLogger(__name__)
 EVENTS = ("on_fit_start", "on_step_end", "on_evaluate", "on_save", "on_epoch_end", "on_fit_end")
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN / inf
-    return value
-
-
 class MetricsLogger:
-    """Appends ``trainer.last_log`` to a JSON-lines file after every logged step and evaluation."""
+    """Appends ``trainer.last_log`` to a JSON-lines file after every logged step and evaluation.
+
+    The file is only ever appended to, one strict-JSON object per line (NaN and
+    infinities become ``null``). After a resume the steps since the checkpoint run
+    again; records for a step the file already holds (per ``split``) are not written
+    twice, so the history reads like one uninterrupted run's.
+    """
 
     def __init__(self, path: Union[str, Path], *, log_every: int = 1) -> None:
         self.path = Path(path)
         self.log_every = max(1, log_every)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.logged_through: dict[str, int] = {}  # split -> the last step already in the file
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records past ``step`` (after a resume, those steps are run again)."""
+    def open(self, *, resuming: bool) -> None:
+        """Get ready to append: finish a line cut short by a crash (it is dropped; every
+        complete record stays); when ``resuming``, note the steps already logged."""
+        self.logged_through = {}
         if not self.path.is_file():
             return
-        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            logger.warning("%s: dropping an incomplete last line (%d bytes) left by an interrupted write",
+                           self.path, len(data) - cut)
+            os.truncate(self.path, cut)
+            data = data[:cut]
+        records = 0
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                step, split = int(record.get("step", 0)), str(record.get("split", "train"))
+            except (ValueError, TypeError, AttributeError):
+                logger.warning("%s: line %d is not a JSON record; left as it is", self.path, number)
+                continue
+            records += 1
+            self.logged_through[split] = max(step, self.logged_through.get(split, step))
+        if not resuming:
+            if records:
+                logger.warning("%s already holds %d records; this run's are appended after them",
+                               self.path, records)
+            self.logged_through = {}
 
     def write(self, record: dict[str, Any]) -> None:
+        step, split = record.get("step"), record.get("split", "train")
+        if isinstance(step, int) and step <= self.logged_through.get(split, -1):
+            return  # a step run again after a resume: the file already has it
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({key: _clean(value) for key, value in record.items()}) + "\n")
+            handle.write(json_dumps(record) + "\n")
 
     def on_step_end(self, trainer) -> None:
         if trainer.state.step % self.log_every == 0 or trainer.state.step == trainer.total_steps:
@@ -96,31 +126,78 @@ class TensorBoardLogger:
         self.writer.close()
 
 
-class ProgressBar:
-    """A tqdm bar over optimizer steps; silent when ``quiet`` or stderr is not a terminal."""
+def _format(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
-    def __init__(self, *, quiet: bool = False, stream=None) -> None:
+
+class ProgressBar:
+    """Progress over optimizer steps: a tqdm bar when the stream is a terminal, else plain
+    ``logging`` lines (step, loss, speed, time left) every ``log_seconds``, for log files
+    and schedulers; nothing when ``quiet``.
+
+    Args:
+        quiet: no bar and no lines.
+        stream: the bar's stream (default: stderr); decides terminal or not.
+        log_seconds: seconds between plain lines (the first and last step are always shown).
+        clock: seconds, monotonic (for tests).
+    """
+
+    def __init__(self, *, quiet: bool = False, stream=None, log_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
+        self.quiet = quiet
         self.disable = quiet or not getattr(self.stream, "isatty", lambda: False)()
+        self.log_lines = not quiet and self.disable
+        self.log_seconds, self.clock = log_seconds, clock
         self.bar: Optional[Any] = None
 
     def on_fit_start(self, trainer) -> None:
+        self.start_step, self.start_time = trainer.state.step, self.clock()
+        self.last_line = None
+        if self.disable:
+            return
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=trainer.total_steps, initial=trainer.state.step, disable=self.disable,
-                        file=self.stream, unit="step", dynamic_ncols=True)
+        self.bar = tqdm(total=trainer.total_steps, initial=trainer.state.step, file=self.stream, unit="step",
+                        dynamic_ncols=True)
 
     def on_step_end(self, trainer) -> None:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{trainer.last_log['loss']:.4f}", refresh=False)
+        elif self.log_lines:
+            now, step, total = self.clock(), trainer.state.step, trainer.total_steps
+            if self.last_line is None or now - self.last_line >= self.log_seconds or step >= total:
+                self.last_line = now
+                done, elapsed = step - self.start_step, now - self.start_time
+                rate = done / elapsed if elapsed > 0 else 0.0
+                speed = f"  {rate:.2f} steps/s" if rate > 0 else ""
+                if rate > 0 and step < total:
+                    speed += f", about {_duration((total - step) / rate)} left"
+                logger.info("step %d/%d (%d%%)  loss %.4f%s", step, total, 100 * step // max(1, total),
+                            trainer.last_log["loss"], speed)
 
     def on_evaluate(self, trainer) -> None:
-        if self.bar is not None and not self.disable:
-            shown = {key: value for key, value in trainer.last_log.items() if key in ("loss", "accuracy", "f1")}
-            self.bar.write(f"step {trainer.state.step} validation " + " ".join(
-                f"{key} {value:.4f}" for key, value in shown.items()), file=self.stream)
+        if self.quiet:
+            return
+        shown = {key: value for key, value in trainer.last_log.items() if key in ("loss", "accuracy", "f1")}
+        values = " ".join(f"{key} {_format(value)}" for key, value in shown.items())
+        line = f"step {trainer.state.step} validation {values}"
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            logger.info("%s", line)
 
     def on_fit_end(self, trainer) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    if seconds >= 60:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds} s"

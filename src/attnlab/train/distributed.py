@@ -14,7 +14,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedInfo", "distributed_info", "init_distributed", "shutdown_distributed", "all_reduce_mean"]
+__all__ = [
+    "DistributedInfo", "distributed_info", "init_distributed", "shutdown_distributed", "all_reduce_mean",
+    "any_process",
+]
 
 
 class DistributedInfo(NamedTuple):
@@ -58,3 +61,15 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / dist.get_world_size()
+
+
+def any_process(value: int) -> int:
+    """The largest of every process's ``value`` (``value`` itself without a group): a
+    non-zero flag raised by one process reaches all of them."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

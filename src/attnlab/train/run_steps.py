@@ -9,20 +9,18 @@ what lies between (data, tokenizer, model) is its own.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
-import safetensors.torch
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
+from .._files import load_safetensors_into, write_json
 from ..models.serialization import MODEL_FILE
-from .checkpoint import TRAINER_STATE_FILE
 from .distributed import distributed_info
 from .run_config import RunConfig
 from .trainer import TrainerState, TransformerTrainer
@@ -68,7 +66,7 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig
         if config_path.exists():
             raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
-        config_path.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_json(config_path, config.to_dict())
     barrier()
     return config
 
@@ -90,10 +88,10 @@ def trainer_options(config: RunConfig, quiet: bool) -> dict[str, Any]:
             "seed": train.seed, "quiet": quiet, "log_every": train.log_every, "min_lr_ratio": train.min_lr_ratio}
 
 
-def resume_checkpoint(run_dir: Path, resume: bool) -> Optional[Path]:
-    """``checkpoints/last`` when resuming a run that wrote one, else ``None``."""
-    last = run_dir / "checkpoints" / "last"
-    return last if resume and (last / TRAINER_STATE_FILE).is_file() else None
+def resume_checkpoint(run_dir: Path, resume: bool) -> Optional[bool]:
+    """What ``trainer.fit(resume_from=...)`` takes: ``True`` when resuming (the newest whole
+    checkpoint in ``checkpoints/``, or step 1 when none was written yet), else ``None``."""
+    return True if resume else None
 
 
 def fit(trainer: TransformerTrainer, config: RunConfig, train_set: Dataset, validation_set: Dataset, *,
@@ -124,7 +122,7 @@ def finish_run(
     barrier()  # process 0 may still be writing the last best checkpoint
     has_best = (best / MODEL_FILE).is_file()
     if has_best:
-        safetensors.torch.load_model(trainer.model, str(best / MODEL_FILE), device=str(trainer.device))
+        load_safetensors_into(trainer.model, best / MODEL_FILE, device=str(trainer.device))
     test = trainer.evaluate(test_set, collate_fn=collate_fn, batch_size=config.train.eval_batch_size)
     info = distributed_info()
     full_report = {
@@ -137,7 +135,7 @@ def finish_run(
         "processes": info.world_size,
     }
     if info.is_main:
-        (run_dir / REPORT_FILE).write_text(json.dumps(full_report, indent=2) + "\n", encoding="utf-8")
+        write_json(run_dir / REPORT_FILE, full_report)
         if trainer.metrics_logger:
             trainer.metrics_logger.write({"step": state.step, "split": "test", **test})
     return RunResult(run_dir, full_report)

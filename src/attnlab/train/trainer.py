@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,12 +25,15 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler
 
+from .._files import load_safetensors_into
 from .._precision import cpu_has_native_bf16
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
-from .checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
-from .distributed import all_reduce_mean, distributed_info
+from .checkpoint import find_resumable, rng_state, save_checkpoint, set_rng_state
+from .distributed import all_reduce_mean, any_process, distributed_info
 from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
+from .interrupts import InterruptGuard, NonFiniteLossError, TrainingInterrupted
 from .optimizer import build_optimizer
+from .saving import KEEP_CHECKPOINTS, SAVE_EVERY_MINUTES, SaveSchedule, saved_best
 from .schedules import warmup_cosine_scheduler
 from .visualize import attention_map, map_title, save_attention_map
 
@@ -223,20 +227,26 @@ class TransformerTrainer:
                 weighted = loss * (units[index] / total_units)
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
             loss_sum += weighted.detach()
+        learning_rate = self.scheduler.get_last_lr()[0]
+        loss_value = float(all_reduce_mean(loss_sum))  # the same on every process, so all stop together
+        if not math.isfinite(loss_value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(self.state.step + 1, "training loss", loss_value, learning_rate)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = None
         if self.grad_clip:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            if self.scaler is None and not math.isfinite(grad_norm):  # a scaler skips such steps itself
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(self.state.step + 1, "gradient norm", grad_norm, learning_rate)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
-        learning_rate = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.state.step += 1
-        loss_value = float(all_reduce_mean(loss_sum))
         self.last_log = {"step": self.state.step, "split": "train", "epoch": self.state.epoch,
                          "loss": loss_value, "lr": learning_rate}
         if grad_norm is not None:
@@ -295,22 +305,41 @@ class TransformerTrainer:
             state["scaler"] = self.scaler.state_dict()
         return state
 
-    def save_checkpoint(self, directory: Union[str, Path]) -> Optional[Path]:
-        """Write a checkpoint directory atomically (process 0 only)."""
+    def save_checkpoint(self, directory: Union[str, Path], *, keep: int = 1) -> Optional[Path]:
+        """Write a checkpoint directory atomically (process 0 only).
+
+        Args:
+            directory: e.g. ``output_dir / "checkpoints" / "last"``.
+            keep: versions to keep (``last``, ``last.1``...), this one included.
+        """
         if not self.distributed.is_main:
             return None
-        path = save_checkpoint(directory, self.model, self.trainer_state_dict(), tokenizer=self.tokenizer)
+        path = save_checkpoint(directory, self.model, self.trainer_state_dict(), tokenizer=self.tokenizer,
+                               keep=keep)
         self.trigger("on_save")
         return path
 
-    def load_checkpoint(self, directory: Union[str, Path]) -> None:
-        """Restore weights, optimizer, scheduler, RNG states and the data position."""
-        import safetensors.torch
+    def load_checkpoint(self, directory: Union[str, Path]) -> Path:
+        """Restore weights, optimizer, scheduler, RNG states and the data position.
 
+        Every file is checked first; when ``directory`` is damaged, its newest whole
+        rotated version (``last.1``, ``last.2``) is used with a warning.
+
+        Returns:
+            The checkpoint directory actually read.
+
+        Raises:
+            FileNotFoundError: no checkpoint at ``directory``.
+            CorruptFileError: (a ``ValueError``, in :mod:`attnlab.train`) every version is damaged.
+        """
         from ..models.serialization import MODEL_FILE
 
-        state = load_trainer_state(directory)
-        safetensors.torch.load_model(self.model, str(Path(directory) / MODEL_FILE), device=str(self.device))
+        directory, state = find_resumable(directory)
+        load_safetensors_into(self.model, directory / MODEL_FILE, device=str(self.device))
+        self._restore_trainer_state(state)
+        return directory
+
+    def _restore_trainer_state(self, state: dict[str, Any]) -> None:
         self.total_steps = state["total_steps"]
         self.scheduler = self._build_scheduler(self.total_steps)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -319,7 +348,6 @@ class TransformerTrainer:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.state = TrainerState(**state["trainer"])
-        self.state.should_stop = False
         set_rng_state(state["rng"])
 
     # ---- the loop --------------------------------------------------------------------
@@ -329,14 +357,26 @@ class TransformerTrainer:
             return
         self._callbacks_installed = True
         self.add_callback(ProgressBar(quiet=self.quiet or not self.distributed.is_main))
-        if self.output_dir is not None and self.distributed.is_main:
+        self._install_metrics_logger()
+        if self.output_dir is not None and self.distributed.is_main and tensorboard_available():
+            self.add_callback(TensorBoardLogger(self.output_dir / "tensorboard", log_every=self.log_every))
+
+    def _install_metrics_logger(self) -> None:
+        if self.metrics_logger is None and self.output_dir is not None and self.distributed.is_main:
             self.metrics_logger = MetricsLogger(self.output_dir / "metrics.jsonl", log_every=self.log_every)
             self.add_callback(self.metrics_logger)
-            if tensorboard_available():
-                self.add_callback(TensorBoardLogger(self.output_dir / "tensorboard", log_every=self.log_every))
 
     _callbacks_installed = False
     metrics_logger: Optional[MetricsLogger] = None
+    _best_on_disk: Optional[tuple[int, float]] = None  # (step, metric) of checkpoints/best when resuming
+
+    def _saved_best_is_as_good(self, value: float, metric: str) -> bool:
+        # After a resume the steps since the checkpoint run again; checkpoints/best may
+        # already hold a model from those steps (or later ones) that is at least as good.
+        if self._best_on_disk is None:
+            return False
+        saved = self._best_on_disk[1]
+        return METRICS[metric](saved, value) == saved
 
     def _evaluate_and_track(self, eval_data, collate_fn, eval_batch_size, metric, patience) -> None:
         result = self.evaluate(eval_data, collate_fn=collate_fn, batch_size=eval_batch_size)
@@ -358,7 +398,29 @@ class TransformerTrainer:
                          f"best_{metric}": self.state.best_metric, "best_step": self.state.best_step}
         self.trigger("on_evaluate")
         if improved and self.output_dir is not None:
-            self.save_checkpoint(self.output_dir / "checkpoints" / "best")
+            if self._saved_best_is_as_good(value, metric):
+                logger.info("step %d: checkpoints/best already holds a model at least as good (step %d)",
+                            self.state.step, self._best_on_disk[0])
+            else:
+                self.save_checkpoint(self.output_dir / "checkpoints" / "best")
+                self._best_on_disk = (self.state.step, value) if self._best_on_disk is not None else None
+
+    def _resume(self, resume_from: Union[str, Path, bool]) -> Optional[Path]:
+        if resume_from is True:
+            if self.output_dir is None:
+                raise ValueError("resume_from=True resumes from output_dir's checkpoints; give output_dir")
+            try:
+                return self.load_checkpoint(self.output_dir / "checkpoints" / "last")
+            except FileNotFoundError:
+                logger.info("no checkpoint in %s yet: starting from the first step",
+                            self.output_dir / "checkpoints")
+                return None
+        return self.load_checkpoint(resume_from)
+
+    def _save_last(self, keep: int, schedule: SaveSchedule) -> None:
+        started = time.monotonic()
+        self.save_checkpoint(self.output_dir / "checkpoints" / "last", keep=keep)
+        schedule.saved(started, time.monotonic())
 
     def fit(
         self,
@@ -374,9 +436,16 @@ class TransformerTrainer:
         metric: str = "accuracy",
         early_stopping_patience: Optional[int] = None,
         save_every: Optional[int] = None,
-        resume_from: Union[str, Path, None] = None,
+        save_every_minutes: Optional[float] = SAVE_EVERY_MINUTES,
+        keep_checkpoints: int = KEEP_CHECKPOINTS,
+        resume_from: Union[str, Path, bool, None] = None,
     ) -> TrainerState:
         """Train on ``train_data``; evaluate on ``eval_data``, keep the best checkpoint.
+
+        With an ``output_dir``, a resumable ``checkpoints/last`` is written every
+        ``save_every`` steps, every ``save_every_minutes`` of training, at the end, and
+        when SIGINT or SIGTERM arrives (then :class:`TrainingInterrupted` is raised; see
+        :mod:`attnlab.train.interrupts`).
 
         Args:
             train_data: a map-style data set; items go through ``collate_fn``.
@@ -387,8 +456,20 @@ class TransformerTrainer:
             eval_every: evaluate every this many steps; ``None``: after every epoch.
             metric: ``"accuracy"``, ``"f1"`` or ``"loss"``, for best checkpoint and early stopping.
             early_stopping_patience: stop after this many evaluations without improvement.
-            save_every: write ``checkpoints/last`` every this many steps (and at the end).
-            resume_from: a checkpoint directory to continue from, exactly.
+            save_every: also write ``checkpoints/last`` every this many steps.
+            save_every_minutes: write ``checkpoints/last`` after this many minutes of
+                training since the last save (and at least 50 times the last save's
+                duration, so saving costs under 2 %); ``None``: no time-based saves.
+            keep_checkpoints: resumable checkpoints kept (``last``, ``last.1``, ...).
+            resume_from: a checkpoint directory to continue from exactly (its newest whole
+                rotated version, when it is damaged); ``True``: the newest whole one in
+                ``output_dir/checkpoints``, or the first step when there is none yet.
+                A finished run is left as it is. ``metrics.jsonl`` is appended to; steps it
+                already holds are not logged twice.
+
+        Raises:
+            TrainingInterrupted: SIGINT or SIGTERM arrived; a resumable checkpoint was written.
+            NonFiniteLossError: (a ``ValueError``) the loss or gradient norm became NaN or infinite.
         """
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
@@ -396,9 +477,13 @@ class TransformerTrainer:
             raise ValueError("give epochs or max_steps")
         if len(train_data) == 0:
             raise ValueError("train_data is empty")
-        if resume_from is not None:
-            self.load_checkpoint(resume_from)
-        else:
+        if save_every_minutes is not None and not save_every_minutes > 0:
+            raise ValueError(f"save_every_minutes must be > 0 or None, got {save_every_minutes}")
+        if keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
+        resuming = resume_from is not None and resume_from is not False
+        loaded = self._resume(resume_from) if resuming else None
+        if loaded is None:
             per_epoch = self.steps_per_epoch(train_data, batch_size)
             planned = [n for n in (None if epochs is None else epochs * per_epoch, max_steps) if n is not None]
             if self._given_total_steps is None and self.state.step == 0:
@@ -409,10 +494,27 @@ class TransformerTrainer:
             if self.warmup_steps >= self.total_steps:
                 logger.warning("warmup_steps=%d >= total_steps=%d: the run ends inside the warm-up",
                                self.warmup_steps, self.total_steps)
-        self._default_callbacks(metric)
+        self._install_metrics_logger()
         if self.metrics_logger is not None:
-            self.metrics_logger.truncate_after(self.state.step)
+            self.metrics_logger.open(resuming=resuming)
+        if loaded is not None and (self.state.step >= self.total_steps or self.state.should_stop):
+            logger.info("the run in %s already finished at step %d; nothing to do", loaded, self.state.step)
+            return self.state
+        best = self.output_dir / "checkpoints" / "best" if self.output_dir is not None else None
+        self._best_on_disk = saved_best(best) if resuming and best is not None else None
+        self._default_callbacks(metric)
         self.trigger("on_fit_start")
+        try:
+            with InterruptGuard() as guard:
+                self._loop(train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
+                           early_stopping_patience, SaveSchedule(save_every, save_every_minutes),
+                           keep_checkpoints, guard)
+        finally:
+            self.trigger("on_fit_end")
+        return self.state
+
+    def _loop(self, train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
+              patience, schedule: SaveSchedule, keep: int, guard: InterruptGuard) -> None:
         state = self.state
         while state.step < self.total_steps and not state.should_stop:
             batches = self._chunks(self._sampler(train_data, state.epoch), batch_size)
@@ -427,15 +529,25 @@ class TransformerTrainer:
                 finished = state.step >= self.total_steps
                 if eval_data is not None and (finished or (eval_every and state.step % eval_every == 0)
                                               or (eval_every is None and epoch_done)):
-                    self._evaluate_and_track(eval_data, collate_fn, eval_batch_size, metric, early_stopping_patience)
-                if self.output_dir is not None and (finished or state.should_stop or (save_every and state.step % save_every == 0)):
-                    self.save_checkpoint(self.output_dir / "checkpoints" / "last")
+                    self._evaluate_and_track(eval_data, collate_fn, eval_batch_size, metric, patience)
+                due = finished or state.should_stop or schedule.due(state.step)
+                saved = self.output_dir is not None and due
+                if saved:
+                    self._save_last(keep, schedule)
                 if epoch_done:
                     self.trigger("on_epoch_end")
                 if finished or state.should_stop:
-                    break
-        self.trigger("on_fit_end")
-        return state
+                    return
+                received = guard.received or 0
+                if self.distributed.world_size > 1:
+                    received = any_process(received)  # every process stops after the same step
+                if received:
+                    last = None
+                    if self.output_dir is not None:
+                        last = self.output_dir / "checkpoints" / "last"
+                        if not saved:
+                            self._save_last(keep, schedule)
+                    raise TrainingInterrupted(received, state.step, last)
 
     # ---- looking inside --------------------------------------------------------------
 

@@ -59,7 +59,7 @@ def test_finish_run_waits_for_every_process_before_reloading_the_best_checkpoint
     """Both tasks end through finish_run, so both wait at the barrier (the digits task did not)."""
     events = []
     monkeypatch.setattr(run_steps, "barrier", lambda: events.append("barrier"))
-    monkeypatch.setattr(run_steps.safetensors.torch, "load_model", lambda *a, **k: events.append("load"))
+    monkeypatch.setattr(run_steps, "load_safetensors_into", lambda *a, **k: events.append("load"))
     best = tmp_path / "checkpoints" / "best"
     best.mkdir(parents=True)
     (best / "model.safetensors").write_bytes(b"")

@@ -1,10 +1,5 @@
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +8,7 @@ from attnlab.data import PaddingCollator
 from attnlab.train import TransformerTrainer, save_checkpoint
 from attnlab.train import checkpoint as checkpoint_module
 
-import tiny_run
-
 COLLATE = PaddingCollator(0)
-TINY_RUN = Path(__file__).with_name("tiny_run.py")
 
 
 def fit_recording(model, dataset, output_dir, *, stop_at=None, resume_from=None):
@@ -86,47 +78,3 @@ def test_crash_between_the_two_renames_is_recovered(tmp_path, make_model):
     (tmp_path / ".last.tmp-dead").mkdir()  # and a half-written new one
     state = checkpoint_module.load_trainer_state(target)
     assert state["step"] == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["last"]
-
-
-def _run_tiny(out, *extra, check=True):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, str(TINY_RUN), "--out", str(out), "--losses", *extra],
-                          env=env, check=check, capture_output=True, text=True, timeout=300)
-
-
-def _train_losses(run_dir):
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {record["step"]: record["loss"] for record in records if record["split"] == "train"}
-
-
-@pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    killed_dir = tmp_path / "killed"
-    process = subprocess.Popen([sys.executable, str(TINY_RUN), "--out", str(killed_dir), "--sleep", "0.15"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = killed_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and process.poll() is None:
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 9:
-                break
-            time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be killed"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    killed_at = max(_train_losses(killed_dir))
-    assert 9 <= killed_at < 30
-    _run_tiny(killed_dir, "--resume")
-    tiny_run.main(["--out", str(tmp_path / "full"), "--losses"])  # the uninterrupted run, in this process
-    resumed, full = _train_losses(killed_dir), _train_losses(tmp_path / "full")
-    assert sorted(resumed) == list(range(1, 31))
-    assert resumed == full  # every step's loss, bit for bit
-    final_resumed = torch.load(killed_dir / "params.pt", weights_only=True)
-    final_full = torch.load(tmp_path / "full" / "params.pt", weights_only=True)
-    assert all(torch.equal(final_resumed[name], final_full[name]) for name in final_full)

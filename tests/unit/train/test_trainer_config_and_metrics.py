@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -48,13 +50,33 @@ def test_invalid_toml_is_reported(tmp_path):
         RunConfig.from_toml(path)
 
 
-def test_metrics_logger_truncates_replayed_steps(tmp_path):
-    logger = MetricsLogger(tmp_path / "metrics.jsonl")
+def test_metrics_logger_appends_and_skips_steps_it_already_holds(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    logger = MetricsLogger(path)
     for step in range(1, 6):
-        logger.write({"step": step, "loss": float("nan") if step == 5 else 1.0 / step})
-    logger.truncate_after(3)
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and '"step": 3' in lines[-1]
+        logger.write({"step": step, "split": "train", "loss": float("nan") if step == 5 else 1.0 / step})
+    logger.write({"step": 4, "split": "validation", "accuracy": float("inf")})
+    before = path.read_bytes()
+    resumed = MetricsLogger(path)
+    resumed.open(resuming=True)  # the run resumes from step 3: steps 4 and 5 run again
+    for step in range(4, 8):
+        resumed.write({"step": step, "split": "train", "loss": 1.0 / step})
+    resumed.write({"step": 4, "split": "validation", "accuracy": 0.5})
+    resumed.write({"step": 6, "split": "validation", "accuracy": 0.5})
+    assert path.read_bytes().startswith(before)  # never rewritten, only appended to
+    records = [json.loads(line, parse_constant=pytest.fail) for line in path.read_text().splitlines()]
+    appended = [(4, "validation"), (6, "train"), (7, "train"), (6, "validation")]
+    assert [(r["step"], r["split"]) for r in records] == [(step, "train") for step in range(1, 6)] + appended
+    assert records[4]["loss"] is None and records[5]["accuracy"] is None  # strict JSON: no NaN, no Infinity
+
+
+def test_metrics_logger_drops_only_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train", "loss": 1.0}\n{"step": 2, "spl')
+    logger = MetricsLogger(path)
+    logger.open(resuming=True)
+    logger.write({"step": 2, "split": "train", "loss": 0.5})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_tensorboard_logger_names_the_extra(tmp_path, monkeypatch):

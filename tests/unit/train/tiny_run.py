@@ -1,15 +1,18 @@
 """A tiny, seeded training run used by the resume and multi-process tests.
 
-    python tiny_run.py --out DIR [--resume] [--sleep S] [--batch-size N] [--dropout P]
+    python tiny_run.py --out DIR [--resume] [--sleep S] [--batch-size N] [--dropout P] [--eval-every N]
 
 Writes DIR/metrics.jsonl (loss of every step) and checkpoints; with --losses, also
 DIR/losses.json from process 0 (step -> loss) and DIR/params.pt (final weights).
+Stopped by SIGINT or SIGTERM, it prints the one line a command would and exits with
+the trainer's status (130, 143).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import torch
 from attnlab.data import PaddingCollator, TokenizedDataset
 from attnlab.layers import TransformerEncoder
 from attnlab.models import EncoderClassifier
-from attnlab.train import TransformerTrainer
+from attnlab.train import TrainingInterrupted, TransformerTrainer
 from attnlab.train.distributed import distributed_info, init_distributed, shutdown_distributed
 
 
@@ -48,6 +51,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--losses", action="store_true")
+    parser.add_argument("--eval-every", type=int, default=None)
+    parser.add_argument("--save-every", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_distributed()
@@ -57,9 +62,16 @@ def main(argv=None) -> None:
     trainer.add_callback("on_step_end", lambda t: losses.__setitem__(t.state.step, t.last_log["loss"]))
     if args.sleep:
         trainer.add_callback("on_step_end", lambda t: time.sleep(args.sleep))
-    last = args.out / "checkpoints" / "last"
-    trainer.fit(tiny_dataset(), collate_fn=PaddingCollator(0), batch_size=args.batch_size, epochs=None,
-                max_steps=args.steps, save_every=2, resume_from=last if args.resume else None)
+    evaluation = {"eval_data": tiny_dataset(16, seed=1), "eval_every": args.eval_every}
+    evaluation = evaluation if args.eval_every else {}
+    try:
+        trainer.fit(tiny_dataset(), collate_fn=PaddingCollator(0), batch_size=args.batch_size, epochs=None,
+                    max_steps=args.steps, save_every=args.save_every,
+                    resume_from=True if args.resume else None, **evaluation)
+    except TrainingInterrupted as error:
+        print(error, file=sys.stderr)
+        shutdown_distributed()
+        sys.exit(error.exit_code)
     if args.losses and distributed_info().is_main:
         (args.out / "losses.json").write_text(json.dumps(losses))
         torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, args.out / "params.pt")

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-import safetensors.torch
-import torch
 
+from ..._files import load_safetensors_into
 from ...data import (
     DatasetSplits, MaskedLMCollator, PaddingCollator, TokenizedDataset, encode_texts, load_rotten_tomatoes,
     load_text_classification, load_tokenizer_file, special_ids, tokenizer_pad_id, train_tokenizer,
@@ -21,7 +20,7 @@ from ...data import (
 from ...data.tokenization import TOKENIZER_KINDS
 from ...models import EncoderClassifier, EncoderForMaskedLM, build_encoder, load_pretrained_tokenizer
 from ...models.serialization import MODEL_FILE, TOKENIZER_FILE
-from ..checkpoint import TRAINER_STATE_FILE, set_rng_state
+from ..checkpoint import TRAINER_STATE_FILE, find_resumable, set_rng_state
 from ..distributed import distributed_info
 from ..run_config import RunConfig
 from ..run_steps import RunResult, barrier, finish_run, fit, seed_everything, start_run, trainer_options
@@ -89,13 +88,13 @@ def _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, qu
     last = directory / "checkpoints" / "last"
     lm = EncoderForMaskedLM(model.encoder)
     if resume and (last / TRAINER_STATE_FILE).is_file():
-        state = torch.load(last / TRAINER_STATE_FILE, map_location="cpu", weights_only=True)
+        last, state = find_resumable(last)  # its newest whole version (last, last.1, last.2)
         if state["trainer"]["step"] >= train.mlm_steps:
-            safetensors.torch.load_model(lm, str(last / MODEL_FILE))
+            load_safetensors_into(lm, last / MODEL_FILE)
             set_rng_state(state["rng"])  # where an uninterrupted run starts classifying
             return
     else:
-        last = None
+        last = True if resume else None  # resume: the newest whole version, or the first step
     ids = special_ids(tokenizer)
     collate = MaskedLMCollator(tokenizer_pad_id(tokenizer, default=0), ids["[MASK]"], tokenizer.get_vocab_size(),
                                list(ids.values()), probability=train.mlm_probability, seed=train.seed)

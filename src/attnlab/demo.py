@@ -9,7 +9,6 @@ minutes on two CPU cores.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,10 @@ EXAMPLES = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="run directory; a previous demo run there is replaced (default: %(default)s)")
+                        help="run directory; an earlier demo run there is replaced, anything else is refused "
+                             "(default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a train run in --out too (only files attnlab wrote are removed)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting of the default config, e.g. --set train.epochs=1")
@@ -58,12 +60,19 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from .train.run import train_run
+    from .train.run_checks import check_run
     from .train.run_config import RunConfig
+    from .train.run_dir import DEMO_MARK, check_out_dir
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = RunConfig().with_overrides([f"train.seed={args.seed}", *args.overrides])
-    if (args.out / "config.json").is_file():
-        shutil.rmtree(args.out)  # only ever a previous run directory
+    check_run(config, None)
+    notice = check_out_dir(args.out, overwrite=args.overwrite, demo=True, command="demo")
+    if notice:
+        print(notice)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / DEMO_MARK).write_text("written by attnlab demo: a later demo run may replace this directory\n",
+                                      encoding="utf-8")
     print(f"training a {config.model.num_layers}-layer encoder (d_model {config.model.d_model}) from scratch on "
           f"the Rotten Tomatoes snippets for {config.train.epochs} epochs...", flush=True)
     start = time.perf_counter()
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     _show_predictions(args.out)
     print(f"results in {args.out}/: test_report.json, metrics.jsonl, config.json, tokenizer.json, "
           f"checkpoints/best/, checkpoints/last/")
-    print(f"load it with: attnlab.models.load_model({str(args.out)!r})")
+    print(f"load it with: attnlab.load({str(args.out)!r})")
     print(f"attention report of the first example (open it in a browser): {_write_report(args.out)}")
     return 0
 

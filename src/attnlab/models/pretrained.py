@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
@@ -32,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from .._files import follow_umask, load_safetensors, read_json
+from .._files import follow_umask, load_safetensors, read_json, write_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import (
@@ -334,9 +333,7 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
     tensors = encoder_state_to_bert(model.state_dict(), model.config)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with (directory / CONFIG_FILE).open("w", encoding="utf-8") as handle:
-        json.dump(bert_config, handle, indent=2)
-        handle.write("\n")
+    write_json(directory / CONFIG_FILE, bert_config)
     save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})
     follow_umask(directory / WEIGHTS_FILE)

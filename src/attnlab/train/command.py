@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -17,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "Rotten Tomatoes snippets)")
     parser.add_argument("--out", type=Path, default=Path("runs/default"), help="the run directory (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the run in --out (only files attnlab wrote are removed)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no per-evaluation lines")
     parser.add_argument("--device", default=None, help="e.g. cpu or cuda (default: cpu, or this process's GPU)")
 
@@ -26,14 +29,23 @@ def run(args: argparse.Namespace) -> int:
 
     from .distributed import init_distributed, shutdown_distributed
     from .run import train_run
+    from .run_checks import check_device
     from .run_config import resolve_run_config
+    from .run_dir import check_out_dir
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     if args.resume and (args.config or args.overrides or args.data):
         raise ValueError("--resume continues a run with its saved config.json; drop --config/--set/--data")
     overrides = list(args.overrides) + ([f"data.path={_toml_string(args.data)}"] if args.data else [])
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one of them")
     config = resolve_run_config(args.config, overrides)
+    check_device(args.device)
     info = init_distributed()
+    if info.is_main:
+        notice = check_out_dir(args.out, resume=args.resume, overwrite=args.overwrite)
+        if notice:
+            print(notice, file=sys.stderr)
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)  # one process speaks
     device = args.device

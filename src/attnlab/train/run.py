@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
+from .run_checks import check_run
 from .run_config import RunConfig
 from .run_steps import CONFIG_FILE, RunResult
 from .tasks import get_task
@@ -26,4 +27,5 @@ def train_run(config: RunConfig, run_dir: Union[str, Path], *, resume: bool = Fa
         config_path = Path(run_dir) / CONFIG_FILE
         if config_path.is_file():
             config = RunConfig.from_json(config_path)
+    check_run(config, device)  # before anything is written: a failed start leaves nothing behind
     return get_task(config.data.task).run(config, run_dir, resume=resume, quiet=quiet, device=device)

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-column", default=None, help="CSV column holding the text")
     parser.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128, help="tokens kept per text")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens kept per text (default: as many as the model takes)")
     parser.add_argument(
         "--max-attention-cells",
         type=int,
@@ -63,17 +64,27 @@ def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ...data.texts import load_texts
     from .analyze_texts import write_analysis
-    from .resolve import resolve_model
+    from .resolve import max_length_for, resolve_model
 
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     resolved = resolve_model(args.model)
+    max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
+    lengths = [len(encoding.ids) for encoding in resolved.tokenizer.encode_batch([text for text, _ in rows])]
+    longer = sum(length > max_length for length in lengths)
+    if longer:
+        print(f"note: {longer} of {len(rows)} texts are longer than {max_length} tokens and are cut there "
+              f"(--max-length)")
     analysis = write_analysis(
         resolved.model,
         resolved.tokenizer,
         rows,
         args.out,
         batch_size=args.batch_size,
-        max_length=args.max_length,
+        max_length=max_length,
         max_attention_cells=args.max_attention_cells,
         sparsity_threshold=args.sparsity_threshold,
         top_k=args.top_k,

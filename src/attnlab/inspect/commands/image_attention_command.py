@@ -11,7 +11,6 @@ attention's share.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -76,14 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..._files import read_json, write_json
     from ...data.digits_text import load_digits_text
     from ...models import load_model
 
+    if args.examples < 1:
+        raise ValueError(f"--examples must be at least 1 (held-out examples to draw), got {args.examples}")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; name a directory for the pictures")
     loaded = load_model(args.run)
     if loaded.config.get("model_type") != "image_text":
         raise ValueError(f"{args.run} holds a {loaded.config.get('model_type')!r} model, not an image_text one")
     run_config = args.run / "config.json"
-    settings = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    settings = read_json(run_config) if run_config.is_file() else {}
     data = settings.get("data", {})
     seed = args.split_seed if args.split_seed is not None else data.get("split_seed", 0)
     validation, test = data.get("validation_fraction", 0.1), data.get("test_fraction", 0.2)
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = loaded.model, loaded.tokenizer
     alignment = cross_attention_alignment(model, tokenizer, test_examples)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "alignment.json").write_text(json.dumps(alignment, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out / "alignment.json", alignment)
     step = max(1, len(test_examples) // max(args.examples, 1))
     chosen = test_examples[::step][: args.examples]
     paths = []

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="formats",
         help="picture formats",
     )
-    parser.add_argument("--max-length", type=int, default=512, help="tokens kept from the text")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens kept from the text (default: as many as the model takes)")
     parser.add_argument(
         "--max-tokens",
         type=int,
@@ -46,9 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from .inspect_text import write_inspection
-    from .resolve import resolve_model
+    from .resolve import max_length_for, resolve_model
 
     resolved = resolve_model(args.model)
+    max_length = max_length_for(resolved, args.max_length, fallback=512)
+    total = len(resolved.tokenizer.encode(args.text).ids)
+    if total > max_length:
+        print(f"note: the text has {total} tokens; the first {max_length} are inspected (--max-length)")
     inspection = write_inspection(
         resolved.model,
         resolved.tokenizer,
@@ -57,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         layer=args.layer,
         head=args.head,
         formats=args.formats,
-        max_length=args.max_length,
+        max_length=max_length,
         window=args.window,
         max_tokens=args.max_tokens,
         model_name=args.model,

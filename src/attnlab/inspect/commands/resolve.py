@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["ResolvedModel", "resolve_model"]
+__all__ = ["ResolvedModel", "max_length_for", "resolve_model"]
 
 
 @dataclass
@@ -56,3 +56,23 @@ def resolve_model(spec: str) -> ResolvedModel:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
     source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
     return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
+
+
+def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallback: int) -> int:
+    """The token budget a command uses: ``--max-length`` if given (refused past the model's
+    limit), else the model's own limit, else ``fallback`` (models without one, e.g. rotary).
+
+    Raises:
+        ValueError: ``requested`` is below 2 or above what the model takes.
+    """
+    limit = getattr(resolved.tokenizer, "model_max_length", None)
+    if requested is None:
+        return limit if limit is not None else fallback
+    if requested < 2:
+        raise ValueError(f"--max-length must be at least 2 (room for [CLS] and [SEP]), got {requested}")
+    if limit is not None and requested > limit:
+        raise ValueError(
+            f"--max-length {requested} is more than {resolved.name} takes ({limit} positions); "
+            f"pass --max-length {limit} or less, or leave it out"
+        )
+    return requested

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..._files import write_json
 from ...data.padding import model_pad_id
 from .batches import AnalysisBatch, as_analysis_batch
 from .capture import capture_attention, find_attention_modules
@@ -91,7 +91,7 @@ class AttentionStatistics:
     def save_json(self, path: Union[str, Path]) -> Path:
         """Write :meth:`to_dict` as JSON (NaN-free: missing values are ``null``)."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        write_json(path, self.to_dict())
         return path
 
 

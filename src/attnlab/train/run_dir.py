@@ -1,0 +1,108 @@
+"""Which directories ``attnlab train`` and ``attnlab demo`` may write into, and what they may remove.
+
+A run directory holds only what attnlab writes there (:data:`RUN_ENTRIES`). The rules:
+
+* a new or empty ``--out`` is used as it is;
+* ``--resume`` needs a run directory;
+* a run that never got going (its ``config.json`` and perhaps its tokenizer, but no
+  checkpoint, metrics or report: a start that failed) is replaced by the next start, so a
+  corrected command just works;
+* anything else that is not empty is refused, with a message naming ``--overwrite``;
+* ``--overwrite`` removes attnlab's own entries only: files attnlab did not write are never
+  removed, whatever the flags.
+
+``attnlab demo`` marks its run with :data:`DEMO_MARK` and replaces an earlier demo run
+without a flag (``make demo`` twice works); a ``train`` run is another matter and needs
+``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["DEMO_MARK", "RUN_ENTRIES", "check_out_dir", "clear_run_entries", "is_run_dir"]
+
+DEMO_MARK = ".attnlab-demo"
+RUN_ENTRIES = (
+    "config.json", "tokenizer.json", "metrics.jsonl", "test_report.json", "checkpoints", "pretrain",
+    "tensorboard", "inspect", "attention.png", DEMO_MARK,
+)
+_STARTED = ("checkpoints", "metrics.jsonl", "test_report.json", "pretrain")
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds an attnlab run (its ``config.json`` has the run's tables)."""
+    import json
+
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(values, dict) and {"model", "data", "train"} <= set(values)
+
+
+def _foreign(path: Path) -> list[str]:
+    return sorted(entry.name for entry in path.iterdir() if entry.name not in RUN_ENTRIES)
+
+
+def clear_run_entries(path: Path) -> list[str]:
+    """Remove attnlab's own entries from ``path``; returns the names of the others, kept."""
+    for name in RUN_ENTRIES:
+        entry = path / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
+    for entry in path.glob("checkpoints.*"):  # a save cut short leaves a temporary sibling
+        shutil.rmtree(entry, ignore_errors=True)
+    return _foreign(path)
+
+
+def check_out_dir(
+    out: Path, *, resume: bool = False, overwrite: bool = False, demo: bool = False, command: str = "train"
+) -> Optional[str]:
+    """Check ``--out`` before anything is written, and clear what the flags allow.
+
+    Returns:
+        ``None``, or a one-line notice for the user (entries replaced or kept).
+
+    Raises:
+        ValueError: ``out`` is a file, or holds something the flags do not allow replacing;
+            the message says which flag or directory to use.
+        FileNotFoundError: ``--resume`` on a directory that holds no run.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a directory (new or empty) for the run")
+    if resume:
+        if not is_run_dir(out):
+            raise FileNotFoundError(f"cannot resume: {out} holds no attnlab run (no run config.json); "
+                                    f"start one with attnlab {command} --out {out}")
+        return None
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    foreign = _foreign(out)
+    run = is_run_dir(out)
+    own_demo = demo and (out / DEMO_MARK).is_file() and not foreign
+    unstarted = run and not any((out / name).exists() for name in _STARTED)
+    if overwrite or own_demo or (unstarted and not foreign):
+        kept = clear_run_entries(out)
+        if kept:
+            return f"replaced attnlab's files in {out}; kept yours: {', '.join(kept[:5])}"
+        return f"replaced the earlier run in {out}" if run and not unstarted else None
+    if run:
+        raise ValueError(
+            f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it "
+            f"(files attnlab did not write are kept), or choose another --out"
+        )
+    held = foreign or sorted(entry.name for entry in out.iterdir())
+    raise ValueError(
+        f"{out} is not empty and is not an attnlab run (it holds {', '.join(held[:3])}"
+        f"{', ...' if len(held) > 3 else ''}); choose a new or empty --out, or pass --overwrite to "
+        f"write the run beside those files (they are never removed)"
+    )

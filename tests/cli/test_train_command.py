@@ -95,6 +95,17 @@ def test_existing_run_directory_needs_resume(tmp_path, tiny_csv, tiny_config, ca
     assert main(["train", "--out", str(out), "--resume", "--set", "train.epochs=2"]) == 2
 
 
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, tiny_csv, tiny_config, caplog):
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(tiny_config), "--data", str(tiny_csv), "--out", str(out), "--quiet",
+                 "--set", "train.epochs=1"]) == 0
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0
+    assert "already finished" in caplog.text
+    after = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert after == before
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "empty"),
     (b"review,label\nfine,pos\n", "no column 'text'"),

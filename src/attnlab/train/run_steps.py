@@ -9,6 +9,7 @@ what lies between (data, tokenizer, model) is its own.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from .._files import load_safetensors_into, write_json
+from .._files import load_safetensors_into, read_json, write_json
 from ..models.serialization import MODEL_FILE
 from .distributed import distributed_info
 from .run_config import RunConfig
@@ -30,6 +31,7 @@ __all__ = [
     "trainer_options", "resume_checkpoint", "fit", "finish_run",
 ]
 
+logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 REPORT_FILE = "test_report.json"
 
@@ -118,6 +120,11 @@ def finish_run(
     Args:
         report: the task's own entries, added after the common ones.
     """
+    report_path = run_dir / REPORT_FILE
+    if getattr(trainer, "finished_before_fit", False) and report_path.is_file():
+        # --resume on a finished run: say so, change nothing
+        logger.warning("%s already finished at step %d; nothing was changed", run_dir, state.step)
+        return RunResult(run_dir, read_json(report_path))
     best = run_dir / "checkpoints" / "best"
     barrier()  # process 0 may still be writing the last best checkpoint
     has_best = (best / MODEL_FILE).is_file()

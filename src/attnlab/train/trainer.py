@@ -149,6 +149,7 @@ class TransformerTrainer:
         self._given_total_steps = total_steps
         self.scheduler = self._build_scheduler(total_steps)
         self.state = TrainerState()
+        self.finished_before_fit = False  # set by fit() when it resumes a run that had ended
         self.last_log: dict[str, Any] = {}
         self.callbacks: dict[str, list[Callable]] = defaultdict(list)
         for callback in callbacks:
@@ -499,6 +500,7 @@ class TransformerTrainer:
             self.metrics_logger.open(resuming=resuming)
         if loaded is not None and (self.state.step >= self.total_steps or self.state.should_stop):
             logger.info("the run in %s already finished at step %d; nothing to do", loaded, self.state.step)
+            self.finished_before_fit = True
             return self.state
         best = self.output_dir / "checkpoints" / "best" if self.output_dir is not None else None
         self._best_on_disk = saved_best(best) if resuming and best is not None else None

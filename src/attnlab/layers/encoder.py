@@ -159,15 +159,20 @@ class TransformerEncoderLayer(nn.Module):
             is_causal: also forbid attending to later positions.
         """
         extra: dict = {} if packing is None else {"packing": packing}
+        if src_key_padding_mask is not None and src_key_padding_mask.dim() != 2:
+            raise ValueError(
+                f"src_key_padding_mask must be [B, T] (torch.nn's padding mask), got {tuple(src_key_padding_mask.shape)}"
+            )
         padding_keep, padding_bias = from_torch_mask(
-            src_key_padding_mask, name="src_key_padding_mask", padding=True
-        )  # [B, 1, 1, T]
+            src_key_padding_mask, name="src_key_padding_mask", padding=False
+        )  # [B, T]: a padding mask stays [B, T], which every attention module takes
         if padding_bias is not None:
+            padding_bias = padding_bias[:, None, None, :]  # [B, 1, 1, T]
             attn_bias = padding_bias if attn_bias is None else attn_bias + padding_bias
         if attention_mask is not None:
             attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
-            if attention_mask.dim() == 2:
-                attention_mask = attention_mask[:, None, None, :]  # [B, 1, 1, T]
+        if attention_mask is not None and padding_keep is not None and attention_mask.dim() != 2:
+            padding_keep = padding_keep[:, None, None, :]  # [B, 1, 1, T], to meet a rank-4 mask
         attention_mask = combine_masks(attention_mask, padding_keep)
         for name, value in (("attention_mask", attention_mask), ("attn_bias", attn_bias), ("attn_mask", src_mask)):
             if value is not None:

@@ -111,3 +111,14 @@ def test_task_heads_take_hf_keywords_and_order_their_outputs_like_hf() -> None:
     assert classifier(ids)[0] is not None and classifier(ids).loss is None
     masked_lm = EncoderForMaskedLM(encoder).eval()
     assert masked_lm(ids, attention_mask=real).logits.shape == (2, 6, VOCAB)
+
+
+def test_sparse_attention_layers_take_the_same_padding_keywords() -> None:
+    model = _encoder(attention="sparse", block_size=4, window=1)
+    ids, real = _batch()
+    expected = model(ids, real.bool()).last_hidden_state
+    got = model(ids, attention_mask=real.float()).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    layer = model.layers[0]
+    x = torch.randn(2, 6, E)
+    torch.testing.assert_close(layer(x, attention_mask=real)[0], layer(x, src_key_padding_mask=real == 0)[0])

@@ -25,7 +25,7 @@ from .trainer import METRICS, PRECISIONS
 
 __all__ = [
     "ModelSettings", "DataSettings", "TrainSettings", "RunConfig", "parse_override", "resolve_run_config",
-    "task_sections", "check_choice",
+    "task_sections", "check_choice", "FINE_TUNING_DEFAULTS",
 ]
 
 
@@ -274,6 +274,9 @@ def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[
     values["data"]["task"] = task
     for section, key, value in (parse_override(item, sections) for item in get_task(task).defaults):
         values[section][key] = value
+    if _pretrained_given(explicit, overrides):
+        for section, key, value in (parse_override(item, sections) for item in FINE_TUNING_DEFAULTS):
+            values[section][key] = value
     for section, given in explicit.items():
         if section not in values or not isinstance(given, dict):
             return RunConfig.from_dict(explicit)  # reports the bad section
@@ -281,6 +284,26 @@ def resolve_run_config(path: Union[str, Path, None] = None, overrides: Sequence[
     for section, key, value in (parse_override(override, sections) for override in overrides):
         values[section][key] = value
     return RunConfig.from_dict(values)
+
+
+# Starting from a pretrained encoder (``model.pretrained``) wants a fine-tuning recipe, not
+# the from-scratch one: a small learning rate with warm-up over a few epochs (measured on
+# MiniLM and the embedded Rotten Tomatoes split: benchmarks/learning.py). The file and
+# --set still override each of these.
+FINE_TUNING_DEFAULTS = (
+    "train.learning_rate=5e-5",
+    "train.epochs=3",
+    "train.warmup_steps=100",
+)
+
+
+def _pretrained_given(explicit: dict[str, Any], overrides: Sequence[str]) -> bool:
+    pretrained = explicit.get("model", {}).get("pretrained") if isinstance(explicit.get("model"), dict) else None
+    for override in overrides:
+        key, raw = _split_override(override)
+        if key == "model.pretrained":
+            pretrained = _toml_value(raw)
+    return bool(pretrained)
 
 
 def _split_override(override: str) -> tuple[str, str]:

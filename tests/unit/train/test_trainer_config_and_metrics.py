@@ -95,3 +95,14 @@ def test_tensorboard_event_files_are_written(tmp_path, dataset, make_model):
     trainer = TransformerTrainer(make_model(0.0), 1e-3, 0, output_dir=tmp_path, quiet=True)
     trainer.fit(dataset, dataset, collate_fn=PaddingCollator(0), batch_size=24, epochs=1)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_pretrained_encoder_brings_the_fine_tuning_recipe_which_settings_still_override():
+    from attnlab.train.run_config import FINE_TUNING_DEFAULTS, RunConfig, resolve_run_config
+
+    scratch = resolve_run_config(None, [])
+    tuned = resolve_run_config(None, ["model.pretrained=minilm"])
+    assert scratch.train.learning_rate == RunConfig().train.learning_rate
+    assert tuned.train.learning_rate == 5e-5 and tuned.train.epochs == 3
+    assert "train.learning_rate=5e-5" in FINE_TUNING_DEFAULTS
+    assert resolve_run_config(None, ["model.pretrained=minilm", "train.epochs=1"]).train.epochs == 1

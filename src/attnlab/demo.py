@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if notice:
         print(notice)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / DEMO_MARK).write_text("written by attnlab demo: a later demo run may replace this directory\n",
-                                      encoding="utf-8")
+    mark = "written by attnlab demo: a later demo run may replace this directory\n"
+    (args.out / DEMO_MARK).write_text(mark, encoding="utf-8")
     print(f"training a {config.model.num_layers}-layer encoder (d_model {config.model.d_model}) from scratch on "
           f"the Rotten Tomatoes snippets for {config.train.epochs} epochs...", flush=True)
     start = time.perf_counter()

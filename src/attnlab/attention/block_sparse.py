@@ -229,7 +229,8 @@ def _attend_blocks_without_autograd(
             start = None
     if not runs:
         return attention(
-            query_blocks, key_blocks, value_blocks, attn_bias=bias[:, None, None, :], dropout_p=dropout_p, scale=scale
+            query_blocks, key_blocks, value_blocks, attn_bias=bias[:, None, None, :], dropout_p=dropout_p,
+            scale=scale,
         ).output
     output = query_blocks.new_empty(count, L, H, Dv).transpose(1, 2)  # [B * N, H, L, Dv]
     rest = torch.ones(count, dtype=torch.bool)
@@ -242,7 +243,8 @@ def _attend_blocks_without_autograd(
     if bool(rest.any()):
         index = rest.nonzero().squeeze(1).to(query_blocks.device)
         output[index] = attention(
-            query_blocks[index], key_blocks[index], value_blocks[index], attn_bias=bias[index][:, None, None, :],
+            query_blocks[index], key_blocks[index], value_blocks[index],
+            attn_bias=bias[index][:, None, None, :],
             dropout_p=dropout_p, scale=scale,
         ).output
     return output

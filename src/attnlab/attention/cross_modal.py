@@ -125,7 +125,8 @@ class CrossModalAttention(nn.Module):
     Shape:
         ``visual_features`` ``[B, S, V]``, ``text_features`` ``[B, T, E]``,
         ``visual_mask`` ``[B, S]`` and ``text_mask`` ``[B, T]`` (or ``[B, 1, 1, S]`` /
-        ``[B, 1, 1, T]``; ``True`` / 1 on real patches / tokens, any dtype; ``None`` = all real) -> :class:`CrossModalOutput`.
+        ``[B, 1, 1, T]``; ``True`` / 1 on real patches / tokens, any dtype; ``None`` = all real)
+        -> :class:`CrossModalOutput`.
         A sample with no real patch gets zero visual context (never NaN).
 
     Example:

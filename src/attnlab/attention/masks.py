@@ -273,7 +273,9 @@ def from_torch_mask(
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
     if padding:
         if mask.dim() != 2:
-            raise ValueError(f"{name} must be [B, S] (torch.nn's padding mask), got shape {tuple(mask.shape)}")
+            raise ValueError(
+                f"{name} must be [B, S] (torch.nn's padding mask), got shape {tuple(mask.shape)}"
+            )
         mask = mask[:, None, None, :]  # [B, 1, 1, S]
     if mask.dtype == torch.bool:
         return ~mask, None

@@ -421,7 +421,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("with packing, pass padding and causal constraints in mask")
             B, T = packing.batch, packing.length
             keep, bias = self._gather_masks(B, T, T, query.dtype, mask, None, attn_bias, None)
-            return self._attend_packed(query, packing, keep, bias, need_weights, average_attn_weights, head_mask)
+            return self._attend_packed(
+                query, packing, keep, bias, need_weights, average_attn_weights, head_mask
+            )
         self._check_inputs(query, key, value)
         B, T, E = query.shape
         S = key.shape[1]

@@ -79,7 +79,8 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"Tokenizer(vocab_size={self.backend.get_vocab_size()}, model_max_length={self.model_max_length}, "
+            f"Tokenizer(vocab_size={self.backend.get_vocab_size()}, "
+            f"model_max_length={self.model_max_length}, "
             f"pad_token={self.pad_token!r})"
         )
 
@@ -102,7 +103,9 @@ class Tokenizer:
             return self.backend.id_to_token(ids)
         return [self.backend.id_to_token(int(index)) for index in ids]
 
-    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Union[Optional[int], list[Optional[int]]]:
+    def convert_tokens_to_ids(
+        self, tokens: Union[str, Sequence[str]]
+    ) -> Union[Optional[int], list[Optional[int]]]:
         if isinstance(tokens, str):
             return self.backend.token_to_id(tokens)
         return [self.backend.token_to_id(token) for token in tokens]
@@ -152,7 +155,9 @@ class Tokenizer:
         if padding not in _PADDING_CHOICES:
             raise ValueError(f"padding must be one of {_PADDING_CHOICES}, got {padding!r}")
         if return_tensors not in (None, "pt"):
-            raise ValueError(f"return_tensors must be 'pt' or None (attnlab works in torch), got {return_tensors!r}")
+            raise ValueError(
+                f"return_tensors must be 'pt' or None (attnlab works in torch), got {return_tensors!r}"
+            )
         single = isinstance(text, str)
         texts = [text] if single else list(text)
         if not all(isinstance(item, str) for item in texts):
@@ -171,7 +176,9 @@ class Tokenizer:
                 if pad_id is None:
                     raise ValueError("padding needs a [PAD] or <pad> token, and this vocabulary has neither")
                 backend.enable_padding(
-                    pad_id=pad_id, pad_token=self.pad_token, length=length if padding == "max_length" else None
+                    pad_id=pad_id,
+                    pad_token=self.pad_token,
+                    length=length if padding == "max_length" else None,
                 )
             encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         finally:
@@ -194,7 +201,8 @@ class Tokenizer:
                     f"the texts have different lengths ({min(lengths)} to {max(lengths)} tokens): pass "
                     f"padding=True to make one [B, T] tensor"
                 )
-            return BatchEncoding({key: torch.tensor(value, dtype=torch.long) for key, value in columns.items()})
+            tensors = {key: torch.tensor(value, dtype=torch.long) for key, value in columns.items()}
+            return BatchEncoding(tensors)
         if single:
             return BatchEncoding({key: value[0] for key, value in columns.items()})
         return BatchEncoding(columns)
@@ -205,7 +213,9 @@ class Tokenizer:
             ids = ids.tolist()
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def batch_decode(self, batch: Union[Sequence[Sequence[int]], torch.Tensor], *, skip_special_tokens: bool = True) -> list[str]:
+    def batch_decode(
+        self, batch: Union[Sequence[Sequence[int]], torch.Tensor], *, skip_special_tokens: bool = True
+    ) -> list[str]:
         if isinstance(batch, torch.Tensor):
             batch = batch.tolist()
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch]

@@ -161,7 +161,8 @@ class TransformerEncoderLayer(nn.Module):
         extra: dict = {} if packing is None else {"packing": packing}
         if src_key_padding_mask is not None and src_key_padding_mask.dim() != 2:
             raise ValueError(
-                f"src_key_padding_mask must be [B, T] (torch.nn's padding mask), got {tuple(src_key_padding_mask.shape)}"
+                f"src_key_padding_mask must be [B, T] (torch.nn's padding mask), "
+                f"got {tuple(src_key_padding_mask.shape)}"
             )
         padding_keep, padding_bias = from_torch_mask(
             src_key_padding_mask, name="src_key_padding_mask", padding=False
@@ -174,9 +175,8 @@ class TransformerEncoderLayer(nn.Module):
         if attention_mask is not None and padding_keep is not None and attention_mask.dim() != 2:
             padding_keep = padding_keep[:, None, None, :]  # [B, 1, 1, T], to meet a rank-4 mask
         attention_mask = combine_masks(attention_mask, padding_keep)
-        for name, value in (("attention_mask", attention_mask), ("attn_bias", attn_bias), ("attn_mask", src_mask)):
-            if value is not None:
-                extra[name] = value
+        given = {"attention_mask": attention_mask, "attn_bias": attn_bias, "attn_mask": src_mask}
+        extra.update({name: value for name, value in given.items() if value is not None})
         if is_causal:
             extra["is_causal"] = True
         if self.norm_first:
@@ -475,7 +475,9 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         attentions: list[Optional[Tensor]] = []
         for layer, layer_head_mask in zip(self.layers, self._layer_head_masks(head_mask)):
             extra = {} if packing is None else {"packing": packing}  # replaced layers need not take it
-            x, weights = layer(x, layer_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra)
+            x, weights = layer(
+                x, layer_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra
+            )
             attentions.append(weights)
             if hidden_states is not None:
                 hidden_states.append(unpacked(x))

@@ -333,7 +333,9 @@ class ImageTextModel(PretrainedIO, nn.Module):
             )
         text_mask = self.text_encoder.padding_mask_for(input_ids, mask, attention_mask)  # [B, T]
         if text_mask is None or text_mask.dim() != 2:
-            text_mask = input_ids != self.config.pad_id if text_mask is None else keep_mask(text_mask, name="mask")
+            text_mask = (
+                input_ids != self.config.pad_id if text_mask is None else keep_mask(text_mask, name="mask")
+            )
         if image_mask is not None:
             image_mask = keep_mask(image_mask, name="image_mask", bias_argument=None)
         visual, visual_attentions = self.encode_image(images, image_mask, output_attentions=output_attentions)
@@ -352,7 +354,8 @@ class ImageTextModel(PretrainedIO, nn.Module):
             image_summary = masked_mean(visual, image_mask).squeeze(1)  # [B, V]
             pooled = torch.cat([image_summary, self._pool(text, text_mask)], dim=-1)  # [B, V + E]
             logits = self.head(pooled)  # [B, num_labels]
-            return ImageTextOutput(_loss(logits, labels), logits, attentions, visual_attentions, None, None, gates)
+            loss = _loss(logits, labels)
+            return ImageTextOutput(loss, logits, attentions, visual_attentions, None, None, gates)
         for index, layer in enumerate(self.cross_layers):
             text, fused = layer(visual, text, image_mask, text_mask, output_attentions)
             visual = fused.visual_output  # [B, S, E]: the next layer's visual input
@@ -362,7 +365,8 @@ class ImageTextModel(PretrainedIO, nn.Module):
             backward.append(fused.visual_to_text_weights)
         logits = self.head(self._pool(text, text_mask))  # [B, num_labels]
         if not output_attentions:
-            return ImageTextOutput(_loss(logits, labels), logits, attentions, visual_attentions, None, None, gates)
+            loss = _loss(logits, labels)
+            return ImageTextOutput(loss, logits, attentions, visual_attentions, None, None, gates)
         return ImageTextOutput(
             _loss(logits, labels), logits, attentions, visual_attentions,
             LayerAttentions(cross), LayerAttentions(backward), gates,

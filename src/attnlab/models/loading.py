@@ -55,7 +55,9 @@ def detect_format(path_or_name: PathLike) -> str:
             f"no model at {str(path)!r}: the path does not exist (known names: {', '.join(PRETRAINED_NAMES)})"
         )
     if path.is_file():
-        raise FileNotFoundError(f"{path} is a file; pass the directory that holds {MODEL_FILE} and {CONFIG_FILE}")
+        raise FileNotFoundError(
+            f"{path} is a file; pass the directory that holds {MODEL_FILE} and {CONFIG_FILE}"
+        )
     checkpoint = find_checkpoint_dir(path)
     if checkpoint is not None:
         return "attnlab-checkpoint" if checkpoint == path else "attnlab-run"

@@ -22,7 +22,8 @@ class EncoderForMaskedLM(PretrainedIO, nn.Module):
     Shape:
         ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
         (``True`` / 1 = real token, any dtype); ``labels`` ``[B, T]`` token ids, -100 where
-        nothing is predicted -> :class:`~attnlab.models.outputs.TaskOutput` with ``logits`` ``[B, T, V]``; given ``labels``, ``logits``
+        nothing is predicted -> :class:`~attnlab.models.outputs.TaskOutput` with ``logits``
+        ``[B, T, V]``; given ``labels``, ``logits``
         are those of the labelled positions only, ``[N, V]`` in the order of
         ``labels != -100``, and ``loss`` is their mean cross-entropy.
     """

@@ -57,7 +57,9 @@ def check_run(config: RunConfig, device: Optional[str]) -> None:
     parsed = check_device(device)
     on_gpu = parsed is not None and parsed.type == "cuda"
     if config.train.precision == "fp16" and not on_gpu:
-        raise ValueError("train.precision='fp16' needs a GPU (--device cuda); use 'bf16' or 'fp32' on the CPU")
+        raise ValueError(
+            "train.precision='fp16' needs a GPU (--device cuda); use 'bf16' or 'fp32' on the CPU"
+        )
     data = config.data
     if data.path is not None and data.task == DEFAULT_TASK:
         path = Path(data.path)

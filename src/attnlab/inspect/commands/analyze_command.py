@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="LAYER:H,H",
-        help="switch heads off, numbered from 1 like every report: 2:1,4 is heads 1 and 4 of layer 2; repeatable",
+        help="switch heads off, numbered from 1 like every report: 2:1,4 is heads 1 and 4 of layer 2; "
+        "repeatable",
     )
     parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -329,4 +329,6 @@ def _describe(head_mask: Any) -> Any:
     if isinstance(head_mask, Tensor):
         return head_mask.tolist()
     # Files are read by people: heads by name, numbered from 1 like the layers.
-    return {layer: [f"head_{int(head) + 1}" for head in sorted(map(int, heads))] for layer, heads in head_mask.items()}
+    return {
+        layer: [f"head_{int(head) + 1}" for head in sorted(map(int, heads))] for layer, heads in head_mask.items()
+    }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ class TrainSettings:
     metric: str = "accuracy"
     early_stopping_patience: Optional[int] = None
     save_every: Optional[int] = None  # steps; checkpoints/last is always written at the end
+    save_every_minutes: Optional[float] = 1.0  # a resumable checkpoint this often: a kill loses at most that
+    keep_checkpoints: int = 3  # checkpoints/last and the versions before it (last.1, ...), for a damaged save
     log_every: int = 10
     eval_batch_size: int = 256
     mlm_steps: int = 0  # masked-LM pre-training steps on the training texts, before classifying
@@ -117,14 +120,20 @@ class TrainSettings:
     num_threads: Optional[int] = None  # torch's CPU threads per process; None: torch's default
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "gradient_accumulation_steps", "log_every", "eval_batch_size"):
+        if self.save_every_minutes is not None and (
+            not isinstance(self.save_every_minutes, (int, float)) or not 0 < self.save_every_minutes < math.inf
+        ):
+            raise ValueError(f"train.save_every_minutes must be > 0 or none, got {self.save_every_minutes!r}")
+        for name in ("epochs", "batch_size", "gradient_accumulation_steps", "log_every", "eval_batch_size",
+                     "keep_checkpoints"):
             _positive(f"train.{name}", getattr(self, name))
         for name in ("max_steps", "eval_every", "save_every", "early_stopping_patience", "num_threads"):
             if getattr(self, name) is not None:
                 _positive(f"train.{name}", getattr(self, name))
         for name in ("learning_rate", "mlm_learning_rate"):
-            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
-                raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"train.{name} must be a finite number > 0, got {value!r}")
         if self.warmup_steps < 0 or self.mlm_steps < 0:
             raise ValueError("train.warmup_steps and train.mlm_steps must be >= 0")
         check_choice("train.precision", self.precision, PRECISIONS)

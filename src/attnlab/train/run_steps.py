@@ -104,6 +104,7 @@ def fit(trainer: TransformerTrainer, config: RunConfig, train_set: Dataset, vali
                        epochs=train.epochs, max_steps=train.max_steps, eval_every=train.eval_every,
                        eval_batch_size=train.eval_batch_size, metric=train.metric,
                        early_stopping_patience=train.early_stopping_patience, save_every=train.save_every,
+                       save_every_minutes=train.save_every_minutes, keep_checkpoints=train.keep_checkpoints,
                        resume_from=resume_checkpoint(run_dir, resume))
 
 

@@ -106,3 +106,16 @@ def test_a_pretrained_encoder_brings_the_fine_tuning_recipe_which_settings_still
     assert tuned.train.learning_rate == 5e-5 and tuned.train.epochs == 3
     assert "train.learning_rate=5e-5" in FINE_TUNING_DEFAULTS
     assert resolve_run_config(None, ["model.pretrained=minilm", "train.epochs=1"]).train.epochs == 1
+
+
+def test_checkpoint_cadence_is_a_setting_and_rates_must_be_finite():
+    import pytest
+
+    from attnlab.train.run_config import resolve_run_config
+
+    config = resolve_run_config(None, ["train.save_every_minutes=5", "train.keep_checkpoints=2"])
+    assert config.train.save_every_minutes == 5 and config.train.keep_checkpoints == 2
+    assert resolve_run_config(None, ["train.save_every_minutes=none"]).train.save_every_minutes is None
+    for bad in ("train.learning_rate=inf", "train.learning_rate=nan", "train.save_every_minutes=0"):
+        with pytest.raises(ValueError, match="must be"):
+            resolve_run_config(None, [bad])

@@ -194,7 +194,7 @@ def test_demo_replaces_its_own_run_but_not_a_train_run(tmp_path):
     assert not any(out.iterdir())
     (out / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}), encoding="utf-8")
     (out / "test_report.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(ValueError, match="--overwrite"):
+    with pytest.raises(ValueError, match="already holds a run; pass --overwrite to replace it"):
         check_out_dir(out, demo=True)
 
 

@@ -96,8 +96,9 @@ def check_out_dir(
             return f"replaced attnlab's files in {out}; kept yours: {', '.join(kept[:5])}"
         return f"replaced the earlier run in {out}" if run and not unstarted else None
     if run:
+        resume_hint = "" if demo else "--resume to continue it, "
         raise ValueError(
-            f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it "
+            f"{out} already holds a run; pass {resume_hint}--overwrite to replace it "
             f"(files attnlab did not write are kept), or choose another --out"
         )
     held = foreign or sorted(entry.name for entry in out.iterdir())

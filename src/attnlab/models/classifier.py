@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -13,9 +14,42 @@ from .._precision import Linear
 from ..layers import TransformerEncoder
 from .outputs import TaskOutput
 
-__all__ = ["EncoderClassifier", "POOLINGS", "pool"]
+__all__ = ["DensePooler", "EncoderClassifier", "POOLINGS", "POOLER_ACTIVATIONS", "pool"]
 
 POOLINGS = ("mean", "first")
+POOLER_ACTIVATIONS = {
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class DensePooler(nn.Module):
+    """``activation(dense(x))`` on the pooled vector: the layer pretrained classification
+    heads put before their classifier (BERT's pooler, RoBERTa's ``classifier.dense``).
+
+    Args:
+        d_model: width ``E``.
+        activation: ``"tanh"`` (BERT, RoBERTa, ALBERT, MPNet), ``"gelu"`` (ELECTRA),
+            ``"gelu_tanh"`` or ``"relu"`` (DistilBERT).
+
+    Shape:
+        ``[B, E]`` -> ``[B, E]``.
+    """
+
+    def __init__(self, d_model: int, activation: str = "tanh", *, device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in POOLER_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(POOLER_ACTIVATIONS)}, got {activation!r}")
+        self.activation_name = activation
+        self.dense = Linear(d_model, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return POOLER_ACTIVATIONS[self.activation_name](self.dense(x))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation_name!r}"
 
 
 def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
@@ -39,6 +73,8 @@ class EncoderClassifier(nn.Module):
             token, ``[CLS]`` for the tokenizers in :mod:`attnlab.data`).
         dropout: dropout before the classifier.
         label_names: optional names of the classes, saved with the model.
+        pooler: ``{"activation": "tanh"}`` puts a :class:`DensePooler` between the
+            pooling step and the classifier, as pretrained classification heads have.
 
     Shape:
         ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
@@ -63,6 +99,7 @@ class EncoderClassifier(nn.Module):
         pooling: str = "mean",
         dropout: float = 0.1,
         label_names: Optional[Sequence[str]] = None,
+        pooler: Optional[dict[str, Any]] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -78,6 +115,10 @@ class EncoderClassifier(nn.Module):
         self.label_names = None if label_names is None else [str(name) for name in label_names]
         self.classifier_dropout = check_probability("dropout", dropout)
         self.dropout = nn.Dropout(dropout)
+        if pooler is not None and (not isinstance(pooler, dict) or set(pooler) - {"activation"}):
+            raise ValueError(f"pooler must be None or a dict like {{'activation': 'tanh'}}, got {pooler!r}")
+        self.pooler = None if pooler is None else DensePooler(encoder.config.d_model, **pooler, device=device,
+                                                              dtype=dtype)
         self.classifier = Linear(encoder.config.d_model, num_labels, device=device, dtype=dtype)
 
     def head_config(self) -> dict[str, Any]:
@@ -87,6 +128,7 @@ class EncoderClassifier(nn.Module):
             "pooling": self.pooling,
             "dropout": self.classifier_dropout,
             "label_names": self.label_names,
+            **({} if self.pooler is None else {"pooler": {"activation": self.pooler.activation_name}}),
         }
 
     def forward(
@@ -115,6 +157,8 @@ class EncoderClassifier(nn.Module):
         )
         hidden = encoded.last_hidden_state  # [B, T, E]
         pooled = pool(hidden, mask, self.pooling)  # [B, E]
+        if self.pooler is not None:
+            pooled = self.pooler(self.dropout(pooled))
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         loss = None
         if labels is not None:

@@ -1,11 +1,14 @@
-"""Open HuggingFace BERT-layout checkpoints as attnlab encoders, and write them back.
+"""Open HuggingFace encoder checkpoints as attnlab models, and write them back.
 
-A checkpoint directory holds ``config.json`` (a BERT config), ``model.safetensors``
-and usually ``tokenizer.json``. :func:`from_pretrained` builds attnlab's own
-:class:`~attnlab.TransformerEncoder` from it (post-norm, learned positions, token
-types, LayerNorm after the embeddings, the checkpoint's activation and epsilon), so
-every inspection tool of attnlab works on real pretrained models. Nothing here needs
-``transformers`` and nothing is unpickled: weights are read with ``safetensors`` only.
+A checkpoint directory holds ``config.json``, ``model.safetensors`` and usually
+``tokenizer.json``. :func:`from_pretrained` reads ``model_type`` from the config, picks
+the family's conversion table and block spec (:mod:`attnlab.models.families`: BERT,
+RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT, MPNet) and builds attnlab's own
+:class:`~attnlab.TransformerEncoder`, or an :class:`~attnlab.EncoderClassifier` with
+the checkpoint's labels for a ``*ForSequenceClassification`` checkpoint, so every
+inspection tool of attnlab works on real pretrained models. :func:`save_pretrained`
+writes the family's own layout back. Nothing here needs ``transformers`` and nothing is
+unpickled: weights are read with ``safetensors`` only.
 
 Names known without a path (nothing is downloaded; the files ship in a package):
 
@@ -34,17 +37,16 @@ from tokenizers import Tokenizer
 
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
-from ._bert_layout import (
-    BERT_STYLE_OPTIONS,
-    UnsupportedCheckpointError,
-    bert_config_from_encoder,
-    bert_state_to_encoder,
-    encoder_config_from_bert,
-    encoder_state_to_bert,
-)
+from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
+from .classifier import EncoderClassifier
+from .families import FAMILIES, Family, family_for
+from .families._convert import hf_to_state, state_to_hf
+from .families.bert import BERT
 
 __all__ = [
     "PRETRAINED_NAMES",
+    "SUPPORTED_MODEL_TYPES",
+    "TASKS",
     "UnsupportedCheckpointError",
     "bert_style_config",
     "from_pretrained",
@@ -72,6 +74,8 @@ _ALIASES = {
     "sentence-transformers/all-minilm-l6-v2": "minilm",
 }
 
+SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+TASKS = ("auto", "encoder", "sequence_classification")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -145,26 +149,83 @@ def _weights_file(directory: Path) -> Path:
     raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
 
 
+def _task_of(values: dict, task: str) -> str:
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task != "auto":
+        return task
+    architectures = values.get("architectures") or []
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        return "sequence_classification"
+    return "encoder"
+
+
+def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
+    """The family's classification head on ``encoder``, with the checkpoint's labels."""
+    table = family.classifier
+    if table is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
+    id2label = values.get("id2label") or {str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))}
+    labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
+    dropout = values.get("classifier_dropout")
+    return EncoderClassifier(
+        encoder,
+        len(labels),
+        pooling=table.pooling,
+        dropout=encoder.config.dropout if dropout is None else float(dropout),
+        label_names=labels,
+        pooler=None if table.pooler is None else {"activation": table.activation},
+    )
+
+
+def _head_table(family: Family, model: EncoderClassifier) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s classification head, for ``model``."""
+    table = family.classifier
+    problems = []
+    if table is None:
+        problems.append(f"{family.name} has no classification head in attnlab")
+    else:
+        if model.pooling != table.pooling:
+            problems.append(f"pooling={model.pooling!r} ({family.name} pools with {table.pooling!r})")
+        has_pooler = model.pooler is not None
+        if has_pooler != (table.pooler is not None) or (has_pooler and model.pooler.activation_name != table.activation):
+            mine = model.pooler.activation_name if has_pooler else None
+            problems.append(f"pooler activation {mine!r} ({family.name} has {table.activation if table.pooler else None!r})")
+    if problems:
+        lines = "; ".join(problems)
+        raise UnsupportedCheckpointError(f"this classifier cannot be written as a {family.name} checkpoint: {lines}")
+    head = {"classifier": table.classifier}
+    if table.pooler is not None:
+        head["pooler.dense"] = table.pooler
+    return head
+
+
 def from_pretrained(
     name_or_path: PathLike,
     *,
+    task: str = "auto",
     strict: bool = True,
     dropout: Optional[float] = None,
     attention_dropout: Optional[float] = None,
     device: Optional[Union[str, torch.device]] = None,
     dtype: Optional[torch.dtype] = None,
-) -> TransformerEncoder:
-    """Load a BERT-layout checkpoint into attnlab's :class:`~attnlab.TransformerEncoder`.
+) -> Union[TransformerEncoder, EncoderClassifier]:
+    """Load a HuggingFace encoder checkpoint into attnlab's own modules.
 
-    The encoder computes what HuggingFace ``BertModel`` computes for
-    ``last_hidden_state`` and ``attentions`` (the pooler is not part of it and is
-    skipped). It comes back in eval mode, like HuggingFace models.
+    The family comes from ``config.json``'s ``model_type`` (see
+    :data:`SUPPORTED_MODEL_TYPES`). The encoder computes what HuggingFace's model
+    computes for ``last_hidden_state`` and ``attentions``; a classifier computes its
+    ``logits``. It comes back in eval mode, like HuggingFace models.
 
     Args:
         name_or_path: ``"minilm"`` or a directory with ``config.json`` and
             ``model.safetensors``.
-        strict: with ``False``, tensors that belong to a task head on top of the
-            encoder (``cls.*``, ``classifier.*``) are skipped instead of raising.
+        task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
+            :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
+            ``label_names``, anything else the encoder), ``"encoder"`` or
+            ``"sequence_classification"``.
+        strict: with ``False``, tensors nothing has a place for (a task head, ``cls.*``)
+            are skipped instead of raising.
         dropout: replaces the checkpoint's dropout (for fine-tuning).
         attention_dropout: replaces the checkpoint's attention-probability dropout;
             0 keeps the fused attention kernel during fine-tuning, which is faster.
@@ -172,34 +233,44 @@ def from_pretrained(
         dtype: parameter dtype (default: torch's default, float32).
 
     Returns:
-        The encoder; its ``config`` has ``pad_id`` set from the checkpoint, so a
-        padding mask is derived from the ids when none is passed.
+        The encoder or classifier; the encoder's ``config`` has ``pad_id`` set from the
+        checkpoint, so a padding mask is derived from the ids when none is passed, and
+        its ``checkpoint_config`` keeps the ``config.json`` for :func:`save_pretrained`.
 
     Raises:
         FileNotFoundError: no such directory or files, or the package for a known
             name is missing (the message names the install command).
-        UnsupportedCheckpointError: another architecture, missing or unexpected
-            tensors, shape mismatches, or pickle-only weights; every problem is listed.
+        UnsupportedCheckpointError: an unsupported ``model_type`` (the supported ones
+            are listed), missing or unexpected tensors, shape mismatches, or
+            pickle-only weights; every problem is listed.
     """
     directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
-    config = encoder_config_from_bert(_read_json(config_path), source=str(config_path))
+    values = _read_json(config_path)
+    family = family_for(values, source=str(config_path))
+    config = family.config_from_hf(values, str(config_path))
     changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
                if value is not None}
     if changes:
         config = dataclasses.replace(config, **changes)  # validated again in __post_init__
+    task = _task_of(values, task)
     weights_path = _weights_file(directory)
     tensors = load_file(str(weights_path))
-    state, skipped = bert_state_to_encoder(tensors, config, strict=strict, source=str(weights_path))
-    if skipped:
-        logger.info("from_pretrained(%s): skipped tensors the encoder does not use: %s", directory, skipped)
     dtype = torch.get_default_dtype() if dtype is None else dtype
+    encoder = family.build(values, config, device=device, dtype=dtype)
+    model = encoder if task == "encoder" else _classifier(family, encoder, values, str(config_path))
+    head = {} if task == "encoder" else _head_table(family, model)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    state, skipped = hf_to_state(family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path))
+    if skipped:
+        logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    model = TransformerEncoder.from_config(config, device=device, dtype=dtype)
     # assign=True hands the checkpoint's tensors to the module instead of copying them.
     model.load_state_dict(state, strict=True, assign=True)
+    family.after_load(encoder, values)
+    encoder.checkpoint_config = values
     return model.eval()
 
 
@@ -294,17 +365,20 @@ def bert_style_config(
                          **BERT_STYLE_OPTIONS, **options)
 
 
-def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: Optional[Tokenizer] = None) -> Path:
-    """Write ``model`` in the BERT layout that ``BertModel.from_pretrained(directory)`` opens.
+def save_pretrained(
+    model: Union[TransformerEncoder, EncoderClassifier], directory: PathLike, tokenizer: Optional[Tokenizer] = None
+) -> Path:
+    """Write ``model`` in its family's HuggingFace layout, which ``transformers`` opens.
 
-    Writes ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` when a
-    tokenizer is given). The model must use BERT-style options (see
-    :func:`bert_style_config`); the pooler is not written, so HuggingFace initialises
-    it afresh and says so (``last_hidden_state`` and ``attentions`` do not use it).
+    An encoder opened with :func:`from_pretrained` is written in its checkpoint's
+    family (its ``config.json`` kept, with the values attnlab may have changed); any
+    other encoder in the BERT layout, which needs BERT-style options (see
+    :func:`bert_style_config`; the pooler is not written, so HuggingFace initialises it
+    afresh and says so). An :class:`~attnlab.EncoderClassifier` is written as the
+    family's ``*ForSequenceClassification`` with its ``label_names`` as ``id2label``.
 
     Args:
-        model: an encoder, e.g. from :func:`from_pretrained` or built with
-            :func:`bert_style_config`.
+        model: an encoder or classifier, e.g. from :func:`from_pretrained`.
         directory: created if needed; existing files of the same names are replaced.
         tokenizer: saved as ``tokenizer.json`` when given.
 
@@ -312,19 +386,36 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
         The directory.
 
     Raises:
-        TypeError: ``model`` is not a :class:`~attnlab.TransformerEncoder`.
-        UnsupportedCheckpointError: the encoder's options cannot be expressed in BERT.
+        TypeError: ``model`` is neither a :class:`~attnlab.TransformerEncoder` nor an
+            :class:`~attnlab.EncoderClassifier`.
+        UnsupportedCheckpointError: the model cannot be expressed in the layout.
     """
-    if not isinstance(model, TransformerEncoder):
-        raise TypeError(f"model must be an attnlab TransformerEncoder, got {type(model).__name__}")
-    if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in model.layers):
-        raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
-    bert_config = bert_config_from_encoder(model.config)
-    tensors = encoder_state_to_bert(model.state_dict(), model.config)
+    classifier = model if isinstance(model, EncoderClassifier) else None
+    encoder = model.encoder if classifier is not None else model
+    if not isinstance(encoder, TransformerEncoder):
+        raise TypeError(f"model must be an attnlab TransformerEncoder or EncoderClassifier, got {type(model).__name__}")
+    if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in encoder.layers):
+        raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved in a HF layout")
+    original = getattr(encoder, "checkpoint_config", None)
+    family = BERT if original is None else family_for(original)
+    values = dict(family.config_to_hf(encoder, original))
+    head = {} if classifier is None else _head_table(family, classifier)
+    tensors = state_to_hf(family, original or {}, model.state_dict(), head=head)
+    if "token_type_embedding" in family.embeddings and encoder.token_type_embedding is None:
+        # BERT always adds a token-type embedding: a zero row adds nothing.
+        name = ("" if classifier is None else family.base_prefix) + "embeddings.token_type_embeddings.weight"
+        tensors[name] = encoder.embedding.weight.new_zeros(1, encoder.embedding.weight.shape[1]).detach()
+    if classifier is None:
+        values["architectures"] = [family.architecture]
+    else:
+        values["architectures"] = [family.classifier.architecture]
+        labels = classifier.label_names or [f"LABEL_{index}" for index in range(classifier.num_labels)]
+        values["id2label"] = {str(index): label for index, label in enumerate(labels)}
+        values["label2id"] = {label: index for index, label in enumerate(labels)}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / CONFIG_FILE).open("w", encoding="utf-8") as handle:
-        json.dump(bert_config, handle, indent=2)
+        json.dump(values, handle, indent=2)
         handle.write("\n")
     save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})

@@ -1,0 +1,38 @@
+"""HuggingFace encoder families: each a conversion table plus a block spec.
+
+:data:`FAMILIES` maps ``config.json``'s ``model_type`` to its :class:`Family`. Adding a
+family is one table file here and one line below; a mechanism no component covers yet
+(a norm, a position scheme, a score bias) is one new component in ``layers/`` or
+``attention/`` with its own tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._table import ClassifierTable, Family, UnsupportedCheckpointError
+from .bert import BERT
+
+__all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError", "family_for"]
+
+FAMILIES: dict[str, Family] = {
+    model_type: family
+    for family in (BERT,)
+    for model_type in family.model_types
+}
+
+
+def family_for(values: dict[str, Any], *, source: str = "config.json") -> Family:
+    """The family of a ``config.json`` dict, from its ``model_type``.
+
+    Raises:
+        UnsupportedCheckpointError: the model type is not supported; the message lists
+            those that are.
+    """
+    model_type = values.get("model_type")
+    if model_type not in FAMILIES:
+        raise UnsupportedCheckpointError(
+            f"{source}: model_type is {model_type!r} (architectures {values.get('architectures')}); "
+            f"supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]

@@ -33,6 +33,10 @@ def _bert_like(**extra):
 # family -> (config class, its keyword arguments, base class, classifier class)
 CASES = {
     "bert": ("BertConfig", _bert_like(pad_token_id=0), "BertModel", "BertForSequenceClassification"),
+    "roberta": ("RobertaConfig", _bert_like(pad_token_id=1, type_vocab_size=1), "RobertaModel",
+                "RobertaForSequenceClassification"),
+    "xlm-roberta": ("XLMRobertaConfig", _bert_like(pad_token_id=1, type_vocab_size=1), "XLMRobertaModel",
+                    "XLMRobertaForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

@@ -12,12 +12,13 @@ from typing import Any
 
 from ._table import ClassifierTable, Family, UnsupportedCheckpointError
 from .bert import BERT
+from .roberta import ROBERTA, XLM_ROBERTA
 
 __all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError", "family_for"]
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT,)
+    for family in (BERT, ROBERTA, XLM_ROBERTA)
     for model_type in family.model_types
 }
 

@@ -37,6 +37,9 @@ CASES = {
                 "RobertaForSequenceClassification"),
     "xlm-roberta": ("XLMRobertaConfig", _bert_like(pad_token_id=1, type_vocab_size=1), "XLMRobertaModel",
                     "XLMRobertaForSequenceClassification"),
+    "distilbert": ("DistilBertConfig", {"vocab_size": VOCAB, "dim": 32, "n_layers": 3, "n_heads": 4,
+                                        "hidden_dim": 37, "max_position_embeddings": 64, "pad_token_id": 0},
+                   "DistilBertModel", "DistilBertForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

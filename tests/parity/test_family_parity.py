@@ -40,6 +40,8 @@ CASES = {
     "distilbert": ("DistilBertConfig", {"vocab_size": VOCAB, "dim": 32, "n_layers": 3, "n_heads": 4,
                                         "hidden_dim": 37, "max_position_embeddings": 64, "pad_token_id": 0},
                    "DistilBertModel", "DistilBertForSequenceClassification"),
+    "electra": ("ElectraConfig", _bert_like(embedding_size=16, pad_token_id=0), "ElectraModel",
+                "ElectraForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

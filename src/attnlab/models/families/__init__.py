@@ -13,13 +13,14 @@ from typing import Any
 from ._table import ClassifierTable, Family, UnsupportedCheckpointError
 from .bert import BERT
 from .distilbert import DISTILBERT
+from .electra import ELECTRA
 from .roberta import ROBERTA, XLM_ROBERTA
 
 __all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError", "family_for"]
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT)
+    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA)
     for model_type in family.model_types
 }
 

@@ -42,6 +42,8 @@ CASES = {
                    "DistilBertModel", "DistilBertForSequenceClassification"),
     "electra": ("ElectraConfig", _bert_like(embedding_size=16, pad_token_id=0), "ElectraModel",
                 "ElectraForSequenceClassification"),
+    "albert": ("AlbertConfig", _bert_like(embedding_size=16, pad_token_id=0, num_hidden_layers=4,
+                                          num_hidden_groups=2), "AlbertModel", "AlbertForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

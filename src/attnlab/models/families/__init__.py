@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._table import ClassifierTable, Family, UnsupportedCheckpointError
+from .albert import ALBERT
 from .bert import BERT
 from .distilbert import DISTILBERT
 from .electra import ELECTRA
@@ -20,7 +21,7 @@ __all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError"
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA)
+    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT)
     for model_type in family.model_types
 }
 

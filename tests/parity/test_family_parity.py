@@ -44,6 +44,7 @@ CASES = {
                 "ElectraForSequenceClassification"),
     "albert": ("AlbertConfig", _bert_like(embedding_size=16, pad_token_id=0, num_hidden_layers=4,
                                           num_hidden_groups=2), "AlbertModel", "AlbertForSequenceClassification"),
+    "mpnet": ("MPNetConfig", _bert_like(pad_token_id=1), "MPNetModel", "MPNetForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

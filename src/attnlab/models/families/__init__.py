@@ -15,13 +15,14 @@ from .albert import ALBERT
 from .bert import BERT
 from .distilbert import DISTILBERT
 from .electra import ELECTRA
+from .mpnet import MPNET
 from .roberta import ROBERTA, XLM_ROBERTA
 
 __all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError", "family_for"]
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT)
+    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT, MPNET)
     for model_type in family.model_types
 }
 

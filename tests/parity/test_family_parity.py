@@ -45,6 +45,13 @@ CASES = {
     "albert": ("AlbertConfig", _bert_like(embedding_size=16, pad_token_id=0, num_hidden_layers=4,
                                           num_hidden_groups=2), "AlbertModel", "AlbertForSequenceClassification"),
     "mpnet": ("MPNetConfig", _bert_like(pad_token_id=1), "MPNetModel", "MPNetForSequenceClassification"),
+    # 4 layers: global, local, global, local; a window of 2 keys on each side is narrower than the batch.
+    "modernbert": ("ModernBertConfig", {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 4,
+                                        "num_attention_heads": 4, "intermediate_size": 37,
+                                        "max_position_embeddings": 64, "pad_token_id": 0, "local_attention": 4,
+                                        "global_attn_every_n_layers": 2, "bos_token_id": 2, "eos_token_id": 2,
+                                        "cls_token_id": 2, "sep_token_id": 2},
+                   "ModernBertModel", "ModernBertForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 

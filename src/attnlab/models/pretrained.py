@@ -162,8 +162,7 @@ def _task_of(values: dict, task: str) -> str:
 
 def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
     """The family's classification head on ``encoder``, with the checkpoint's labels."""
-    table = family.classifier
-    if table is None:
+    if family.classifier is None:
         raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
     id2label = values.get("id2label") or {str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))}
     labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
@@ -171,33 +170,24 @@ def _classifier(family: Family, encoder: TransformerEncoder, values: dict, sourc
     return EncoderClassifier(
         encoder,
         len(labels),
-        pooling=table.pooling,
         dropout=encoder.config.dropout if dropout is None else float(dropout),
         label_names=labels,
-        pooler=None if table.pooler is None else {"activation": table.activation},
+        **family.classifier.settings(values),
     )
 
 
-def _head_table(family: Family, model: EncoderClassifier) -> dict[str, str]:
+def _head_table(family: Family, model: EncoderClassifier, values: dict) -> dict[str, str]:
     """attnlab head module -> HF module of ``family``'s classification head, for ``model``."""
-    table = family.classifier
-    problems = []
-    if table is None:
-        problems.append(f"{family.name} has no classification head in attnlab")
-    else:
-        if model.pooling != table.pooling:
-            problems.append(f"pooling={model.pooling!r} ({family.name} pools with {table.pooling!r})")
-        has_pooler = model.pooler is not None
-        if has_pooler != (table.pooler is not None) or (has_pooler and model.pooler.activation_name != table.activation):
-            mine = model.pooler.activation_name if has_pooler else None
-            problems.append(f"pooler activation {mine!r} ({family.name} has {table.activation if table.pooler else None!r})")
-    if problems:
-        lines = "; ".join(problems)
-        raise UnsupportedCheckpointError(f"this classifier cannot be written as a {family.name} checkpoint: {lines}")
-    head = {"classifier": table.classifier}
-    if table.pooler is not None:
-        head["pooler.dense"] = table.pooler
-    return head
+    if family.classifier is None:
+        raise UnsupportedCheckpointError(f"{family.name} has no classification head in attnlab")
+    wanted = family.classifier.settings(values)
+    mine = {"pooling": model.pooling, "pooler": None if model.pooler is None else model.pooler.settings}
+    if mine != wanted:
+        raise UnsupportedCheckpointError(
+            f"this classifier cannot be written as a {family.name} checkpoint: its head is {mine}, "
+            f"{family.name}'s is {wanted}"
+        )
+    return family.classifier.modules()
 
 
 def from_pretrained(
@@ -261,7 +251,7 @@ def from_pretrained(
     dtype = torch.get_default_dtype() if dtype is None else dtype
     encoder = family.build(values, config, device=device, dtype=dtype)
     model = encoder if task == "encoder" else _classifier(family, encoder, values, str(config_path))
-    head = {} if task == "encoder" else _head_table(family, model)
+    head = {} if task == "encoder" else _head_table(family, model, values)
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     state, skipped = hf_to_state(family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path))
     if skipped:
@@ -399,7 +389,7 @@ def save_pretrained(
     original = getattr(encoder, "checkpoint_config", None)
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))
-    head = {} if classifier is None else _head_table(family, classifier)
+    head = {} if classifier is None else _head_table(family, classifier, original or {})
     tensors = state_to_hf(family, original or {}, model.state_dict(), head=head)
     if "token_type_embedding" in family.embeddings and encoder.token_type_embedding is None:
         # BERT always adds a token-type embedding: a zero row adds nothing.

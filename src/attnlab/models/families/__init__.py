@@ -15,6 +15,7 @@ from .albert import ALBERT
 from .bert import BERT
 from .distilbert import DISTILBERT
 from .electra import ELECTRA
+from .modernbert import MODERNBERT
 from .mpnet import MPNET
 from .roberta import ROBERTA, XLM_ROBERTA
 
@@ -22,7 +23,7 @@ __all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError"
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT, MPNET)
+    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT, MPNET, MODERNBERT)
     for model_type in family.model_types
 }
 

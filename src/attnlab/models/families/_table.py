@@ -35,7 +35,7 @@ def problems_error(what: str, problems: list[str]) -> UnsupportedCheckpointError
 
 @dataclass(frozen=True)
 class ClassifierTable:
-    """Where a ``*ForSequenceClassification`` head's tensors live.
+    """Where a ``*ForSequenceClassification`` head's tensors live, and how it pools.
 
     Attributes:
         architecture: the HuggingFace class name (``"RobertaForSequenceClassification"``).
@@ -43,15 +43,39 @@ class ClassifierTable:
         pooler: HF module of the dense layer before it (``"classifier.dense"``), ``None``
             when there is none; names under the base model's prefix are written with it
             (``"pooler.dense"`` of BERT is ``bert.pooler.dense``).
+        pooler_norm: HF module of a LayerNorm after that layer (ModernBERT's ``head.norm``).
         activation: the dense layer's activation (``"tanh"``, ``"gelu"``, ``"relu"``).
         pooling: ``"first"`` (the ``[CLS]``/``<s>`` token) or ``"mean"``.
+        from_config: settings the checkpoint's config decides, overriding the above
+            (``pooling``, ``activation``, and :class:`~attnlab.models.classifier.DensePooler`'s
+            ``bias``, ``norm_eps``, ``norm_bias``).
     """
 
     architecture: str
     classifier: str
     pooler: Optional[str] = None
+    pooler_norm: Optional[str] = None
     activation: Optional[str] = "tanh"
     pooling: str = "first"
+    from_config: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda values: {})
+
+    def settings(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``{"pooling": ..., "pooler": DensePooler keywords or None}`` for a config."""
+        read = {"pooling": self.pooling, "activation": self.activation, **self.from_config(values)}
+        pooling = read.pop("pooling")
+        if self.pooler is None:
+            return {"pooling": pooling, "pooler": None}
+        pooler = {"activation": read.pop("activation"), "bias": True, "norm_eps": None, "norm_bias": True, **read}
+        return {"pooling": pooling, "pooler": pooler}
+
+    def modules(self) -> dict[str, str]:
+        """attnlab head module -> HF module."""
+        head = {"classifier": self.classifier}
+        if self.pooler is not None:
+            head["pooler.dense"] = self.pooler
+        if self.pooler_norm is not None:
+            head["pooler.norm"] = self.pooler_norm
+        return head
 
 
 Components = Callable[[dict[str, Any], EncoderConfig], dict[str, Any]]

@@ -176,3 +176,19 @@ def test_capture_and_head_masks_see_every_layer(family, tmp_path):
     torch.testing.assert_close(masked[0], expected[0], atol=0, rtol=0)  # layer 1 untouched
     assert not masked[1].any()  # every head of layer 2 removed
     assert not torch.allclose(masked[2], expected[2])  # later layers see it
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "modernbert"])
+def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tmp_path):
+    from attnlab.models import build_encoder, load_model, save_model
+
+    encoder = build_encoder(VOCAB, pretrained=str(_hf_dir(family, tmp_path, classifier=True)), dropout=0.0)
+    assert isinstance(encoder, TransformerEncoder)  # the checkpoint's own head is left behind
+    model = EncoderClassifier(encoder, 2, pooling="first").eval()
+    save_model(model, tmp_path / "checkpoint")
+    reloaded = load_model(tmp_path / "checkpoint").model
+    input_ids, mask = _batch(_pad_id(family))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids, mask).logits, model(input_ids, mask).logits, atol=0, rtol=0)
+    if family == "albert":  # the shared layer stays shared
+        assert reloaded.encoder.layers[1].ffn.linear1.weight is reloaded.encoder.layers[0].ffn.linear1.weight

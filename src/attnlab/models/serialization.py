@@ -1,6 +1,8 @@
 """Models on disk: ``model.safetensors`` + ``config.json`` (no pickle), and :func:`load_model`.
 
-``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``.
+``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``, and
+``"pretrained_config"`` (the HuggingFace ``config.json``) for an encoder opened from a
+pretrained family, whose components are rebuilt from it.
 A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
 these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
 """
@@ -16,6 +18,7 @@ from torch import nn
 
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
+from .families import build_from_checkpoint_config
 from .image_text import ImageTextModel
 from .masked_lm import EncoderForMaskedLM
 
@@ -37,6 +40,7 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 _MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
 _ENCODER_TYPE = "encoder"
+_PRETRAINED_KEY = "pretrained_config"
 
 
 class LoadedModel(NamedTuple):
@@ -56,13 +60,18 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     """The JSON-able dict that rebuilds ``model``'s architecture."""
     model = _unwrap(model)
     if isinstance(model, TransformerEncoder):
-        return {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
-    model_type = getattr(model, "model_type", None)
-    if model_type not in _MODEL_TYPES:
-        raise TypeError(
-            f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
-        )
-    return {"model_type": model_type, "encoder": model.encoder.config.to_dict(), "head": model.head_config()}
+        config = {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
+    else:
+        model_type = getattr(model, "model_type", None)
+        if model_type not in _MODEL_TYPES:
+            raise TypeError(
+                f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
+            )
+        config = {"model_type": model_type, "encoder": model.encoder.config.to_dict(), "head": model.head_config()}
+    pretrained = getattr(model if isinstance(model, TransformerEncoder) else model.encoder, "checkpoint_config", None)
+    if pretrained is not None:
+        config[_PRETRAINED_KEY] = pretrained
+    return config
 
 
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
@@ -74,7 +83,11 @@ def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module
     model_class = _MODEL_TYPES.get(model_type)
     if hasattr(model_class, "from_model_config"):  # models that build their own encoders
         return model_class.from_model_config(config, device=device, dtype=dtype)
-    encoder = TransformerEncoder.from_config(EncoderConfig.from_dict(config["encoder"]), device=device, dtype=dtype)
+    encoder_config = EncoderConfig.from_dict(config["encoder"])
+    if config.get(_PRETRAINED_KEY):
+        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device, dtype=dtype)
+    else:
+        encoder = TransformerEncoder.from_config(encoder_config, device=device, dtype=dtype)
     if model_type == _ENCODER_TYPE:
         return encoder
     if model_type not in _MODEL_TYPES:

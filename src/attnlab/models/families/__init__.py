@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...layers import EncoderConfig, TransformerEncoder
 from ._table import ClassifierTable, Family, UnsupportedCheckpointError
 from .albert import ALBERT
 from .bert import BERT
@@ -19,7 +20,14 @@ from .modernbert import MODERNBERT
 from .mpnet import MPNET
 from .roberta import ROBERTA, XLM_ROBERTA
 
-__all__ = ["FAMILIES", "ClassifierTable", "Family", "UnsupportedCheckpointError", "family_for"]
+__all__ = [
+    "FAMILIES",
+    "ClassifierTable",
+    "Family",
+    "UnsupportedCheckpointError",
+    "build_from_checkpoint_config",
+    "family_for",
+]
 
 FAMILIES: dict[str, Family] = {
     model_type: family
@@ -42,3 +50,19 @@ def family_for(values: dict[str, Any], *, source: str = "config.json") -> Family
             f"supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
+
+
+def build_from_checkpoint_config(
+    values: dict[str, Any], config: EncoderConfig, *, device=None, dtype=None
+) -> TransformerEncoder:
+    """The encoder of a family checkpoint, rebuilt from its ``config.json`` dict and an
+    :class:`~attnlab.EncoderConfig` (which may carry changed dropouts), freshly initialised.
+
+    attnlab's own checkpoints of a fine-tuned family encoder keep both, so they reopen
+    with the family's components (see :mod:`attnlab.models.serialization`).
+    """
+    family = family_for(values)
+    encoder = family.build(values, config, device=device, dtype=dtype)
+    family.after_load(encoder, values)
+    encoder.checkpoint_config = values
+    return encoder

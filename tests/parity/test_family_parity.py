@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import EncoderClassifier, TransformerEncoder, capture_attention, mask_heads
+from attnlab import EncoderClassifier, EncoderForMaskedLM, TransformerEncoder, capture_attention, mask_heads
 from attnlab.models.pretrained import from_pretrained, save_pretrained
 
 transformers = pytest.importorskip(
@@ -66,15 +66,16 @@ def _perturbed(model):
     return model.eval()
 
 
-def _hf_dir(family: str, tmp_path, *, classifier: bool):
+def _hf_dir(family: str, tmp_path, *, classifier: bool, masked_lm: bool = False):
     config_class, options, base, head = CASES[family]
     kwargs = dict(options)
     if classifier:
         kwargs.update(id2label=LABELS, label2id={name: index for index, name in LABELS.items()})
     config = getattr(transformers, config_class)(**kwargs)
     torch.manual_seed(0)
-    model = _perturbed(getattr(transformers, head if classifier else base)(config))
-    directory = tmp_path / f"{family}-{'classifier' if classifier else 'base'}"
+    model_class = head if classifier else base.replace("Model", "ForMaskedLM") if masked_lm else base
+    model = _perturbed(getattr(transformers, model_class)(config))
+    directory = tmp_path / f"{family}-{model_class}"
     model.save_pretrained(directory)
     return directory
 
@@ -192,3 +193,19 @@ def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tm
         torch.testing.assert_close(reloaded(input_ids, mask).logits, model(input_ids, mask).logits, atol=0, rtol=0)
     if family == "albert":  # the shared layer stays shared
         assert reloaded.encoder.layers[1].ffn.linear1.weight is reloaded.encoder.layers[0].ffn.linear1.weight
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_masked_lm_logits_match_hf_and_export(family, tmp_path):
+    directory = _hf_dir(family, tmp_path, classifier=False, masked_lm=True)
+    model = from_pretrained(directory)
+    assert isinstance(model, EncoderForMaskedLM)
+    assert model.decoder.weight is model.encoder.embedding.weight  # still tied after loading
+    input_ids, mask = _batch(_pad_id(family))
+    exported = save_pretrained(model, tmp_path / f"{family}-mlm-export")
+    for source in (directory, exported):
+        hf = transformers.AutoModelForMaskedLM.from_pretrained(str(source), attn_implementation="eager").eval()
+        with torch.no_grad():
+            expected = hf(input_ids, attention_mask=mask.long()).logits
+            ours = model(input_ids, attention_mask=mask).logits
+        torch.testing.assert_close(ours[mask], expected[mask], atol=TOLERANCE, rtol=0)

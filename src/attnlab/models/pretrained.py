@@ -39,6 +39,7 @@ from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
 from .classifier import EncoderClassifier
+from .masked_lm import EncoderForMaskedLM
 from .families import FAMILIES, Family, family_for
 from .families._convert import hf_to_state, state_to_hf
 from .families.bert import BERT
@@ -75,7 +76,8 @@ _ALIASES = {
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
-TASKS = ("auto", "encoder", "sequence_classification")
+TASKS = ("auto", "encoder", "sequence_classification", "masked_lm")
+_TIED = "decoder.weight"  # a masked-LM decoder's matrix is the token embedding, stored once
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -157,7 +159,46 @@ def _task_of(values: dict, task: str) -> str:
     architectures = values.get("architectures") or []
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         return "sequence_classification"
+    if any(name.endswith("ForMaskedLM") for name in architectures):
+        return "masked_lm"
     return "encoder"
+
+
+def _masked_lm(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderForMaskedLM:
+    """The family's masked-LM head on ``encoder``."""
+    if family.masked_lm is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} masked-LM head")
+    return EncoderForMaskedLM(encoder, **family.masked_lm.settings(values))
+
+
+def _task_model(family: Family, encoder: TransformerEncoder, values: dict, task: str, source: str):
+    if task == "encoder":
+        return encoder
+    if task == "masked_lm":
+        return _masked_lm(family, encoder, values, source)
+    return _classifier(family, encoder, values, source)
+
+
+def _head_modules(family: Family, model, values: dict) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s head for ``model`` ({} for an encoder)."""
+    if isinstance(model, TransformerEncoder):
+        return {}
+    if isinstance(model, EncoderClassifier):
+        return _head_table(family, model, values)
+    if isinstance(model, EncoderForMaskedLM):
+        if family.masked_lm is None:
+            raise UnsupportedCheckpointError(f"{family.name} has no masked-LM head in attnlab")
+        wanted = EncoderForMaskedLM(model.encoder, **family.masked_lm.settings(values), device="meta").settings
+        if model.settings != wanted:
+            raise UnsupportedCheckpointError(
+                f"this masked-LM head cannot be written as a {family.name} checkpoint: its settings are "
+                f"{model.settings}, {family.name}'s are {wanted}"
+            )
+        return family.masked_lm.modules()
+    raise TypeError(
+        f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+        f"got {type(model).__name__}"
+    )
 
 
 def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
@@ -199,12 +240,12 @@ def from_pretrained(
     attention_dropout: Optional[float] = None,
     device: Optional[Union[str, torch.device]] = None,
     dtype: Optional[torch.dtype] = None,
-) -> Union[TransformerEncoder, EncoderClassifier]:
+) -> Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM]:
     """Load a HuggingFace encoder checkpoint into attnlab's own modules.
 
     The family comes from ``config.json``'s ``model_type`` (see
     :data:`SUPPORTED_MODEL_TYPES`). The encoder computes what HuggingFace's model
-    computes for ``last_hidden_state`` and ``attentions``; a classifier computes its
+    computes for ``last_hidden_state`` and ``attentions``; a task model computes its
     ``logits``. It comes back in eval mode, like HuggingFace models.
 
     Args:
@@ -212,8 +253,9 @@ def from_pretrained(
             ``model.safetensors``.
         task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
             :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
-            ``label_names``, anything else the encoder), ``"encoder"`` or
-            ``"sequence_classification"``.
+            ``label_names``, a ``*ForMaskedLM`` one an :class:`~attnlab.EncoderForMaskedLM`,
+            anything else the encoder), ``"encoder"``, ``"sequence_classification"`` or
+            ``"masked_lm"``.
         strict: with ``False``, tensors nothing has a place for (a task head, ``cls.*``)
             are skipped instead of raising.
         dropout: replaces the checkpoint's dropout (for fine-tuning).
@@ -223,7 +265,7 @@ def from_pretrained(
         dtype: parameter dtype (default: torch's default, float32).
 
     Returns:
-        The encoder or classifier; the encoder's ``config`` has ``pad_id`` set from the
+        The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
         checkpoint, so a padding mask is derived from the ids when none is passed, and
         its ``checkpoint_config`` keeps the ``config.json`` for :func:`save_pretrained`.
 
@@ -250,15 +292,19 @@ def from_pretrained(
     tensors = load_file(str(weights_path))
     dtype = torch.get_default_dtype() if dtype is None else dtype
     encoder = family.build(values, config, device=device, dtype=dtype)
-    model = encoder if task == "encoder" else _classifier(family, encoder, values, str(config_path))
-    head = {} if task == "encoder" else _head_table(family, model, values)
-    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    model = _task_model(family, encoder, values, task, str(config_path))
+    head = _head_modules(family, model, values)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
     state, skipped = hf_to_state(family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path))
     if skipped:
         logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
     # assign=True hands the checkpoint's tensors to the module instead of copying them.
+    if isinstance(model, EncoderForMaskedLM):
+        state[_TIED] = state["encoder.embedding.weight"]
     model.load_state_dict(state, strict=True, assign=True)
+    if isinstance(model, EncoderForMaskedLM):
+        model.tie_weights()  # assign=True gave the decoder its own Parameter
     family.after_load(encoder, values)
     encoder.checkpoint_config = values
     return model.eval()
@@ -356,7 +402,7 @@ def bert_style_config(
 
 
 def save_pretrained(
-    model: Union[TransformerEncoder, EncoderClassifier], directory: PathLike, tokenizer: Optional[Tokenizer] = None
+    model: Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM], directory: PathLike, tokenizer: Optional[Tokenizer] = None
 ) -> Path:
     """Write ``model`` in its family's HuggingFace layout, which ``transformers`` opens.
 
@@ -365,10 +411,11 @@ def save_pretrained(
     other encoder in the BERT layout, which needs BERT-style options (see
     :func:`bert_style_config`; the pooler is not written, so HuggingFace initialises it
     afresh and says so). An :class:`~attnlab.EncoderClassifier` is written as the
-    family's ``*ForSequenceClassification`` with its ``label_names`` as ``id2label``.
+    family's ``*ForSequenceClassification`` with its ``label_names`` as ``id2label``, an
+    :class:`~attnlab.EncoderForMaskedLM` as its ``*ForMaskedLM``.
 
     Args:
-        model: an encoder or classifier, e.g. from :func:`from_pretrained`.
+        model: an encoder, classifier or masked-LM model, e.g. from :func:`from_pretrained`.
         directory: created if needed; existing files of the same names are replaced.
         tokenizer: saved as ``tokenizer.json`` when given.
 
@@ -376,30 +423,37 @@ def save_pretrained(
         The directory.
 
     Raises:
-        TypeError: ``model`` is neither a :class:`~attnlab.TransformerEncoder` nor an
-            :class:`~attnlab.EncoderClassifier`.
+        TypeError: ``model`` is not a :class:`~attnlab.TransformerEncoder`,
+            :class:`~attnlab.EncoderClassifier` or :class:`~attnlab.EncoderForMaskedLM`.
         UnsupportedCheckpointError: the model cannot be expressed in the layout.
     """
-    classifier = model if isinstance(model, EncoderClassifier) else None
-    encoder = model.encoder if classifier is not None else model
-    if not isinstance(encoder, TransformerEncoder):
-        raise TypeError(f"model must be an attnlab TransformerEncoder or EncoderClassifier, got {type(model).__name__}")
+    encoder = model if isinstance(model, TransformerEncoder) else getattr(model, "encoder", None)
+    if not isinstance(encoder, TransformerEncoder) or not isinstance(
+        model, (TransformerEncoder, EncoderClassifier, EncoderForMaskedLM)
+    ):
+        raise TypeError(
+            f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+            f"got {type(model).__name__}"
+        )
     if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in encoder.layers):
         raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved in a HF layout")
     original = getattr(encoder, "checkpoint_config", None)
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))
-    head = {} if classifier is None else _head_table(family, classifier, original or {})
-    tensors = state_to_hf(family, original or {}, model.state_dict(), head=head)
+    head = _head_modules(family, model, original or {})
+    state = {name: tensor for name, tensor in model.state_dict().items() if name != _TIED}
+    tensors = state_to_hf(family, original or {}, state, head=head)
     if "token_type_embedding" in family.embeddings and encoder.token_type_embedding is None:
         # BERT always adds a token-type embedding: a zero row adds nothing.
-        name = ("" if classifier is None else family.base_prefix) + "embeddings.token_type_embeddings.weight"
+        name = ("" if model is encoder else family.base_prefix) + "embeddings.token_type_embeddings.weight"
         tensors[name] = encoder.embedding.weight.new_zeros(1, encoder.embedding.weight.shape[1]).detach()
-    if classifier is None:
+    if isinstance(model, EncoderForMaskedLM):
+        values["architectures"] = [family.masked_lm.architecture]
+    elif not isinstance(model, EncoderClassifier):
         values["architectures"] = [family.architecture]
     else:
         values["architectures"] = [family.classifier.architecture]
-        labels = classifier.label_names or [f"LABEL_{index}" for index in range(classifier.num_labels)]
+        labels = model.label_names or [f"LABEL_{index}" for index in range(model.num_labels)]
         values["id2label"] = {str(index): label for index, label in enumerate(labels)}
         values["label2id"] = {label: index for index, label in enumerate(labels)}
     directory = Path(directory)

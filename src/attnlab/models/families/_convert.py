@@ -55,7 +55,9 @@ def hf_names(
     names = {}
     for name in state_names:
         module, leaf = _split(name)
-        if module in head:
+        if name in head:  # a tensor mapped on its own (a masked-LM decoder's bias)
+            names[name] = [head[name]]
+        elif module in head:
             names[name] = [f"{head[module]}.{leaf}"]
         elif head:
             names[name] = _encoder_name(family, values, name.removeprefix("encoder."))
@@ -102,7 +104,7 @@ def hf_to_state(
     """
     given = {_normalise(name): tensor for name, tensor in tensors.items()}
     prefix = family.base_prefix
-    head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")}
+    head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")} | set(head.values())
 
     def lookup(name: str) -> str | None:
         if name in head_names:
@@ -160,7 +162,7 @@ def state_to_hf(
     tensors: dict[str, Tensor] = {}
     for ours, theirs in names.items():
         parts = state[ours].chunk(3) if len(theirs) == 3 else (state[ours],)
-        head_tensor = _split(ours)[0] in head
+        head_tensor = ours in head or _split(ours)[0] in head
         for name, part in zip(theirs, parts):
             full = name if head_tensor else prefix + name
             tensors.setdefault(full, part)

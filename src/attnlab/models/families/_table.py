@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from ...layers import EncoderConfig, TransformerEncoder
 from .._bert_layout import UnsupportedCheckpointError
 
-__all__ = ["ClassifierTable", "Family", "UnsupportedCheckpointError", "problems_error"]
+__all__ = ["ClassifierTable", "Family", "MaskedLMTable", "UnsupportedCheckpointError", "problems_error"]
 
 
 def problems_error(what: str, problems: list[str]) -> UnsupportedCheckpointError:
@@ -78,6 +78,30 @@ class ClassifierTable:
         return head
 
 
+@dataclass(frozen=True)
+class MaskedLMTable:
+    """Where a ``*ForMaskedLM`` head's tensors live (its decoder matrix is the token embedding).
+
+    Attributes:
+        architecture: the HuggingFace class name (``"RobertaForMaskedLM"``).
+        transform: HF module of the dense layer (``"lm_head.dense"``).
+        norm: HF module of the LayerNorm after it (``"lm_head.layer_norm"``).
+        bias: HF tensor of the decoder's bias (``"lm_head.bias"``).
+        settings: :class:`~attnlab.EncoderForMaskedLM` keywords from the config
+            (``activation``, ``norm_eps``, ``transform_bias``, ``norm_bias``).
+    """
+
+    architecture: str
+    transform: str
+    norm: str
+    bias: str
+    settings: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda values: {})
+
+    def modules(self) -> dict[str, str]:
+        """attnlab head module (or tensor) -> HF module (or tensor); the decoder's matrix is tied."""
+        return {"transform": self.transform, "transform_norm": self.norm, "decoder.bias": self.bias}
+
+
 Components = Callable[[dict[str, Any], EncoderConfig], dict[str, Any]]
 
 
@@ -104,6 +128,7 @@ class Family:
             layers share one set of weights).
         after_load: called on the loaded encoder (ALBERT ties its layers' parameters).
         classifier: the ``*ForSequenceClassification`` head, if the family has one.
+        masked_lm: the ``*ForMaskedLM`` head, if the family has one.
         ignored: HF tensors (after the base prefix) the encoder does not use.
     """
 
@@ -121,6 +146,7 @@ class Family:
     hf_layer: Callable[[dict[str, Any], int], int] = field(default=lambda values, index: index)
     after_load: Callable[[TransformerEncoder, dict[str, Any]], None] = field(default=lambda encoder, values: None)
     classifier: Optional[ClassifierTable] = None
+    masked_lm: Optional[MaskedLMTable] = None
     ignored: tuple[str, ...] = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 
     def build(self, values: dict[str, Any], config: EncoderConfig, *, device=None, dtype=None) -> TransformerEncoder:

@@ -14,8 +14,8 @@ from torch import nn
 
 from ...layers import EncoderConfig, TransformerEncoder
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family
-from .bert import BERT_EMBEDDINGS
+from ._table import ClassifierTable, Family, MaskedLMTable
+from .bert import BERT_EMBEDDINGS, hidden_act_head
 
 __all__ = ["ALBERT", "share_layer_parameters"]
 
@@ -76,4 +76,6 @@ ALBERT = Family(
     hf_layer=_group,
     after_load=_tie,
     classifier=ClassifierTable("AlbertForSequenceClassification", "classifier", pooler="albert.pooler"),
+    masked_lm=MaskedLMTable("AlbertForMaskedLM", "predictions.dense", "predictions.LayerNorm", "predictions.bias",
+                            settings=lambda values: hidden_act_head({"hidden_act": "gelu_new", **values})),
 )

@@ -6,9 +6,10 @@ from typing import Any, Optional
 
 from ...layers import TransformerEncoder
 from .._bert_layout import bert_config_from_encoder, encoder_config_from_bert
-from ._table import ClassifierTable, Family
+from ._bert_like import ACTIVATIONS_FROM_HF
+from ._table import ClassifierTable, Family, MaskedLMTable
 
-__all__ = ["BERT", "BERT_EMBEDDINGS", "BERT_LAYER", "BERT_QKV"]
+__all__ = ["BERT", "BERT_EMBEDDINGS", "BERT_LAYER", "BERT_QKV", "hidden_act_head"]
 
 BERT_EMBEDDINGS = {
     "embedding": "embeddings.word_embeddings",
@@ -24,6 +25,11 @@ BERT_LAYER = {
     "norm2": "output.LayerNorm",
 }
 BERT_QKV = ("attention.self.query", "attention.self.key", "attention.self.value")
+
+
+def hidden_act_head(values: dict[str, Any]) -> dict[str, Any]:
+    """A masked-LM head whose activation is the encoder's (``hidden_act``)."""
+    return {"activation": ACTIVATIONS_FROM_HF.get(values.get("hidden_act", "gelu"), "gelu")}
 
 
 def _config_to_hf(encoder: TransformerEncoder, original: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -42,4 +48,6 @@ BERT = Family(
     layer=BERT_LAYER,
     qkv=BERT_QKV,
     classifier=ClassifierTable("BertForSequenceClassification", "classifier", pooler="bert.pooler.dense"),
+    masked_lm=MaskedLMTable("BertForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                            "cls.predictions.bias", settings=hidden_act_head),
 )

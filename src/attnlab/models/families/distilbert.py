@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...layers import EncoderConfig
-from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family
+from ._bert_like import ACTIVATIONS_FROM_HF, read_config, write_config
+from ._table import ClassifierTable, Family, MaskedLMTable
 
 __all__ = ["DISTILBERT"]
 
@@ -52,4 +52,7 @@ DISTILBERT = Family(
     qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
     classifier=ClassifierTable("DistilBertForSequenceClassification", "classifier", pooler="pre_classifier",
                                activation="relu"),
+    masked_lm=MaskedLMTable("DistilBertForMaskedLM", "vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
+                            settings=lambda values: {"activation": ACTIVATIONS_FROM_HF.get(
+                                values.get("activation", "gelu"), "gelu")}),
 )

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...layers import EncoderConfig
 from ._bert_like import BERT_KEYS, read_config, write_config
-from ._table import ClassifierTable, Family
+from ._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, BERT_LAYER, BERT_QKV
 
 __all__ = ["ELECTRA", "factorised_embeddings"]
@@ -32,4 +32,7 @@ ELECTRA = Family(
     components=factorised_embeddings,
     classifier=ClassifierTable("ElectraForSequenceClassification", "classifier.out_proj",
                                pooler="classifier.dense", activation="gelu"),
+    # ElectraForMaskedLM is the generator: its head maps back to the embedding width.
+    masked_lm=MaskedLMTable("ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm",
+                            "generator_lm_head.bias"),
 )

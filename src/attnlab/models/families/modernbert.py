@@ -16,7 +16,7 @@ from torch import nn
 from ...attention.multihead import MultiHeadAttention
 from ...layers import EncoderConfig, GatedFFN, TransformerEncoder, TransformerEncoderLayer
 from ._bert_like import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF
-from ._table import ClassifierTable, Family, UnsupportedCheckpointError, problems_error
+from ._table import ClassifierTable, Family, MaskedLMTable, UnsupportedCheckpointError, problems_error
 
 __all__ = ["MODERNBERT", "layer_types", "rope_bases"]
 
@@ -130,6 +130,11 @@ def _classifier_settings(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _masked_lm_settings(values: dict[str, Any]) -> dict[str, Any]:
+    head = _classifier_settings(values)
+    return {"activation": head["activation"], "transform_bias": head["bias"], "norm_bias": head["norm_bias"]}
+
+
 MODERNBERT = Family(
     name="modernbert",
     model_types=("modernbert",),
@@ -151,5 +156,7 @@ MODERNBERT = Family(
     components=_components,
     classifier=ClassifierTable("ModernBertForSequenceClassification", "classifier", pooler="head.dense",
                                pooler_norm="head.norm", activation="gelu", from_config=_classifier_settings),
+    masked_lm=MaskedLMTable("ModernBertForMaskedLM", "head.dense", "head.norm", "decoder.bias",
+                            settings=_masked_lm_settings),
     ignored=(),
 )

@@ -7,7 +7,7 @@ from typing import Any
 from ...attention.position_bias import RelativePositionBias
 from ...layers import EncoderConfig
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family
+from ._table import ClassifierTable, Family, MaskedLMTable
 from .roberta import offset_max_len, offset_positions
 
 __all__ = ["MPNET"]
@@ -48,4 +48,5 @@ MPNET = Family(
     qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
     components=_components,
     classifier=ClassifierTable("MPNetForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"),
+    masked_lm=MaskedLMTable("MPNetForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
 )

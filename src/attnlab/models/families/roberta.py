@@ -8,7 +8,7 @@ from typing import Any
 from ...layers import EncoderConfig
 from ...layers.positional import PaddingOffsetPositionalEmbedding
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family
+from ._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, BERT_LAYER, BERT_QKV
 
 __all__ = ["ROBERTA", "XLM_ROBERTA", "offset_positions", "offset_max_len"]
@@ -44,6 +44,7 @@ ROBERTA = Family(
     qkv=BERT_QKV,
     components=offset_positions,
     classifier=ClassifierTable("RobertaForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"),
+    masked_lm=MaskedLMTable("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
 )
 
 XLM_ROBERTA = dataclasses.replace(
@@ -53,4 +54,5 @@ XLM_ROBERTA = dataclasses.replace(
     architecture="XLMRobertaModel",
     config_to_hf=lambda encoder, original: write_config(encoder, original, family="xlm-roberta"),
     classifier=dataclasses.replace(ROBERTA.classifier, architecture="XLMRobertaForSequenceClassification"),
+    masked_lm=dataclasses.replace(ROBERTA.masked_lm, architecture="XLMRobertaForMaskedLM"),
 )

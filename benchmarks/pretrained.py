@@ -15,7 +15,7 @@ the row "attnlab, every position" turns that off, to show how much of the differ
 comes from it.
 
 ``--families`` times every family attnlab opens (BERT, RoBERTa, XLM-R, DistilBERT,
-ELECTRA, ALBERT, MPNet, ModernBERT) the same way, side by side in one table: random
+ELECTRA, ALBERT, MPNet, ModernBERT, DeBERTa-v3) the same way, side by side in one table: random
 weights (``transformers`` builds each model from a config and saves it, attnlab opens
 the directory), 6 layers of width 384 by default, on padded batches of the embedded
 Rotten Tomatoes reviews tokenized with MiniLM's WordPiece tokenizer (every family's
@@ -144,6 +144,9 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
     "mpnet": ("MPNetConfig", {}),
     "modernbert": ("ModernBertConfig", {"bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101,
                                         "sep_token_id": 102}),
+    "deberta-v2": ("DebertaV2Config", {"relative_attention": True, "position_biased_input": False, "type_vocab_size": 0,
+                                       "pos_att_type": ["p2c", "c2p"], "share_att_key": True,
+                                       "norm_rel_ebd": "layer_norm", "position_buckets": 256}),
 }
 
 

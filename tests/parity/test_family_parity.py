@@ -52,6 +52,16 @@ CASES = {
                                         "global_attn_every_n_layers": 2, "bos_token_id": 2, "eos_token_id": 2,
                                         "cls_token_id": 2, "sep_token_id": 2},
                    "ModernBertModel", "ModernBertForSequenceClassification"),
+    # v3's settings; 4 buckets up to 16 positions, so a 9-token batch reaches the logarithmic ones.
+    "deberta-v2": ("DebertaV2Config", _bert_like(pad_token_id=0, type_vocab_size=0, relative_attention=True,
+                                                 position_biased_input=False, pos_att_type=["p2c", "c2p"],
+                                                 share_att_key=True, norm_rel_ebd="layer_norm", position_buckets=4,
+                                                 max_relative_positions=16),
+                   "DebertaV2Model", "DebertaV2ForSequenceClassification"),
+    # v2's older settings: own position projections, absolute positions too, no table norm, one term.
+    "deberta-v2-unshared": ("DebertaV2Config", _bert_like(pad_token_id=0, relative_attention=True,
+                                                          pos_att_type="c2p", share_att_key=False),
+                            "DebertaV2Model", "DebertaV2ForSequenceClassification"),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
@@ -197,6 +207,8 @@ def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tm
 
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_masked_lm_logits_match_hf_and_export(family, tmp_path):
+    if family.startswith("deberta"):
+        pytest.skip("attnlab has no DeBERTa masked-LM head yet")
     directory = _hf_dir(family, tmp_path, classifier=False, masked_lm=True)
     model = from_pretrained(directory)
     assert isinstance(model, EncoderForMaskedLM)

@@ -56,5 +56,6 @@ def test_families_benchmark_runs_every_family_at_a_tiny_size(capsys):
     module.main(["--families", "--num-texts", "4", "--batch-size", "2", "--repeats", "1", "--width", "32",
                  "--layers", "1", "--threads", "1"])
     printed = capsys.readouterr().out
-    for family in ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "mpnet", "modernbert"):
+    for family in ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "mpnet", "modernbert",
+                   "deberta-v2"):
         assert f"| {family} |" in printed

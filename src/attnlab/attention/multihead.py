@@ -188,6 +188,15 @@ class MultiHeadAttention(nn.Module):
         self.window = window
         self._reset_parameters()
 
+    # Whether attention may run sequence by sequence with no mask on packed tokens; False
+    # for subclasses that add terms to the scores inside _attention_core.
+    _attends_by_sequence = True
+
+    def supports_packing(self) -> bool:
+        """Whether an encoder may hand this module packed tokens (``packing=``): plain
+        :class:`MultiHeadAttention` and subclasses that say so."""
+        return type(self) is MultiHeadAttention
+
     def _reset_parameters(self) -> None:
         if self.packed:
             nn.init.xavier_uniform_(self.in_proj_weight)
@@ -250,6 +259,7 @@ class MultiHeadAttention(nn.Module):
         qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # [N, 3E]
         by_sequence = (
             not need_weights
+            and self._attends_by_sequence
             and mask is None
             and attn_bias is None
             and (self.rotary is None or packing.is_prefix)

@@ -419,7 +419,9 @@ class TransformerEncoder(nn.Module):
         if not self.config.skip_padding:
             return None
         if not all(
-            type(layer) is TransformerEncoderLayer and type(layer.self_attn) is MultiHeadAttention
+            type(layer) is TransformerEncoderLayer
+            and isinstance(layer.self_attn, MultiHeadAttention)
+            and layer.self_attn.supports_packing()
             for layer in self.layers
         ):
             return None  # sparse attention, or layers replaced or wrapped: the padded layout

@@ -22,6 +22,7 @@ POOLER_ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "silu": F.silu,
 }
 
 

@@ -435,15 +435,15 @@ def save_pretrained(
             f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
             f"got {type(model).__name__}"
         )
-    if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in encoder.layers):
-        raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved in a HF layout")
     original = getattr(encoder, "checkpoint_config", None)
+    if original is None and any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in encoder.layers):
+        raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))
     head = _head_modules(family, model, original or {})
     state = {name: tensor for name, tensor in model.state_dict().items() if name != _TIED}
     tensors = state_to_hf(family, original or {}, state, head=head)
-    if "token_type_embedding" in family.embeddings and encoder.token_type_embedding is None:
+    if family is BERT and encoder.token_type_embedding is None:
         # BERT always adds a token-type embedding: a zero row adds nothing.
         name = ("" if model is encoder else family.base_prefix) + "embeddings.token_type_embeddings.weight"
         tensors[name] = encoder.embedding.weight.new_zeros(1, encoder.embedding.weight.shape[1]).detach()

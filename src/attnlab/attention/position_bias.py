@@ -19,7 +19,9 @@ from .._checks import check_positive_int
 __all__ = ["RelativePositionBias", "relative_position_bucket"]
 
 
-def relative_position_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+def relative_position_bucket(
+    relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
     """T5/MPNet bidirectional buckets of ``key - query`` offsets.
 
     Half of the buckets hold keys before the query, half keys after it; inside each half
@@ -32,9 +34,9 @@ def relative_position_bucket(relative_position: Tensor, num_buckets: int = 32, m
     distance = distance.abs()
     exact = half // 2
     is_small = distance < exact
-    large = exact + (
-        torch.log(distance.float() / exact) / math.log(max_distance / exact) * (half - exact)
-    ).long()
+    large = (
+        exact + (torch.log(distance.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    )
     large = torch.clamp(large, max=half - 1)
     return bucket + torch.where(is_small, distance, large)
 
@@ -64,8 +66,12 @@ class RelativePositionBias(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        for name, value in (("num_heads", num_heads), ("num_embeddings", num_embeddings),
-                            ("num_buckets", num_buckets), ("max_distance", max_distance)):
+        for name, value in (
+            ("num_heads", num_heads),
+            ("num_embeddings", num_embeddings),
+            ("num_buckets", num_buckets),
+            ("max_distance", max_distance),
+        ):
             check_positive_int(name, value)
         self.num_buckets = num_buckets
         self.max_distance = max_distance

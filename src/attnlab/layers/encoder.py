@@ -337,7 +337,9 @@ class TransformerEncoder(nn.Module):
         self._initialize_parameters()
 
     @classmethod
-    def from_config(cls, config: EncoderConfig, *, device=None, dtype=None, **components) -> "TransformerEncoder":
+    def from_config(
+        cls, config: EncoderConfig, *, device=None, dtype=None, **components
+    ) -> "TransformerEncoder":
         """Build an encoder from an :class:`EncoderConfig` (and components, see the class)."""
         values = config.to_dict()
         positional = [values.pop(name) for name in

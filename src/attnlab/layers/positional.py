@@ -138,7 +138,9 @@ class PaddingOffsetPositionalEmbedding(LearnedPositionalEmbedding):
         real = input_ids.ne(self.pad_id).long()  # [B, T]
         return torch.cumsum(real, dim=1) * real + self.pad_id
 
-    def forward(self, x: Tensor, position_ids: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self, x: Tensor, position_ids: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None
+    ) -> Tensor:
         if position_ids is None:
             if input_ids is None:
                 raise ValueError("PaddingOffsetPositionalEmbedding needs input_ids (or position_ids)")

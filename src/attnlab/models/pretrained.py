@@ -39,10 +39,10 @@ from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
 from .classifier import EncoderClassifier
-from .masked_lm import EncoderForMaskedLM
 from .families import FAMILIES, Family, family_for
 from .families._convert import hf_to_state, state_to_hf
 from .families.bert import BERT
+from .masked_lm import EncoderForMaskedLM
 
 __all__ = [
     "PRETRAINED_NAMES",
@@ -188,7 +188,8 @@ def _head_modules(family: Family, model, values: dict) -> dict[str, str]:
     if isinstance(model, EncoderForMaskedLM):
         if family.masked_lm is None:
             raise UnsupportedCheckpointError(f"{family.name} has no masked-LM head in attnlab")
-        wanted = EncoderForMaskedLM(model.encoder, **family.masked_lm.settings(values), device="meta").settings
+        settings = family.masked_lm.settings(values)
+        wanted = EncoderForMaskedLM(model.encoder, **settings, device="meta").settings
         if model.settings != wanted:
             raise UnsupportedCheckpointError(
                 f"this masked-LM head cannot be written as a {family.name} checkpoint: its settings are "
@@ -205,7 +206,9 @@ def _classifier(family: Family, encoder: TransformerEncoder, values: dict, sourc
     """The family's classification head on ``encoder``, with the checkpoint's labels."""
     if family.classifier is None:
         raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
-    id2label = values.get("id2label") or {str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))}
+    id2label = values.get("id2label") or {
+        str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))
+    }
     labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
     dropout = values.get("classifier_dropout")
     return EncoderClassifier(
@@ -295,7 +298,9 @@ def from_pretrained(
     model = _task_model(family, encoder, values, task, str(config_path))
     head = _head_modules(family, model, values)
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
-    state, skipped = hf_to_state(family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path))
+    state, skipped = hf_to_state(
+        family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path)
+    )
     if skipped:
         logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
@@ -402,7 +407,9 @@ def bert_style_config(
 
 
 def save_pretrained(
-    model: Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM], directory: PathLike, tokenizer: Optional[Tokenizer] = None
+    model: Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM],
+    directory: PathLike,
+    tokenizer: Optional[Tokenizer] = None,
 ) -> Path:
     """Write ``model`` in its family's HuggingFace layout, which ``transformers`` opens.
 
@@ -436,7 +443,8 @@ def save_pretrained(
             f"got {type(model).__name__}"
         )
     original = getattr(encoder, "checkpoint_config", None)
-    if original is None and any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in encoder.layers):
+    plain = all(type(layer.self_attn).__name__ == "MultiHeadAttention" for layer in encoder.layers)
+    if original is None and not plain:
         raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))

@@ -61,17 +61,21 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     model = _unwrap(model)
     if isinstance(model, TransformerEncoder):
         config = {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
-    else:
-        model_type = getattr(model, "model_type", None)
-        if model_type not in _MODEL_TYPES:
-            raise TypeError(
-                f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
-            )
-        config = {"model_type": model_type, "encoder": model.encoder.config.to_dict(), "head": model.head_config()}
-    pretrained = getattr(model if isinstance(model, TransformerEncoder) else model.encoder, "checkpoint_config", None)
-    if pretrained is not None:
-        config[_PRETRAINED_KEY] = pretrained
-    return config
+        return _with_pretrained(config, model)
+    model_type = getattr(model, "model_type", None)
+    if model_type not in _MODEL_TYPES:
+        raise TypeError(
+            f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
+        )
+    encoder = model.encoder
+    config = {"model_type": model_type, "encoder": encoder.config.to_dict(), "head": model.head_config()}
+    return _with_pretrained(config, encoder)
+
+
+def _with_pretrained(config: dict[str, Any], encoder: nn.Module) -> dict[str, Any]:
+    """``config`` plus the HF ``config.json`` of an encoder opened from a pretrained family."""
+    pretrained = getattr(encoder, "checkpoint_config", None)
+    return config if pretrained is None else {**config, _PRETRAINED_KEY: pretrained}
 
 
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
@@ -84,8 +88,9 @@ def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module
     if hasattr(model_class, "from_model_config"):  # models that build their own encoders
         return model_class.from_model_config(config, device=device, dtype=dtype)
     encoder_config = EncoderConfig.from_dict(config["encoder"])
-    if config.get(_PRETRAINED_KEY):
-        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device, dtype=dtype)
+    if config.get(_PRETRAINED_KEY):  # a family's components, rebuilt from its HF config
+        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device,
+                                               dtype=dtype)
     else:
         encoder = TransformerEncoder.from_config(encoder_config, device=device, dtype=dtype)
     if model_type == _ENCODER_TYPE:

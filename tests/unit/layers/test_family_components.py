@@ -54,7 +54,13 @@ def test_sliding_window_mask_is_a_band():
 def test_local_attention_fused_matches_reference_padded_and_packed(rotary):
     torch.manual_seed(0)
     encoder = TransformerEncoder(
-        50, d_model=32, num_layers=2, num_heads=4, d_ff=48, dropout=0.0, pad_id=0,
+        50,
+        d_model=32,
+        num_layers=2,
+        num_heads=4,
+        d_ff=48,
+        dropout=0.0,
+        pad_id=0,
         position="rotary" if rotary else "learned",
         layer_factory=lambda index: _local_layer(index, rotary),
     ).eval()
@@ -106,8 +112,18 @@ def test_classifier_pooler_settings_survive_the_attnlab_checkpoint_config():
 
 
 def test_factorised_embeddings_are_projected_to_the_model_width():
-    encoder = TransformerEncoder(30, d_model=16, num_layers=1, num_heads=2, d_ff=32, embedding_dim=8,
-                                 position="learned", max_len=10, type_vocab_size=2, embedding_norm=True)
+    encoder = TransformerEncoder(
+        30,
+        d_model=16,
+        num_layers=1,
+        num_heads=2,
+        d_ff=32,
+        embedding_dim=8,
+        position="learned",
+        max_len=10,
+        type_vocab_size=2,
+        embedding_norm=True,
+    )
     assert encoder.embedding.weight.shape == (30, 8)
     assert encoder.pos_encoding.embedding.weight.shape == (10, 8)
     assert encoder.embedding_projection.weight.shape == (16, 8)
@@ -129,11 +145,23 @@ def test_a_score_bias_reaches_every_layer():
 def test_disentangled_attention_fused_matches_reference_and_stores_its_table_once():
     from attnlab.models.families.deberta_v2 import DEBERTA_V2
 
-    values = {"model_type": "deberta-v2", "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "intermediate_size": 24, "relative_attention": True,
-              "position_biased_input": False, "pos_att_type": "p2c|c2p", "share_att_key": True,
-              "norm_rel_ebd": "layer_norm", "position_buckets": 4, "max_relative_positions": 16,
-              "type_vocab_size": 0, "pad_token_id": 0}
+    values = {
+        "model_type": "deberta-v2",
+        "vocab_size": 40,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 24,
+        "relative_attention": True,
+        "position_biased_input": False,
+        "pos_att_type": "p2c|c2p",
+        "share_att_key": True,
+        "norm_rel_ebd": "layer_norm",
+        "position_buckets": 4,
+        "max_relative_positions": 16,
+        "type_vocab_size": 0,
+        "pad_token_id": 0,
+    }
     torch.manual_seed(0)
     encoder = DEBERTA_V2.build(values, DEBERTA_V2.config_from_hf(values, "config.json")).eval()
     tables = [name for name in encoder.state_dict() if ".positions." in name]

@@ -13,7 +13,14 @@ from typing import Any, Mapping, Optional, Sequence
 from ...layers import EncoderConfig, TransformerEncoder
 from ._table import UnsupportedCheckpointError, problems_error
 
-__all__ = ["ACTIVATIONS_FROM_HF", "ACTIVATIONS_TO_HF", "BERT_KEYS", "POST_NORM", "read_config", "write_config"]
+__all__ = [
+    "ACTIVATIONS_FROM_HF",
+    "ACTIVATIONS_TO_HF",
+    "BERT_KEYS",
+    "POST_NORM",
+    "read_config",
+    "write_config",
+]
 
 # HF activation name -> attnlab's. HF's "gelu" is the exact erf GELU.
 ACTIVATIONS_FROM_HF = {
@@ -80,8 +87,15 @@ def read_config(
         UnsupportedCheckpointError: listing every setting attnlab cannot reproduce.
     """
     problems = list(problems)
-    defaults = {"dropout": 0.1, "max_len": 512, "activation": "gelu", "layer_norm_eps": 1e-12,
-                "type_vocab_size": 2, "pad_id": None, **(defaults or {})}
+    defaults = {
+        "dropout": 0.1,
+        "max_len": 512,
+        "activation": "gelu",
+        "layer_norm_eps": 1e-12,
+        "type_vocab_size": 2,
+        "pad_id": None,
+        **(defaults or {}),
+    }
     given = {name: values[key] for name, key in keys.items() if key in values and values[key] is not None}
     read = {**defaults, **given}
     if values.get("is_decoder") or values.get("add_cross_attention"):
@@ -91,8 +105,10 @@ def read_config(
             f"position_embedding_type is {values['position_embedding_type']!r}; only 'absolute' is supported"
         )
     if read["activation"] not in ACTIVATIONS_FROM_HF:
-        problems.append(f"{keys.get('activation', 'activation')} is {read['activation']!r}; "
-                        f"supported: {sorted(ACTIVATIONS_FROM_HF)}")
+        problems.append(
+            f"{keys.get('activation', 'activation')} is {read['activation']!r}; "
+            f"supported: {sorted(ACTIVATIONS_FROM_HF)}"
+        )
     missing = [keys[name] for name in _REQUIRED if name not in read]
     if missing:
         problems.append(f"missing keys {missing}")

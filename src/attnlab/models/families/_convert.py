@@ -111,7 +111,9 @@ def hf_to_state(
     """
     given = {_normalise(name): tensor for name, tensor in tensors.items()}
     prefix = family.base_prefix
-    head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")} | set(head.values())
+    head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")} | set(
+        head.values()
+    )
 
     def lookup(name: str) -> str | None:
         if name in head_names:

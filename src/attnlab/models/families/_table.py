@@ -65,7 +65,13 @@ class ClassifierTable:
         pooling = read.pop("pooling")
         if self.pooler is None:
             return {"pooling": pooling, "pooler": None}
-        pooler = {"activation": read.pop("activation"), "bias": True, "norm_eps": None, "norm_bias": True, **read}
+        pooler = {
+            "activation": read.pop("activation"),
+            "bias": True,
+            "norm_eps": None,
+            "norm_bias": True,
+            **read,
+        }
         return {"pooling": pooling, "pooler": pooler}
 
     def modules(self) -> dict[str, str]:
@@ -144,12 +150,17 @@ class Family:
     qkv: Union[str, tuple[str, str, str]]
     components: Components = field(default=lambda values, config: {})
     hf_layer: Callable[[dict[str, Any], int], int] = field(default=lambda values, index: index)
-    after_load: Callable[[TransformerEncoder, dict[str, Any]], None] = field(default=lambda encoder, values: None)
+    after_load: Callable[[TransformerEncoder, dict[str, Any]], None] = field(
+        default=lambda encoder, values: None
+    )
     classifier: Optional[ClassifierTable] = None
     masked_lm: Optional[MaskedLMTable] = None
     ignored: tuple[str, ...] = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 
-    def build(self, values: dict[str, Any], config: EncoderConfig, *, device=None, dtype=None) -> TransformerEncoder:
+    def build(
+        self, values: dict[str, Any], config: EncoderConfig, *, device=None, dtype=None
+    ) -> TransformerEncoder:
         """The encoder the checkpoint's config describes, freshly initialised."""
-        return TransformerEncoder.from_config(config, device=device, dtype=dtype,
-                                              **self.components(values, config))
+        return TransformerEncoder.from_config(
+            config, device=device, dtype=dtype, **self.components(values, config)
+        )

@@ -51,8 +51,9 @@ def _read(values: dict[str, Any], source: str) -> EncoderConfig:
     groups = values.get("num_hidden_groups", 1)
     if not isinstance(groups, int) or groups < 1:
         problems.append(f"num_hidden_groups is {groups!r}; expected an int >= 1")
-    return read_config(values, source, family="albert", defaults={"activation": "gelu_new", "pad_id": 0},
-                       problems=problems)
+    return read_config(
+        values, source, family="albert", defaults={"activation": "gelu_new", "pad_id": 0}, problems=problems
+    )
 
 
 ALBERT = Family(
@@ -76,6 +77,11 @@ ALBERT = Family(
     hf_layer=_group,
     after_load=_tie,
     classifier=ClassifierTable("AlbertForSequenceClassification", "classifier", pooler="albert.pooler"),
-    masked_lm=MaskedLMTable("AlbertForMaskedLM", "predictions.dense", "predictions.LayerNorm", "predictions.bias",
-                            settings=lambda values: hidden_act_head({"hidden_act": "gelu_new", **values})),
+    masked_lm=MaskedLMTable(
+        "AlbertForMaskedLM",
+        "predictions.dense",
+        "predictions.LayerNorm",
+        "predictions.bias",
+        settings=lambda values: hidden_act_head({"hidden_act": "gelu_new", **values}),
+    ),
 )

@@ -48,6 +48,11 @@ BERT = Family(
     layer=BERT_LAYER,
     qkv=BERT_QKV,
     classifier=ClassifierTable("BertForSequenceClassification", "classifier", pooler="bert.pooler.dense"),
-    masked_lm=MaskedLMTable("BertForMaskedLM", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                            "cls.predictions.bias", settings=hidden_act_head),
+    masked_lm=MaskedLMTable(
+        "BertForMaskedLM",
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+        settings=hidden_act_head,
+    ),
 )

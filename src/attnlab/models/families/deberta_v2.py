@@ -42,36 +42,62 @@ def _span(values: dict[str, Any]) -> tuple[int, int, int]:
 def _read(values: dict[str, Any], source: str) -> EncoderConfig:
     problems = []
     if values.get("conv_kernel_size", 0) > 0:
-        problems.append(f"conv_kernel_size is {values['conv_kernel_size']}; only 0 (no convolution) is supported")
+        problems.append(
+            f"conv_kernel_size is {values['conv_kernel_size']}; only 0 (no convolution) is supported"
+        )
     width = values.get("embedding_size", values.get("hidden_size"))
     if width != values.get("hidden_size"):
         problems.append(f"embedding_size is {width}, not hidden_size; only equal sizes are supported")
-    if values.get("attention_head_size") not in (None, values.get("hidden_size", 0) // values.get(
-            "num_attention_heads", 1)):
+    if values.get("attention_head_size") not in (
+        None,
+        values.get("hidden_size", 0) // values.get("num_attention_heads", 1),
+    ):
         problems.append(f"attention_head_size is {values['attention_head_size']}; only hidden_size / heads")
     unknown = sorted(set(position_terms(values)) - set(POSITION_TERMS))
     if unknown:
         problems.append(f"pos_att_type holds {unknown}; supported: {list(POSITION_TERMS)}")
-    return read_config(values, source, family="deberta-v2", problems=problems,
-                       defaults={"type_vocab_size": 0, "layer_norm_eps": 1e-7, "pad_id": 0},
-                       fixed={"position": "learned" if values.get("position_biased_input", True) else "none"})
+    return read_config(
+        values,
+        source,
+        family="deberta-v2",
+        problems=problems,
+        defaults={"type_vocab_size": 0, "layer_norm_eps": 1e-7, "pad_id": 0},
+        fixed={"position": "learned" if values.get("position_biased_input", True) else "none"},
+    )
 
 
 def _components(values: dict[str, Any], config: EncoderConfig) -> dict[str, Any]:
     terms = position_terms(values)
     span, buckets, max_position = _span(values)
     normed = "layer_norm" in str(values.get("norm_rel_ebd", "none")).lower()
-    table = RelativePositionTable(span, config.d_model, norm_eps=config.layer_norm_eps if normed else None,
-                                  bucket_size=buckets, max_position=max_position)
+    table = RelativePositionTable(
+        span,
+        config.d_model,
+        norm_eps=config.layer_norm_eps if normed else None,
+        bucket_size=buckets,
+        max_position=max_position,
+    )
     share = bool(values.get("share_att_key", False))
 
     def layer(index: int) -> TransformerEncoderLayer:
-        attention = DisentangledSelfAttention(config.d_model, config.num_heads, config.effective_attention_dropout,
-                                              positions=table, owns_positions=index == 0, terms=terms,
-                                              share_projections=share)
-        return TransformerEncoderLayer(config.d_model, config.num_heads, config.d_ff, config.dropout,
-                                       activation=config.activation, layer_norm_eps=config.layer_norm_eps,
-                                       self_attention=attention)
+        attention = DisentangledSelfAttention(
+            config.d_model,
+            config.num_heads,
+            config.effective_attention_dropout,
+            positions=table,
+            owns_positions=index == 0,
+            terms=terms,
+            share_projections=share,
+        )
+        return TransformerEncoderLayer(
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
+            config.dropout,
+            activation=config.activation,
+            layer_norm_eps=config.layer_norm_eps,
+            self_attention=attention,
+        )
 
     return {"layer_factory": layer}
 
@@ -97,7 +123,12 @@ DEBERTA_V2 = Family(
     qkv=("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj"),
     components=_components,
     # The pooler of DebertaV2ForSequenceClassification sits outside the base model.
-    classifier=ClassifierTable("DebertaV2ForSequenceClassification", "classifier", pooler="pooler.dense",
-                               from_config=lambda values: {"activation": ACTIVATIONS_FROM_HF.get(
-                                   values.get("pooler_hidden_act", "gelu"), "gelu")}),
+    classifier=ClassifierTable(
+        "DebertaV2ForSequenceClassification",
+        "classifier",
+        pooler="pooler.dense",
+        from_config=lambda values: {
+            "activation": ACTIVATIONS_FROM_HF.get(values.get("pooler_hidden_act", "gelu"), "gelu")
+        },
+    ),
 )

@@ -25,8 +25,14 @@ _KEYS = {
 
 
 def _read(values: dict[str, Any], source: str) -> EncoderConfig:
-    return read_config(values, source, family="distilbert", keys=_KEYS, defaults={"pad_id": 0},
-                       fixed={"layer_norm_eps": 1e-12, "type_vocab_size": 0})
+    return read_config(
+        values,
+        source,
+        family="distilbert",
+        keys=_KEYS,
+        defaults={"pad_id": 0},
+        fixed={"layer_norm_eps": 1e-12, "type_vocab_size": 0},
+    )
 
 
 DISTILBERT = Family(
@@ -50,9 +56,16 @@ DISTILBERT = Family(
         "norm2": "output_layer_norm",
     },
     qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-    classifier=ClassifierTable("DistilBertForSequenceClassification", "classifier", pooler="pre_classifier",
-                               activation="relu"),
-    masked_lm=MaskedLMTable("DistilBertForMaskedLM", "vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
-                            settings=lambda values: {"activation": ACTIVATIONS_FROM_HF.get(
-                                values.get("activation", "gelu"), "gelu")}),
+    classifier=ClassifierTable(
+        "DistilBertForSequenceClassification", "classifier", pooler="pre_classifier", activation="relu"
+    ),
+    masked_lm=MaskedLMTable(
+        "DistilBertForMaskedLM",
+        "vocab_transform",
+        "vocab_layer_norm",
+        "vocab_projector.bias",
+        settings=lambda values: {
+            "activation": ACTIVATIONS_FROM_HF.get(values.get("activation", "gelu"), "gelu")
+        },
+    ),
 )

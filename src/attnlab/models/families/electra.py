@@ -30,9 +30,17 @@ ELECTRA = Family(
     layer=BERT_LAYER,
     qkv=BERT_QKV,
     components=factorised_embeddings,
-    classifier=ClassifierTable("ElectraForSequenceClassification", "classifier.out_proj",
-                               pooler="classifier.dense", activation="gelu"),
+    classifier=ClassifierTable(
+        "ElectraForSequenceClassification",
+        "classifier.out_proj",
+        pooler="classifier.dense",
+        activation="gelu",
+    ),
     # ElectraForMaskedLM is the generator: its head maps back to the embedding width.
-    masked_lm=MaskedLMTable("ElectraForMaskedLM", "generator_predictions.dense", "generator_predictions.LayerNorm",
-                            "generator_lm_head.bias"),
+    masked_lm=MaskedLMTable(
+        "ElectraForMaskedLM",
+        "generator_predictions.dense",
+        "generator_predictions.LayerNorm",
+        "generator_lm_head.bias",
+    ),
 )

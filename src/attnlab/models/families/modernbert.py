@@ -29,14 +29,19 @@ def layer_types(values: dict[str, Any]) -> list[str]:
     if values.get("layer_types"):
         return list(values["layer_types"])
     every = values.get("global_attn_every_n_layers", 3)
-    return ["sliding_attention" if index % every else "full_attention" for index in range(values["num_hidden_layers"])]
+    return [
+        "sliding_attention" if index % every else "full_attention"
+        for index in range(values["num_hidden_layers"])
+    ]
 
 
 def rope_bases(values: dict[str, Any]) -> dict[str, float]:
     """The rotary base of each layer type (``rope_parameters``, or the older theta keys)."""
     parameters = values.get("rope_parameters") or {}
     return {
-        kind: float((parameters.get(kind) or {}).get("rope_theta", values.get(_OLD_THETA_KEYS[kind], default)))
+        kind: float(
+            (parameters.get(kind) or {}).get("rope_theta", values.get(_OLD_THETA_KEYS[kind], default))
+        )
         for kind, default in _THETA.items()
     }
 
@@ -52,9 +57,13 @@ def _read(values: dict[str, Any], source: str) -> EncoderConfig:
         problems.append(f"hidden_activation is {activation!r}; supported: {sorted(ACTIVATIONS_FROM_HF)}")
     for kind, parameters in (values.get("rope_parameters") or {}).items():
         if parameters and parameters.get("rope_type", "default") != "default":
-            problems.append(f"rope_parameters[{kind!r}] has rope_type {parameters['rope_type']!r}; only 'default'")
+            problems.append(
+                f"rope_parameters[{kind!r}] has rope_type {parameters['rope_type']!r}; only 'default'"
+            )
     if not missing and len(layer_types(values)) != values["num_hidden_layers"]:
-        problems.append(f"layer_types has {len(layer_types(values))} entries for {values['num_hidden_layers']} layers")
+        problems.append(
+            f"layer_types has {len(layer_types(values))} entries for {values['num_hidden_layers']} layers"
+        )
     unknown = sorted(set(layer_types(values)) - set(_THETA)) if not missing else []
     if unknown:
         problems.append(f"layer_types holds {unknown}; supported: {sorted(_THETA)}")
@@ -97,11 +106,26 @@ def _components(values: dict[str, Any], config: EncoderConfig) -> dict[str, Any]
     def layer(index: int) -> TransformerEncoderLayer:
         E, H = config.d_model, config.num_heads
         local = kinds[index] == "sliding_attention"
-        attention = MultiHeadAttention(E, H, config.effective_attention_dropout, bias=config.bias, rotary=True,
-                                       rotary_base=bases[kinds[index]], window=window if local else None)
+        attention = MultiHeadAttention(
+            E,
+            H,
+            config.effective_attention_dropout,
+            bias=config.bias,
+            rotary=True,
+            rotary_base=bases[kinds[index]],
+            window=window if local else None,
+        )
         ffn = GatedFFN(E, config.d_ff, config.dropout, activation=config.activation, bias=mlp_bias)
-        block = TransformerEncoderLayer(E, H, config.d_ff, config.dropout, norm_first=True,
-                                        self_attention=attention, ffn=ffn, norm_layer=norm)
+        block = TransformerEncoderLayer(
+            E,
+            H,
+            config.d_ff,
+            config.dropout,
+            norm_first=True,
+            self_attention=attention,
+            ffn=ffn,
+            norm_layer=norm,
+        )
         if index == 0:
             block.norm1 = nn.Identity()  # the embedding norm comes right before
         return block
@@ -116,8 +140,12 @@ def _write(encoder: TransformerEncoder, original: Optional[dict[str, Any]]) -> d
             "open one with attnlab.from_pretrained(dir) and save that"
         )
     config = encoder.config
-    return {**original, "mlp_dropout": config.dropout, "attention_dropout": config.effective_attention_dropout,
-            "hidden_activation": ACTIVATIONS_TO_HF[config.activation]}
+    return {
+        **original,
+        "mlp_dropout": config.dropout,
+        "attention_dropout": config.effective_attention_dropout,
+        "hidden_activation": ACTIVATIONS_TO_HF[config.activation],
+    }
 
 
 def _classifier_settings(values: dict[str, Any]) -> dict[str, Any]:
@@ -142,8 +170,11 @@ MODERNBERT = Family(
     base_prefix="model.",
     config_from_hf=_read,
     config_to_hf=_write,
-    embeddings={"embedding": "embeddings.tok_embeddings", "embedding_norm": "embeddings.norm",
-                "layer_norm": "final_norm"},
+    embeddings={
+        "embedding": "embeddings.tok_embeddings",
+        "embedding_norm": "embeddings.norm",
+        "layer_norm": "final_norm",
+    },
     layer_prefix="layers.{}.",
     layer={
         "self_attn.out_proj": "attn.Wo",
@@ -154,9 +185,16 @@ MODERNBERT = Family(
     },
     qkv="attn.Wqkv",
     components=_components,
-    classifier=ClassifierTable("ModernBertForSequenceClassification", "classifier", pooler="head.dense",
-                               pooler_norm="head.norm", activation="gelu", from_config=_classifier_settings),
-    masked_lm=MaskedLMTable("ModernBertForMaskedLM", "head.dense", "head.norm", "decoder.bias",
-                            settings=_masked_lm_settings),
+    classifier=ClassifierTable(
+        "ModernBertForSequenceClassification",
+        "classifier",
+        pooler="head.dense",
+        pooler_norm="head.norm",
+        activation="gelu",
+        from_config=_classifier_settings,
+    ),
+    masked_lm=MaskedLMTable(
+        "ModernBertForMaskedLM", "head.dense", "head.norm", "decoder.bias", settings=_masked_lm_settings
+    ),
     ignored=(),
 )

@@ -20,8 +20,13 @@ def _components(values: dict[str, Any], config: EncoderConfig) -> dict[str, Any]
 
 
 def _read(values: dict[str, Any], source: str) -> EncoderConfig:
-    return read_config(values, source, family="mpnet", defaults={"pad_id": 1, "max_len": 514},
-                       fixed={**offset_max_len(values), "type_vocab_size": 0})
+    return read_config(
+        values,
+        source,
+        family="mpnet",
+        defaults={"pad_id": 1, "max_len": 514},
+        fixed={**offset_max_len(values), "type_vocab_size": 0},
+    )
 
 
 MPNET = Family(
@@ -47,6 +52,8 @@ MPNET = Family(
     },
     qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
     components=_components,
-    classifier=ClassifierTable("MPNetForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"),
+    classifier=ClassifierTable(
+        "MPNetForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"
+    ),
     masked_lm=MaskedLMTable("MPNetForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
 )

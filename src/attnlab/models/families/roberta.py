@@ -27,8 +27,13 @@ def offset_positions(values: dict[str, Any], config: EncoderConfig) -> dict[str,
 
 
 def _read(values: dict[str, Any], source: str) -> EncoderConfig:
-    return read_config(values, source, family=values.get("model_type", "roberta"),
-                       defaults={"pad_id": 1, "type_vocab_size": 1, "max_len": 514}, fixed=offset_max_len(values))
+    return read_config(
+        values,
+        source,
+        family=values.get("model_type", "roberta"),
+        defaults={"pad_id": 1, "type_vocab_size": 1, "max_len": 514},
+        fixed=offset_max_len(values),
+    )
 
 
 ROBERTA = Family(
@@ -43,7 +48,9 @@ ROBERTA = Family(
     layer=BERT_LAYER,
     qkv=BERT_QKV,
     components=offset_positions,
-    classifier=ClassifierTable("RobertaForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"),
+    classifier=ClassifierTable(
+        "RobertaForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"
+    ),
     masked_lm=MaskedLMTable("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
 )
 

@@ -289,3 +289,19 @@ def test_masked_lm_logits_match_hf_and_export(family, tmp_path):
             expected = hf(input_ids, attention_mask=mask.long()).logits
             ours = model(input_ids, attention_mask=mask).logits
         torch.testing.assert_close(ours[mask], expected[mask], atol=TOLERANCE, rtol=0)
+
+
+def test_modernbert_mean_pooling_head_matches_hf(tmp_path, monkeypatch):
+    options = {**CASES["modernbert"][1], "classifier_pooling": "mean", "classifier_activation": "silu"}
+    monkeypatch.setitem(CASES, "modernbert", (CASES["modernbert"][0], options, *CASES["modernbert"][2:]))
+    directory = _hf_dir("modernbert", tmp_path, classifier=True)
+    model = from_pretrained(directory)
+    assert model.pooling == "mean" and model.pooler.settings["activation"] == "silu"
+    input_ids, mask = _batch(0)
+    exported = save_pretrained(model, tmp_path / "export")
+    for source in (directory, exported):
+        with torch.no_grad():
+            expected = _hf(source, classifier=True)(input_ids, attention_mask=mask.long()).logits
+            torch.testing.assert_close(
+                model(input_ids, attention_mask=mask).logits, expected, atol=TOLERANCE, rtol=0
+            )

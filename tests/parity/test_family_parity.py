@@ -273,8 +273,6 @@ def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tm
 
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_masked_lm_logits_match_hf_and_export(family, tmp_path):
-    if family.startswith("deberta"):
-        pytest.skip("attnlab has no DeBERTa masked-LM head yet")
     directory = _hf_dir(family, tmp_path, classifier=False, masked_lm=True)
     model = from_pretrained(directory)
     assert isinstance(model, EncoderForMaskedLM)

@@ -16,8 +16,8 @@ from typing import Any
 from ...attention.disentangled import POSITION_TERMS, DisentangledSelfAttention, RelativePositionTable
 from ...layers import EncoderConfig, TransformerEncoderLayer
 from ._bert_like import ACTIVATIONS_FROM_HF, read_config, write_config
-from ._table import ClassifierTable, Family
-from .bert import BERT_EMBEDDINGS, BERT_LAYER
+from ._table import ClassifierTable, Family, MaskedLMTable
+from .bert import BERT_EMBEDDINGS, BERT_LAYER, hidden_act_head
 
 __all__ = ["DEBERTA_V2", "position_terms"]
 
@@ -130,5 +130,13 @@ DEBERTA_V2 = Family(
         from_config=lambda values: {
             "activation": ACTIVATIONS_FROM_HF.get(values.get("pooler_hidden_act", "gelu"), "gelu")
         },
+    ),
+    # The legacy head (HF's default, config.legacy=True) is BERT's; the newer one is not read yet.
+    masked_lm=MaskedLMTable(
+        "DebertaV2ForMaskedLM",
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+        settings=hidden_act_head,
     ),
 )

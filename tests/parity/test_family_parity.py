@@ -303,3 +303,21 @@ def test_modernbert_mean_pooling_head_matches_hf(tmp_path, monkeypatch):
             torch.testing.assert_close(
                 model(input_ids, attention_mask=mask).logits, expected, atol=TOLERANCE, rtol=0
             )
+
+
+def test_auto_task_follows_the_tensors_present(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    # sentence-transformers writes base MPNet weights under architectures ["MPNetForMaskedLM"]
+    directory = _hf_dir("mpnet", tmp_path, classifier=False, masked_lm=True)
+    tensors = {
+        name: tensor
+        for name, tensor in load_file(str(directory / "model.safetensors")).items()
+        if not name.startswith("lm_head.")
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
+    assert isinstance(from_pretrained(directory), TransformerEncoder)
+    # the released ELECTRA discriminators are ElectraForPreTraining: their head is skipped
+    config = getattr(transformers, CASES["electra"][0])(**CASES["electra"][1])
+    transformers.ElectraForPreTraining(config).save_pretrained(tmp_path / "discriminator")
+    assert isinstance(from_pretrained(tmp_path / "discriminator"), TransformerEncoder)

@@ -151,16 +151,24 @@ def _weights_file(directory: Path) -> Path:
     raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
 
 
-def _task_of(values: dict, task: str) -> str:
+def _task_of(values: dict, task: str, family: Family, names: set[str]) -> str:
+    """The task ``"auto"`` means: the architecture's head, when the file holds that head.
+
+    Some directories name a task class but hold the base model only (sentence-transformers
+    saves MPNet and RoBERTa encoders under ``*ForMaskedLM``); they open as the encoder.
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if task != "auto":
         return task
     architectures = values.get("architectures") or []
+    classifier, masked_lm = family.classifier, family.masked_lm
     if any(name.endswith("ForSequenceClassification") for name in architectures):
-        return "sequence_classification"
+        if classifier is not None and f"{classifier.classifier}.weight" in names:
+            return "sequence_classification"
     if any(name.endswith("ForMaskedLM") for name in architectures):
-        return "masked_lm"
+        if masked_lm is not None and masked_lm.bias in names:
+            return "masked_lm"
     return "encoder"
 
 
@@ -290,9 +298,9 @@ def from_pretrained(
                if value is not None}
     if changes:
         config = dataclasses.replace(config, **changes)  # validated again in __post_init__
-    task = _task_of(values, task)
     weights_path = _weights_file(directory)
     tensors = load_file(str(weights_path))
+    task = _task_of(values, task, family, set(tensors))
     dtype = torch.get_default_dtype() if dtype is None else dtype
     encoder = family.build(values, config, device=device, dtype=dtype)
     model = _task_model(family, encoder, values, task, str(config_path))

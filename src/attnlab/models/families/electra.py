@@ -30,6 +30,8 @@ ELECTRA = Family(
     layer=BERT_LAYER,
     qkv=BERT_QKV,
     components=factorised_embeddings,
+    # ElectraForPreTraining (the released discriminators) adds a head the encoder does not use.
+    ignored=("embeddings.position_ids", "embeddings.token_type_ids", "discriminator_predictions."),
     classifier=ClassifierTable(
         "ElectraForSequenceClassification",
         "classifier.out_proj",

@@ -321,3 +321,14 @@ def test_auto_task_follows_the_tensors_present(tmp_path):
     config = getattr(transformers, CASES["electra"][0])(**CASES["electra"][1])
     transformers.ElectraForPreTraining(config).save_pretrained(tmp_path / "discriminator")
     assert isinstance(from_pretrained(tmp_path / "discriminator"), TransformerEncoder)
+
+
+def test_a_masked_lm_file_that_repeats_its_tied_decoder_opens(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = _hf_dir("roberta", tmp_path, classifier=False, masked_lm=True)
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["lm_head.decoder.weight"] = tensors["roberta.embeddings.word_embeddings.weight"].clone()
+    tensors["lm_head.decoder.bias"] = tensors["lm_head.bias"].clone()
+    save_file(tensors, str(directory / "model.safetensors"))
+    assert isinstance(from_pretrained(directory), EncoderForMaskedLM)

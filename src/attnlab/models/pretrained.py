@@ -306,8 +306,11 @@ def from_pretrained(
     model = _task_model(family, encoder, values, task, str(config_path))
     head = _head_modules(family, model, values)
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
+    tied = ()
+    if isinstance(model, EncoderForMaskedLM) and family.masked_lm.decoder:
+        tied = tuple(f"{family.masked_lm.decoder}.{leaf}" for leaf in ("weight", "bias"))  # repeated, tied
     state, skipped = hf_to_state(
-        family, values, tensors, shapes, head=head, strict=strict, source=str(weights_path)
+        family, values, tensors, shapes, head=head, ignored=tied, strict=strict, source=str(weights_path)
     )
     if skipped:
         logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)

@@ -89,6 +89,7 @@ def hf_to_state(
     shapes: dict[str, tuple[int, ...]],
     *,
     head: Mapping[str, str] = {},
+    ignored: tuple[str, ...] = (),
     strict: bool = True,
     source: str = "checkpoint",
 ) -> tuple[dict[str, Tensor], list[str]]:
@@ -100,6 +101,7 @@ def hf_to_state(
         tensors: HF name -> tensor, as read from ``model.safetensors``.
         shapes: the attnlab model's ``state_dict`` names and shapes.
         head: the task head's module paths -> full HF module paths (empty for an encoder).
+        ignored: more HF names (prefixes) to skip, besides the family's.
         strict: with ``False``, tensors nothing has a place for are skipped, not refused.
         source: where the tensors came from, for messages.
 
@@ -138,7 +140,10 @@ def hf_to_state(
             if tuple(given[found].shape) != tuple(expected):
                 mismatched[name] = f"checkpoint {tuple(given[found].shape)}, config expects {tuple(expected)}"
     unused = sorted(set(given) - used)
-    ignorable = [name for name in unused if name.removeprefix(prefix).startswith(family.ignored)]
+    skip = family.ignored + tuple(ignored)
+    ignorable = [
+        name for name in unused if name.removeprefix(prefix).startswith(skip) or name.startswith(skip)
+    ]
     extra = [name for name in unused if name not in ignorable]
     problems = [f"missing tensor {name}" for name in missing]
     if strict:

@@ -93,6 +93,8 @@ class MaskedLMTable:
         transform: HF module of the dense layer (``"lm_head.dense"``).
         norm: HF module of the LayerNorm after it (``"lm_head.layer_norm"``).
         bias: HF tensor of the decoder's bias (``"lm_head.bias"``).
+        decoder: HF module of the decoder, whose matrix (and bias, when the file repeats
+            them) are the token embedding and ``bias`` again: skipped when present.
         settings: :class:`~attnlab.EncoderForMaskedLM` keywords from the config
             (``activation``, ``norm_eps``, ``transform_bias``, ``norm_bias``).
     """
@@ -101,6 +103,7 @@ class MaskedLMTable:
     transform: str
     norm: str
     bias: str
+    decoder: str = ""
     settings: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda values: {})
 
     def modules(self) -> dict[str, str]:

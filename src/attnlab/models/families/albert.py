@@ -82,6 +82,7 @@ ALBERT = Family(
         "predictions.dense",
         "predictions.LayerNorm",
         "predictions.bias",
+        decoder="predictions.decoder",
         settings=lambda values: hidden_act_head({"hidden_act": "gelu_new", **values}),
     ),
 )

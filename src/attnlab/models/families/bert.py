@@ -53,6 +53,7 @@ BERT = Family(
         "cls.predictions.transform.dense",
         "cls.predictions.transform.LayerNorm",
         "cls.predictions.bias",
+        decoder="cls.predictions.decoder",
         settings=hidden_act_head,
     ),
 )

@@ -137,6 +137,7 @@ DEBERTA_V2 = Family(
         "cls.predictions.transform.dense",
         "cls.predictions.transform.LayerNorm",
         "cls.predictions.bias",
+        decoder="cls.predictions.decoder",
         settings=hidden_act_head,
     ),
 )

@@ -64,6 +64,7 @@ DISTILBERT = Family(
         "vocab_transform",
         "vocab_layer_norm",
         "vocab_projector.bias",
+        decoder="vocab_projector",
         settings=lambda values: {
             "activation": ACTIVATIONS_FROM_HF.get(values.get("activation", "gelu"), "gelu")
         },

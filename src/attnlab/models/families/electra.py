@@ -44,5 +44,6 @@ ELECTRA = Family(
         "generator_predictions.dense",
         "generator_predictions.LayerNorm",
         "generator_lm_head.bias",
+        decoder="generator_lm_head",
     ),
 )

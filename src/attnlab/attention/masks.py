@@ -35,6 +35,7 @@ __all__ = [
     "padding_mask",
     "padding_mask_from_ids",
     "causal_mask",
+    "sliding_window_mask",
     "padding_to_attention_mask",
     "combine_masks",
     "validate_attention_mask",
@@ -101,6 +102,24 @@ def causal_mask(
     """
     key_len = query_len if key_len is None else key_len
     return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril()
+
+
+def sliding_window_mask(
+    query_len: int, key_len: Optional[int] = None, *, window: int, device: Optional[torch.device] = None
+) -> Tensor:
+    """Local attention: query ``i`` may attend to keys ``j`` with ``|i - j| <= window``.
+
+    Bidirectional (ModernBERT's local layers: ``window = local_attention // 2``).
+
+    Returns:
+        ``[T, S]`` bool tensor.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (keys on each side), got {window!r}")
+    key_len = query_len if key_len is None else key_len
+    query = torch.arange(query_len, device=device)[:, None]  # [T, 1]
+    key = torch.arange(key_len, device=device)[None, :]  # [1, S]
+    return (query - key).abs() <= window
 
 
 def padding_to_attention_mask(mask: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ from .masks import (
     head_mask_scale,
     keep_mask,
     refuse_key_padding_mask,
+    sliding_window_mask,
     validate_attention_bias,
     validate_attention_mask,
 )
@@ -101,6 +102,8 @@ class MultiHeadAttention(nn.Module):
         bias: add biases to the projections.
         rotary: apply rotary position embedding to queries and keys.
         rotary_base: frequency base of the rotary embedding.
+        window: local attention: each query attends only to keys at most ``window``
+            positions away on either side (``None``: every key).
 
     Shape:
         query ``[B, T, E]``, key ``[B, S, kdim]``, value ``[B, S, vdim]``;
@@ -144,6 +147,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        window: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -179,7 +183,19 @@ class MultiHeadAttention(nn.Module):
             self.register_parameter("in_proj_bias", None)
         self.out_proj = Linear(d_model, d_model, bias=bias, **factory)
         self.rotary = RotaryEmbedding(self.head_dim, rotary_base, device=device) if rotary else None
+        if window is not None:
+            sliding_window_mask(1, window=window)  # validates window
+        self.window = window
         self._reset_parameters()
+
+    # Whether attention may run sequence by sequence with no mask on packed tokens; False
+    # for subclasses that add terms to the scores inside _attention_core.
+    _attends_by_sequence = True
+
+    def supports_packing(self) -> bool:
+        """Whether an encoder may hand this module packed tokens (``packing=``): plain
+        :class:`MultiHeadAttention` and subclasses that say so."""
+        return type(self) is MultiHeadAttention
 
     def _reset_parameters(self) -> None:
         if self.packed:
@@ -243,6 +259,7 @@ class MultiHeadAttention(nn.Module):
         qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # [N, 3E]
         by_sequence = (
             not need_weights
+            and self._attends_by_sequence
             and mask is None
             and attn_bias is None
             and (self.rotary is None or packing.is_prefix)
@@ -332,8 +349,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, t, D]
             if self.rotary is not None:
                 q, k = self.rotary(q), self.rotary(k)  # positions 0..t-1: right padding only
+            local = None
+            if self.window is not None:
+                local = sliding_window_mask(count, window=self.window, device=q.device)  # [t, t]
             out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout if self.training else 0.0
+                q, k, v, attn_mask=local, dropout_p=self.dropout if self.training else 0.0
             )  # [1, H, t, D]
             if scale is not None:
                 out = out * scale[sequence if scale.shape[0] > 1 else 0]
@@ -356,6 +376,10 @@ class MultiHeadAttention(nn.Module):
         """Rotary, attention and head mask on ``[B, H, T|S, D]`` heads."""
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        if self.window is not None:
+            local = sliding_window_mask(q.shape[2], k.shape[2], window=self.window, device=q.device)
+            local = local[None, None]  # [1, 1, T, S]
+            mask = local if mask is None else combine_masks(mask, local)  # [B|1, H|1, T, S]
         out, weights = attention(
             q,
             k,
@@ -440,4 +464,5 @@ class MultiHeadAttention(nn.Module):
         extra = f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
         if not self.packed:
             extra += f", kdim={self.kdim}, vdim={self.vdim}"
-        return extra + (", rotary=True" if self.rotary is not None else "")
+        extra += ", rotary=True" if self.rotary is not None else ""
+        return extra + (f", window={self.window}" if self.window is not None else "")

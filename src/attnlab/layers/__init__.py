@@ -4,7 +4,7 @@ from .._precision import Linear
 from .dropout import Dropout
 from .encoder import EncoderLayerOutput, EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 from .encoder_config import EncoderConfig
-from .ffn import PositionWiseFFN
+from .ffn import GatedFFN, PositionWiseFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, RotaryEmbedding, sinusoidal_table
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "EncoderConfig",
     "EncoderLayerOutput",
     "EncoderOutput",
+    "GatedFFN",
     "LearnedPositionalEmbedding",
     "Linear",
     "PositionalEncoding",

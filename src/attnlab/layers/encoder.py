@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_positive_int, check_probability
+from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..attention.masks import combine_masks, from_torch_mask, keep_mask
 from ..attention.multihead import MultiHeadAttention
@@ -25,7 +26,7 @@ from .dropout import Dropout
 from .encoder_config import EncoderConfig
 from .ffn import PositionWiseFFN
 from ..outputs import LayerAttentions, ModelOutput
-from .positional import LearnedPositionalEmbedding, PositionalEncoding
+from .positional import LearnedPositionalEmbedding, PaddingOffsetPositionalEmbedding, PositionalEncoding
 
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput"]
 
@@ -85,6 +86,10 @@ class TransformerEncoderLayer(nn.Module):
         rotary: rotary position embedding inside the attention.
         self_attention: a ready attention module to use instead of
             :class:`MultiHeadAttention` (same call signature), e.g. sparse attention.
+        ffn: a ready feed-forward module ``[..., E] -> [..., E]`` instead of
+            :class:`PositionWiseFFN` (e.g. a gated one).
+        norm_layer: builds the two norms from the width (default ``nn.LayerNorm`` with
+            ``layer_norm_eps``), e.g. a LayerNorm without bias.
 
     Shape:
         ``x`` ``[B, T, E]``; ``mask`` broadcastable to ``[B, H, T, T]`` (e.g.
@@ -107,6 +112,8 @@ class TransformerEncoderLayer(nn.Module):
         bias: bool = True,
         rotary: bool = False,
         self_attention: Optional[nn.Module] = None,
+        ffn: Optional[nn.Module] = None,
+        norm_layer: Optional[Callable[[int], nn.Module]] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -119,9 +126,11 @@ class TransformerEncoderLayer(nn.Module):
         self.self_attn = self_attention or MultiHeadAttention(
             d_model, num_heads, attention_dropout, bias=bias, rotary=rotary, **factory
         )
-        self.ffn = PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, **factory)
+        self.ffn = ffn or PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
+        if norm_layer is None:
+            norm_layer = lambda width: nn.LayerNorm(width, eps=layer_norm_eps, **factory)  # noqa: E731
+        self.norm1 = norm_layer(d_model)
+        self.norm2 = norm_layer(d_model)
         self.dropout1 = Dropout(dropout)
 
     def _attend(
@@ -240,6 +249,19 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             ``block_size``, ``window``, ``global_summary``, ``global_tokens``) puts a
             :class:`~attnlab.attention.sparse.SparseAttention` in every layer, linear in ``T``.
 
+    Components (keywords, default ``None`` = what the config says), the block spec of a
+    pretrained family (see :mod:`attnlab.models.families`):
+
+    * ``positions``: the position module instead of the config's (e.g.
+      :class:`~attnlab.layers.positional.PaddingOffsetPositionalEmbedding`);
+    * ``embedding_dim``: factorised embeddings: the tables are this wide and a
+      ``Linear`` (``embedding_projection``) maps them to ``d_model`` (ALBERT, ELECTRA);
+    * ``score_bias``: a module called as ``score_bias(T, S)`` whose ``[1, H, T, S]``
+      result every layer adds to its scores (MPNet's relative position bias);
+    * ``layer_factory``: ``layer_factory(index)`` builds each layer (e.g. with a gated
+      feed-forward net or per-layer rotary bases);
+    * ``norm_layer``: builds the embedding and final norms from their width.
+
     Shape:
         ``input_ids`` ``[B, T]`` integer; ``mask`` ``[B, T]`` (``True`` on real tokens)
         or an attention mask ``[B, 1, 1, T]`` / ``[B, 1, T, T]`` (``True`` = may
@@ -265,6 +287,11 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         *,
         device=None,
         dtype=None,
+        positions: Optional[nn.Module] = None,
+        embedding_dim: Optional[int] = None,
+        score_bias: Optional[nn.Module] = None,
+        layer_factory: Optional[Callable[[int], nn.Module]] = None,
+        norm_layer: Optional[Callable[[int], nn.Module]] = None,
         **options,
     ) -> None:
         super().__init__()
@@ -272,22 +299,31 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         self.config = config
         self.d_model = d_model
         factory = {"device": device, "dtype": dtype}
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=config.pad_id, **factory)
-        if config.position == "sinusoidal":
-            self.pos_encoding: Optional[nn.Module] = PositionalEncoding(d_model, max_len, **factory)
+        if norm_layer is None:
+            norm_layer = lambda width: nn.LayerNorm(width, eps=config.layer_norm_eps, **factory)  # noqa: E731
+        if embedding_dim is not None:
+            check_positive_int("embedding_dim", embedding_dim)
+        width = d_model if embedding_dim is None else embedding_dim  # of the embedding tables
+        self.embedding = nn.Embedding(vocab_size, width, padding_idx=config.pad_id, **factory)
+        if positions is not None:
+            self.pos_encoding: Optional[nn.Module] = positions
+        elif config.position == "sinusoidal":
+            self.pos_encoding = PositionalEncoding(width, max_len, **factory)
         elif config.position == "learned":
-            self.pos_encoding = LearnedPositionalEmbedding(d_model, max_len, **factory)
+            self.pos_encoding = LearnedPositionalEmbedding(width, max_len, **factory)
         else:
             self.pos_encoding = None
         self.token_type_embedding = (
-            nn.Embedding(config.type_vocab_size, d_model, **factory) if config.type_vocab_size else None
+            nn.Embedding(config.type_vocab_size, width, **factory) if config.type_vocab_size else None
         )
-        self.embedding_norm = (
-            nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.embedding_norm else None
-        )
+        self.embedding_norm = norm_layer(width) if config.embedding_norm else None
         self.dropout = Dropout(dropout)
+        self.embedding_projection = (
+            Linear(embedding_dim, d_model, **factory) if embedding_dim is not None else None
+        )
+        self.score_bias = score_bias
         self.layers = nn.ModuleList(
-            TransformerEncoderLayer(
+            layer_factory(index) if layer_factory is not None else TransformerEncoderLayer(
                 d_model,
                 num_heads,
                 d_ff,
@@ -301,20 +337,20 @@ class TransformerEncoder(PretrainedIO, nn.Module):
                 self_attention=build_self_attention(config, **factory),
                 **factory,
             )
-            for _ in range(num_layers)
+            for index in range(num_layers)
         )
-        self.layer_norm = (
-            nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.final_norm else None
-        )
+        self.layer_norm = norm_layer(d_model) if config.final_norm else None
         self._initialize_parameters()
 
     @classmethod
-    def from_config(cls, config: EncoderConfig, *, device=None, dtype=None) -> "TransformerEncoder":
-        """Build an encoder from an :class:`EncoderConfig`."""
+    def from_config(
+        cls, config: EncoderConfig, *, device=None, dtype=None, **components
+    ) -> "TransformerEncoder":
+        """Build an encoder from an :class:`EncoderConfig` (and components, see the class)."""
         values = config.to_dict()
         positional = [values.pop(name) for name in
                       ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "dropout", "max_len")]
-        return cls(*positional, device=device, dtype=dtype, **values)
+        return cls(*positional, device=device, dtype=dtype, **components, **values)
 
     def _initialize_parameters(self) -> None:
         for parameter in self.parameters():
@@ -391,7 +427,9 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         if not self.config.skip_padding:
             return None
         if not all(
-            type(layer) is TransformerEncoderLayer and type(layer.self_attn) is MultiHeadAttention
+            type(layer) is TransformerEncoderLayer
+            and isinstance(layer.self_attn, MultiHeadAttention)
+            and layer.self_attn.supports_packing()
             for layer in self.layers
         ):
             return None  # sparse attention, or layers replaced or wrapped: the padded layout
@@ -413,11 +451,16 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             x = x + self.token_type_embedding(token_type_ids)
         elif token_type_ids is not None:
             raise ValueError("token_type_ids given, but the encoder has type_vocab_size=0")
-        if self.pos_encoding is not None:
+        if isinstance(self.pos_encoding, PaddingOffsetPositionalEmbedding):
+            x = self.pos_encoding(x, input_ids=input_ids)  # positions counted over real tokens
+        elif self.pos_encoding is not None:
             x = self.pos_encoding(x)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        return self.dropout(x)
+        x = self.dropout(x)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)  # [B, T, E]
+        return x
 
     def _layer_head_masks(self, head_mask: Optional[Tensor]) -> list[Optional[Tensor]]:
         L, H = self.config.num_layers, self.config.num_heads
@@ -473,8 +516,14 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         unpacked = (lambda h: h) if packing is None else packing.unpack  # [B, T, E], zeros at padding
         hidden_states: Optional[list[Tensor]] = [unpacked(x)] if output_hidden_states else None
         attentions: list[Optional[Tensor]] = []
+        bias = None
+        if self.score_bias is not None:
+            T = input_ids.shape[1]
+            bias = self.score_bias(T, T).to(x.dtype)  # [1, H, T, T], shared by every layer
         for layer, layer_head_mask in zip(self.layers, self._layer_head_masks(head_mask)):
             extra = {} if packing is None else {"packing": packing}  # replaced layers need not take it
+            if bias is not None:
+                extra["attn_bias"] = bias
             x, weights = layer(
                 x, layer_mask, need_weights=output_attentions, head_mask=layer_head_mask, **extra
             )

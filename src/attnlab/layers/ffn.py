@@ -11,7 +11,7 @@ from .._checks import check_positive_int, check_probability
 from .._precision import Linear
 from .dropout import Dropout
 
-__all__ = ["PositionWiseFFN", "resolve_activation"]
+__all__ = ["GatedFFN", "PositionWiseFFN", "resolve_activation"]
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
@@ -71,3 +71,45 @@ class PositionWiseFFN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout2(self.linear2(self.dropout1(self.activation(self.linear1(x)))))
+
+
+class GatedFFN(nn.Module):
+    """A gated feed-forward net (GLU family; GeGLU with GELU): ``W2(act(a) * g)`` where
+    ``[a, g] = W1 x`` is one projection to ``2 * d_ff`` split in halves (ModernBERT's ``Wi``).
+
+    Pure, like :class:`PositionWiseFFN`: the layer owns residuals and norms.
+
+    Args:
+        d_model: input and output width ``E``.
+        d_ff: width of each half.
+        dropout: dropout on the gated product.
+        activation: applied to the first half (``"gelu"`` gives GeGLU, ``"silu"`` SwiGLU).
+        bias: biases on both projections.
+
+    Shape:
+        ``[..., E]`` -> ``[..., E]``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        *,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        factory = {"device": device, "dtype": dtype}
+        self.linear1 = Linear(d_model, 2 * d_ff, bias=bias, **factory)
+        self.activation = resolve_activation(activation)
+        self.dropout = Dropout(check_probability("dropout", dropout))
+        self.linear2 = Linear(d_ff, d_model, bias=bias, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        value, gate = self.linear1(x).chunk(2, dim=-1)  # each [..., d_ff]
+        return self.linear2(self.dropout(self.activation(value) * gate))

@@ -15,7 +15,13 @@ from .._checks import check_positive_int
 
 from ..attention.rotary import RotaryEmbedding
 
-__all__ = ["PositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding", "sinusoidal_table"]
+__all__ = [
+    "PositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "PaddingOffsetPositionalEmbedding",
+    "RotaryEmbedding",
+    "sinusoidal_table",
+]
 
 
 def sinusoidal_table(max_len: int, d_model: int, *, base: float = 10000.0) -> Tensor:
@@ -102,3 +108,50 @@ class LearnedPositionalEmbedding(nn.Module):
                 f"position_ids reach {int(position_ids.max())}, but max_len={self.max_len}"
             )
         return x + self.embedding(position_ids)
+
+
+class PaddingOffsetPositionalEmbedding(LearnedPositionalEmbedding):
+    """Learned positions counted over real tokens only, from ``pad_id + 1`` (RoBERTa, XLM-R, MPNet).
+
+    Position ``p`` of a real token is ``pad_id + 1 +`` the number of real tokens before it;
+    padding tokens get position ``pad_id``. This is fairseq's numbering, which RoBERTa-style
+    checkpoints were trained with: the table holds ``max_len`` rows of which the first
+    ``pad_id + 1`` are never used by real tokens.
+
+    Args:
+        d_model: embedding width.
+        max_len: rows of the table (HuggingFace's ``max_position_embeddings``).
+        pad_id: the padding token id the numbering starts after.
+
+    Shape:
+        ``x`` ``[B, T, E]`` and ``input_ids`` ``[B, T]`` -> ``[B, T, E]``.
+    """
+
+    def __init__(self, d_model: int, max_len: int, pad_id: int, *, device=None, dtype=None) -> None:
+        super().__init__(d_model, max_len, device=device, dtype=dtype)
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < max_len - 1:
+            raise ValueError(f"pad_id must be an int in [0, max_len - 1 = {max_len - 1}), got {pad_id!r}")
+        self.pad_id = pad_id
+
+    def position_ids(self, input_ids: Tensor) -> Tensor:
+        """``[B, T]`` position ids for ``input_ids`` ``[B, T]``."""
+        real = input_ids.ne(self.pad_id).long()  # [B, T]
+        return torch.cumsum(real, dim=1) * real + self.pad_id
+
+    def forward(
+        self, x: Tensor, position_ids: Optional[Tensor] = None, *, input_ids: Optional[Tensor] = None
+    ) -> Tensor:
+        if position_ids is None:
+            if input_ids is None:
+                raise ValueError("PaddingOffsetPositionalEmbedding needs input_ids (or position_ids)")
+            T = input_ids.shape[1]
+            if T > self.max_len - self.pad_id - 1:
+                raise ValueError(
+                    f"sequence length {T} exceeds the {self.max_len - self.pad_id - 1} positions of this "
+                    f"checkpoint; truncate the input"
+                )
+            position_ids = self.position_ids(input_ids)
+        return super().forward(x, position_ids)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}, pad_id={self.pad_id}"

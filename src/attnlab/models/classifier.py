@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -14,9 +15,62 @@ from .._pretrained_io import PretrainedIO
 from ..layers import TransformerEncoder
 from .outputs import TaskOutput
 
-__all__ = ["EncoderClassifier", "POOLINGS", "pool"]
+__all__ = ["DensePooler", "EncoderClassifier", "POOLINGS", "POOLER_ACTIVATIONS", "pool"]
 
 POOLINGS = ("mean", "first")
+POOLER_ACTIVATIONS = {
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class DensePooler(nn.Module):
+    """``norm(activation(dense(x)))`` on the pooled vector: the layer pretrained
+    classification heads put before their classifier (BERT's pooler, RoBERTa's
+    ``classifier.dense``, ModernBERT's ``head``).
+
+    Args:
+        d_model: width ``E``.
+        activation: ``"tanh"`` (BERT, RoBERTa, ALBERT, MPNet), ``"gelu"`` (ELECTRA,
+            ModernBERT), ``"gelu_tanh"`` or ``"relu"`` (DistilBERT).
+        bias: a bias on the dense layer.
+        norm_eps: a LayerNorm after the activation with this epsilon (``None``: none).
+        norm_bias: a bias on that LayerNorm.
+
+    Shape:
+        ``[B, E]`` -> ``[B, E]``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        activation: str = "tanh",
+        *,
+        bias: bool = True,
+        norm_eps: Optional[float] = None,
+        norm_bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if activation not in POOLER_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(POOLER_ACTIVATIONS)}, got {activation!r}")
+        if norm_eps is not None and not norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0 or None, got {norm_eps!r}")
+        self.settings = {"activation": activation, "bias": bias, "norm_eps": norm_eps, "norm_bias": norm_bias}
+        self.dense = Linear(d_model, d_model, bias=bias, device=device, dtype=dtype)
+        self.norm = (None if norm_eps is None else
+                     nn.LayerNorm(d_model, eps=norm_eps, bias=norm_bias, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = POOLER_ACTIVATIONS[self.settings["activation"]](self.dense(x))
+        return x if self.norm is None else self.norm(x)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={value!r}" for name, value in self.settings.items())
 
 
 def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
@@ -40,6 +94,9 @@ class EncoderClassifier(PretrainedIO, nn.Module):
             token, ``[CLS]`` for the tokenizers in :mod:`attnlab.data`).
         dropout: dropout before the classifier.
         label_names: optional names of the classes, saved with the model.
+        pooler: ``{"activation": "tanh"}`` (and any other :class:`DensePooler`
+            keyword) puts a :class:`DensePooler` between the pooling step and the
+            classifier, as pretrained classification heads have.
 
     Shape:
         ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
@@ -64,6 +121,7 @@ class EncoderClassifier(PretrainedIO, nn.Module):
         pooling: str = "mean",
         dropout: float = 0.1,
         label_names: Optional[Sequence[str]] = None,
+        pooler: Optional[dict[str, Any]] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -79,6 +137,11 @@ class EncoderClassifier(PretrainedIO, nn.Module):
         self.label_names = None if label_names is None else [str(name) for name in label_names]
         self.classifier_dropout = check_probability("dropout", dropout)
         self.dropout = nn.Dropout(dropout)
+        if pooler is not None and (not isinstance(pooler, dict) or
+                                   set(pooler) - {"activation", "bias", "norm_eps", "norm_bias"}):
+            raise ValueError(f"pooler must be None or a dict like {{'activation': 'tanh'}}, got {pooler!r}")
+        self.pooler = None if pooler is None else DensePooler(encoder.config.d_model, **pooler, device=device,
+                                                              dtype=dtype)
         self.classifier = Linear(encoder.config.d_model, num_labels, device=device, dtype=dtype)
 
     def head_config(self) -> dict[str, Any]:
@@ -88,6 +151,7 @@ class EncoderClassifier(PretrainedIO, nn.Module):
             "pooling": self.pooling,
             "dropout": self.classifier_dropout,
             "label_names": self.label_names,
+            **({} if self.pooler is None else {"pooler": dict(self.pooler.settings)}),
         }
 
     def forward(
@@ -116,6 +180,8 @@ class EncoderClassifier(PretrainedIO, nn.Module):
         )
         hidden = encoded.last_hidden_state  # [B, T, E]
         pooled = pool(hidden, mask, self.pooling)  # [B, E]
+        if self.pooler is not None:
+            pooled = self.pooler(self.dropout(pooled))
         logits = self.classifier(self.dropout(pooled))  # [B, C]
         loss = None
         if labels is not None:

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..layers import TransformerEncoder
+from ..layers.ffn import resolve_activation
 from .outputs import TaskOutput
 
 __all__ = ["EncoderForMaskedLM"]
@@ -18,6 +19,17 @@ __all__ = ["EncoderForMaskedLM"]
 class EncoderForMaskedLM(PretrainedIO, nn.Module):
     """BERT's masked-LM head: dense + GELU + LayerNorm, then a decoder tied to the
     token embedding.
+
+    The dense layer maps to the width of the token embedding (narrower than the model
+    in ALBERT and ELECTRA). The keywords reproduce other families' heads and are saved
+    with the model when they differ from BERT's.
+
+    Args:
+        encoder: the encoder whose token embedding the decoder shares.
+        activation: ``"gelu"`` (default), ``"gelu_tanh"``, ``"relu"`` or ``"silu"``.
+        norm_eps: the LayerNorm's epsilon (default: the encoder's).
+        transform_bias: a bias on the dense layer.
+        norm_bias: a bias on the LayerNorm.
 
     Shape:
         ``input_ids`` ``[B, T]``; ``mask`` or ``attention_mask`` ``[B, T]`` padding mask
@@ -30,21 +42,43 @@ class EncoderForMaskedLM(PretrainedIO, nn.Module):
 
     model_type = "encoder_masked_lm"
 
-    def __init__(self, encoder: TransformerEncoder, *, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        encoder: TransformerEncoder,
+        *,
+        activation: str = "gelu",
+        norm_eps: Optional[float] = None,
+        transform_bias: bool = True,
+        norm_bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         E, V = encoder.config.d_model, encoder.config.vocab_size
+        width = encoder.embedding.weight.shape[1]  # of the token embedding the decoder shares
         factory = {"device": device, "dtype": dtype}
         self.encoder = encoder
-        self.transform = Linear(E, E, **factory)
-        self.transform_norm = nn.LayerNorm(E, eps=encoder.config.layer_norm_eps, **factory)
-        self.decoder = Linear(E, V, **factory)
-        self.decoder.weight = encoder.embedding.weight  # tied: one matrix in and out
+        self.activation = resolve_activation(activation)
+        norm_eps = encoder.config.layer_norm_eps if norm_eps is None else norm_eps
+        self.settings = {"activation": activation, "norm_eps": norm_eps, "transform_bias": transform_bias,
+                          "norm_bias": norm_bias}
+        self.transform = Linear(E, width, bias=transform_bias, **factory)
+        self.transform_norm = nn.LayerNorm(width, eps=norm_eps, bias=norm_bias, **factory)
+        self.decoder = Linear(width, V, **factory)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the decoder's matrix with the token embedding (again, after a load that assigned it)."""
+        self.decoder.weight = self.encoder.embedding.weight  # tied: one matrix in and out
 
     def head_config(self) -> dict[str, Any]:
-        return {}
+        """The keywords that differ from BERT's head (saved in ``config.json``)."""
+        bert = {"activation": "gelu", "norm_eps": self.encoder.config.layer_norm_eps, "transform_bias": True,
+                "norm_bias": True}
+        return {name: value for name, value in self.settings.items() if value != bert[name]}
 
     def _predict(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.transform_norm(F.gelu(self.transform(hidden))))  # [..., V]
+        return self.decoder(self.transform_norm(self.activation(self.transform(hidden))))  # [..., V]
 
     def forward(
         self,

@@ -1,11 +1,14 @@
-"""Open HuggingFace BERT-layout checkpoints as attnlab encoders, and write them back.
+"""Open HuggingFace encoder checkpoints as attnlab models, and write them back.
 
-A checkpoint directory holds ``config.json`` (a BERT config), ``model.safetensors``
-and usually ``tokenizer.json``. :func:`from_pretrained` builds attnlab's own
-:class:`~attnlab.TransformerEncoder` from it (post-norm, learned positions, token
-types, LayerNorm after the embeddings, the checkpoint's activation and epsilon), so
-every inspection tool of attnlab works on real pretrained models. Nothing here needs
-``transformers`` and nothing is unpickled: weights are read with ``safetensors`` only.
+A checkpoint directory holds ``config.json``, ``model.safetensors`` and usually
+``tokenizer.json``. :func:`from_pretrained` reads ``model_type`` from the config, picks
+the family's conversion table and block spec (:mod:`attnlab.models.families`: BERT,
+RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT, MPNet) and builds attnlab's own
+:class:`~attnlab.TransformerEncoder`, or an :class:`~attnlab.EncoderClassifier` with
+the checkpoint's labels for a ``*ForSequenceClassification`` checkpoint, so every
+inspection tool of attnlab works on real pretrained models. :func:`save_pretrained`
+writes the family's own layout back. Nothing here needs ``transformers`` and nothing is
+unpickled: weights are read with ``safetensors`` only.
 
 Names known without a path (nothing is downloaded; the files ship in a package):
 
@@ -34,17 +37,17 @@ from tokenizers import Tokenizer
 from .._files import follow_umask, load_safetensors, read_json, write_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
-from ._bert_layout import (
-    BERT_STYLE_OPTIONS,
-    UnsupportedCheckpointError,
-    bert_config_from_encoder,
-    bert_state_to_encoder,
-    encoder_config_from_bert,
-    encoder_state_to_bert,
-)
+from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
+from .classifier import EncoderClassifier
+from .families import FAMILIES, Family, family_for
+from .families._convert import hf_to_state, state_to_hf
+from .families.bert import BERT
+from .masked_lm import EncoderForMaskedLM
 
 __all__ = [
     "PRETRAINED_NAMES",
+    "SUPPORTED_MODEL_TYPES",
+    "TASKS",
     "UnsupportedCheckpointError",
     "bert_style_config",
     "from_pretrained",
@@ -72,6 +75,9 @@ _ALIASES = {
     "sentence-transformers/all-minilm-l6-v2": "minilm",
 }
 
+SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+TASKS = ("auto", "encoder", "sequence_classification", "masked_lm")
+_TIED = "decoder.weight"  # a masked-LM decoder's matrix is the token embedding, stored once
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -144,26 +150,124 @@ def _weights_file(directory: Path) -> Path:
     raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
 
 
+def _task_of(values: dict, task: str, family: Family, names: set[str]) -> str:
+    """The task ``"auto"`` means: the architecture's head, when the file holds that head.
+
+    Some directories name a task class but hold the base model only (sentence-transformers
+    saves MPNet and RoBERTa encoders under ``*ForMaskedLM``); they open as the encoder.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task != "auto":
+        return task
+    architectures = values.get("architectures") or []
+    classifier, masked_lm = family.classifier, family.masked_lm
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        if classifier is not None and f"{classifier.classifier}.weight" in names:
+            return "sequence_classification"
+    if any(name.endswith("ForMaskedLM") for name in architectures):
+        if masked_lm is not None and masked_lm.bias in names:
+            return "masked_lm"
+    return "encoder"
+
+
+def _masked_lm(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderForMaskedLM:
+    """The family's masked-LM head on ``encoder``."""
+    if family.masked_lm is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} masked-LM head")
+    return EncoderForMaskedLM(encoder, **family.masked_lm.settings(values))
+
+
+def _task_model(family: Family, encoder: TransformerEncoder, values: dict, task: str, source: str):
+    if task == "encoder":
+        return encoder
+    if task == "masked_lm":
+        return _masked_lm(family, encoder, values, source)
+    return _classifier(family, encoder, values, source)
+
+
+def _head_modules(family: Family, model, values: dict) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s head for ``model`` ({} for an encoder)."""
+    if isinstance(model, TransformerEncoder):
+        return {}
+    if isinstance(model, EncoderClassifier):
+        return _head_table(family, model, values)
+    if isinstance(model, EncoderForMaskedLM):
+        if family.masked_lm is None:
+            raise UnsupportedCheckpointError(f"{family.name} has no masked-LM head in attnlab")
+        settings = family.masked_lm.settings(values)
+        wanted = EncoderForMaskedLM(model.encoder, **settings, device="meta").settings
+        if model.settings != wanted:
+            raise UnsupportedCheckpointError(
+                f"this masked-LM head cannot be written as a {family.name} checkpoint: its settings are "
+                f"{model.settings}, {family.name}'s are {wanted}"
+            )
+        return family.masked_lm.modules()
+    raise TypeError(
+        f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+        f"got {type(model).__name__}"
+    )
+
+
+def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
+    """The family's classification head on ``encoder``, with the checkpoint's labels."""
+    if family.classifier is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
+    id2label = values.get("id2label") or {
+        str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))
+    }
+    labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
+    dropout = values.get("classifier_dropout")
+    return EncoderClassifier(
+        encoder,
+        len(labels),
+        dropout=encoder.config.dropout if dropout is None else float(dropout),
+        label_names=labels,
+        **family.classifier.settings(values),
+    )
+
+
+def _head_table(family: Family, model: EncoderClassifier, values: dict) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s classification head, for ``model``."""
+    if family.classifier is None:
+        raise UnsupportedCheckpointError(f"{family.name} has no classification head in attnlab")
+    wanted = family.classifier.settings(values)
+    mine = {"pooling": model.pooling, "pooler": None if model.pooler is None else model.pooler.settings}
+    if mine != wanted:
+        raise UnsupportedCheckpointError(
+            f"this classifier cannot be written as a {family.name} checkpoint: its head is {mine}, "
+            f"{family.name}'s is {wanted}"
+        )
+    return family.classifier.modules()
+
+
 def from_pretrained(
     name_or_path: PathLike,
     *,
+    task: str = "auto",
     strict: bool = True,
     dropout: Optional[float] = None,
     attention_dropout: Optional[float] = None,
     device: Optional[Union[str, torch.device]] = None,
     dtype: Optional[torch.dtype] = None,
-) -> TransformerEncoder:
-    """Load a BERT-layout checkpoint into attnlab's :class:`~attnlab.TransformerEncoder`.
+) -> Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM]:
+    """Load a HuggingFace encoder checkpoint into attnlab's own modules.
 
-    The encoder computes what HuggingFace ``BertModel`` computes for
-    ``last_hidden_state`` and ``attentions`` (the pooler is not part of it and is
-    skipped). It comes back in eval mode, like HuggingFace models.
+    The family comes from ``config.json``'s ``model_type`` (see
+    :data:`SUPPORTED_MODEL_TYPES`). The encoder computes what HuggingFace's model
+    computes for ``last_hidden_state`` and ``attentions``; a task model computes its
+    ``logits``. It comes back in eval mode, like HuggingFace models.
 
     Args:
         name_or_path: ``"minilm"`` or a directory with ``config.json`` and
             ``model.safetensors``.
-        strict: with ``False``, tensors that belong to a task head on top of the
-            encoder (``cls.*``, ``classifier.*``) are skipped instead of raising.
+        task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
+            :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
+            ``label_names``, a ``*ForMaskedLM`` one an :class:`~attnlab.EncoderForMaskedLM`,
+            anything else the encoder), ``"encoder"``, ``"sequence_classification"`` or
+            ``"masked_lm"``.
+        strict: with ``False``, tensors nothing has a place for (a task head, ``cls.*``)
+            are skipped instead of raising.
         dropout: replaces the checkpoint's dropout (for fine-tuning).
         attention_dropout: replaces the checkpoint's attention-probability dropout;
             0 keeps the fused attention kernel during fine-tuning, which is faster.
@@ -171,14 +275,16 @@ def from_pretrained(
         dtype: parameter dtype (default: torch's default, float32).
 
     Returns:
-        The encoder; its ``config`` has ``pad_id`` set from the checkpoint, so a
-        padding mask is derived from the ids when none is passed.
+        The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
+        checkpoint, so a padding mask is derived from the ids when none is passed, and
+        its ``checkpoint_config`` keeps the ``config.json`` for :func:`save_pretrained`.
 
     Raises:
         FileNotFoundError: no such directory or files, or the package for a known
             name is missing (the message names the install command).
-        UnsupportedCheckpointError: another architecture, missing or unexpected
-            tensors, shape mismatches, or pickle-only weights; every problem is listed.
+        UnsupportedCheckpointError: an unsupported ``model_type`` (the supported ones
+            are listed), missing or unexpected tensors, shape mismatches, or
+            pickle-only weights; every problem is listed.
     """
     directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
@@ -189,27 +295,43 @@ def from_pretrained(
         )
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
-    raw = _read_json(config_path)
-    if isinstance(raw, dict) and "encoder" in raw and "model_type" in raw:
+    values = _read_json(config_path)
+    if isinstance(values, dict) and "encoder" in values and "model_type" in values:
         raise UnsupportedCheckpointError(
-            f"{directory} is an attnlab checkpoint (model_type {raw['model_type']!r}), not a HuggingFace "
+            f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
             f"one; open it with attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
         )
-    config = encoder_config_from_bert(raw, source=str(config_path))
+    family = family_for(values, source=str(config_path))
+    config = family.config_from_hf(values, str(config_path))
     changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
                if value is not None}
     if changes:
         config = dataclasses.replace(config, **changes)  # validated again in __post_init__
     weights_path = _weights_file(directory)
     tensors = load_safetensors(weights_path)
-    state, skipped = bert_state_to_encoder(tensors, config, strict=strict, source=str(weights_path))
-    if skipped:
-        logger.info("from_pretrained(%s): skipped tensors the encoder does not use: %s", directory, skipped)
+    task = _task_of(values, task, family, set(tensors))
     dtype = torch.get_default_dtype() if dtype is None else dtype
+    encoder = family.build(values, config, device=device, dtype=dtype)
+    model = _task_model(family, encoder, values, task, str(config_path))
+    head = _head_modules(family, model, values)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
+    tied = ()
+    if isinstance(model, EncoderForMaskedLM) and family.masked_lm.decoder:
+        tied = tuple(f"{family.masked_lm.decoder}.{leaf}" for leaf in ("weight", "bias"))  # repeated, tied
+    state, skipped = hf_to_state(
+        family, values, tensors, shapes, head=head, ignored=tied, strict=strict, source=str(weights_path)
+    )
+    if skipped:
+        logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
     state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    model = TransformerEncoder.from_config(config, device=device, dtype=dtype)
     # assign=True hands the checkpoint's tensors to the module instead of copying them.
+    if isinstance(model, EncoderForMaskedLM):
+        state[_TIED] = state["encoder.embedding.weight"]
     model.load_state_dict(state, strict=True, assign=True)
+    if isinstance(model, EncoderForMaskedLM):
+        model.tie_weights()  # assign=True gave the decoder its own Parameter
+    family.after_load(encoder, values)
+    encoder.checkpoint_config = values
     return model.eval()
 
 
@@ -304,17 +426,23 @@ def bert_style_config(
                          **BERT_STYLE_OPTIONS, **options)
 
 
-def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: Optional[Tokenizer] = None) -> Path:
-    """Write ``model`` in the BERT layout that ``BertModel.from_pretrained(directory)`` opens.
+def save_pretrained(
+    model: Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM],
+    directory: PathLike,
+    tokenizer: Optional[Tokenizer] = None,
+) -> Path:
+    """Write ``model`` in its family's HuggingFace layout, which ``transformers`` opens.
 
-    Writes ``config.json`` and ``model.safetensors`` (and ``tokenizer.json`` when a
-    tokenizer is given). The model must use BERT-style options (see
-    :func:`bert_style_config`); the pooler is not written, so HuggingFace initialises
-    it afresh and says so (``last_hidden_state`` and ``attentions`` do not use it).
+    An encoder opened with :func:`from_pretrained` is written in its checkpoint's
+    family (its ``config.json`` kept, with the values attnlab may have changed); any
+    other encoder in the BERT layout, which needs BERT-style options (see
+    :func:`bert_style_config`; the pooler is not written, so HuggingFace initialises it
+    afresh and says so). An :class:`~attnlab.EncoderClassifier` is written as the
+    family's ``*ForSequenceClassification`` with its ``label_names`` as ``id2label``, an
+    :class:`~attnlab.EncoderForMaskedLM` as its ``*ForMaskedLM``.
 
     Args:
-        model: an encoder, e.g. from :func:`from_pretrained` or built with
-            :func:`bert_style_config`.
+        model: an encoder, classifier or masked-LM model, e.g. from :func:`from_pretrained`.
         directory: created if needed; existing files of the same names are replaced.
         tokenizer: saved as ``tokenizer.json`` when given.
 
@@ -322,18 +450,43 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
         The directory.
 
     Raises:
-        TypeError: ``model`` is not a :class:`~attnlab.TransformerEncoder`.
-        UnsupportedCheckpointError: the encoder's options cannot be expressed in BERT.
+        TypeError: ``model`` is not a :class:`~attnlab.TransformerEncoder`,
+            :class:`~attnlab.EncoderClassifier` or :class:`~attnlab.EncoderForMaskedLM`.
+        UnsupportedCheckpointError: the model cannot be expressed in the layout.
     """
-    if not isinstance(model, TransformerEncoder):
-        raise TypeError(f"model must be an attnlab TransformerEncoder, got {type(model).__name__}")
-    if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in model.layers):
+    encoder = model if isinstance(model, TransformerEncoder) else getattr(model, "encoder", None)
+    if not isinstance(encoder, TransformerEncoder) or not isinstance(
+        model, (TransformerEncoder, EncoderClassifier, EncoderForMaskedLM)
+    ):
+        raise TypeError(
+            f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+            f"got {type(model).__name__}"
+        )
+    original = getattr(encoder, "checkpoint_config", None)
+    plain = all(type(layer.self_attn).__name__ == "MultiHeadAttention" for layer in encoder.layers)
+    if original is None and not plain:
         raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
-    bert_config = bert_config_from_encoder(model.config)
-    tensors = encoder_state_to_bert(model.state_dict(), model.config)
+    family = BERT if original is None else family_for(original)
+    values = dict(family.config_to_hf(encoder, original))
+    head = _head_modules(family, model, original or {})
+    state = {name: tensor for name, tensor in model.state_dict().items() if name != _TIED}
+    tensors = state_to_hf(family, original or {}, state, head=head)
+    if family is BERT and encoder.token_type_embedding is None:
+        # BERT always adds a token-type embedding: a zero row adds nothing.
+        name = ("" if model is encoder else family.base_prefix) + "embeddings.token_type_embeddings.weight"
+        tensors[name] = encoder.embedding.weight.new_zeros(1, encoder.embedding.weight.shape[1]).detach()
+    if isinstance(model, EncoderForMaskedLM):
+        values["architectures"] = [family.masked_lm.architecture]
+    elif not isinstance(model, EncoderClassifier):
+        values["architectures"] = [family.architecture]
+    else:
+        values["architectures"] = [family.classifier.architecture]
+        labels = model.label_names or [f"LABEL_{index}" for index in range(model.num_labels)]
+        values["id2label"] = {str(index): label for index, label in enumerate(labels)}
+        values["label2id"] = {label: index for index, label in enumerate(labels)}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / CONFIG_FILE, bert_config)
+    write_json(directory / CONFIG_FILE, values)
     save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
               metadata={"format": "pt"})
     follow_umask(directory / WEIGHTS_FILE)

@@ -92,7 +92,7 @@ class SentenceEncoder:
                         normalize: bool = True) -> "SentenceEncoder":
         """Load model and tokenizer; ``max_length`` defaults to the checkpoint's
         ``sentence_bert_config.json`` (256 for MiniLM), else the model's ``max_len``."""
-        model = from_pretrained(name_or_path)
+        model = from_pretrained(name_or_path, task="encoder")
         if max_length is None:
             settings = pretrained_dir(name_or_path) / "sentence_bert_config.json"
             if settings.is_file():

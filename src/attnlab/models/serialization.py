@@ -1,6 +1,8 @@
 """Models on disk: ``model.safetensors`` + ``config.json`` (no pickle), and :func:`load_model`.
 
-``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``.
+``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``, and
+``"pretrained_config"`` (the HuggingFace ``config.json``) for an encoder opened from a
+pretrained family, whose components are rebuilt from it.
 A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
 these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
 """
@@ -16,6 +18,7 @@ from torch import nn
 from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from .classifier import EncoderClassifier
+from .families import build_from_checkpoint_config
 from .image_text import ImageTextModel
 from .masked_lm import EncoderForMaskedLM
 
@@ -37,6 +40,7 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 _MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
 _ENCODER_TYPE = "encoder"
+_PRETRAINED_KEY = "pretrained_config"
 
 
 class LoadedModel(NamedTuple):
@@ -56,13 +60,22 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     """The JSON-able dict that rebuilds ``model``'s architecture."""
     model = _unwrap(model)
     if isinstance(model, TransformerEncoder):
-        return {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
+        config = {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
+        return _with_pretrained(config, model)
     model_type = getattr(model, "model_type", None)
     if model_type not in _MODEL_TYPES:
         raise TypeError(
             f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
         )
-    return {"model_type": model_type, "encoder": model.encoder.config.to_dict(), "head": model.head_config()}
+    encoder = model.encoder
+    config = {"model_type": model_type, "encoder": encoder.config.to_dict(), "head": model.head_config()}
+    return _with_pretrained(config, encoder)
+
+
+def _with_pretrained(config: dict[str, Any], encoder: nn.Module) -> dict[str, Any]:
+    """``config`` plus the HF ``config.json`` of an encoder opened from a pretrained family."""
+    pretrained = getattr(encoder, "checkpoint_config", None)
+    return config if pretrained is None else {**config, _PRETRAINED_KEY: pretrained}
 
 
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
@@ -74,7 +87,12 @@ def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module
     model_class = _MODEL_TYPES.get(model_type)
     if hasattr(model_class, "from_model_config"):  # models that build their own encoders
         return model_class.from_model_config(config, device=device, dtype=dtype)
-    encoder = TransformerEncoder.from_config(EncoderConfig.from_dict(config["encoder"]), device=device, dtype=dtype)
+    encoder_config = EncoderConfig.from_dict(config["encoder"])
+    if config.get(_PRETRAINED_KEY):  # a family's components, rebuilt from its HF config
+        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device,
+                                               dtype=dtype)
+    else:
+        encoder = TransformerEncoder.from_config(encoder_config, device=device, dtype=dtype)
     if model_type == _ENCODER_TYPE:
         return encoder
     if model_type not in _MODEL_TYPES:

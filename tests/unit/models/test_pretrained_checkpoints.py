@@ -132,13 +132,27 @@ def test_saving_a_non_bert_encoder_lists_every_option_in_the_way(tmp_path):
         save_pretrained(torch.nn.Linear(2, 2), tmp_path / "linear")
 
 
-def test_other_architecture_is_rejected(tiny_checkpoint):
+def test_unsupported_model_type_lists_the_supported_ones(tiny_checkpoint):
     config = json.loads((tiny_checkpoint / "config.json").read_text())
-    config.update(model_type="roberta", architectures=["RobertaModel"], hidden_act="quick_gelu")
+    config.update(model_type="gpt2", architectures=["GPT2Model"])
     (tiny_checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedCheckpointError) as error:
         from_pretrained(tiny_checkpoint)
-    assert "model_type is 'roberta'" in str(error.value) and "hidden_act is 'quick_gelu'" in str(error.value)
+    message = str(error.value)
+    assert "model_type is 'gpt2'" in message
+    for model_type in ("albert", "bert", "deberta-v2", "distilbert", "electra", "modernbert", "mpnet", "roberta",
+                       "xlm-roberta"):
+        assert model_type in message
+
+
+def test_every_unsupported_setting_of_a_family_is_listed(tiny_checkpoint):
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    config.update(hidden_act="quick_gelu", position_embedding_type="relative_key")
+    (tiny_checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedCheckpointError) as error:
+        from_pretrained(tiny_checkpoint)
+    assert "hidden_act is 'quick_gelu'" in str(error.value)
+    assert "position_embedding_type is 'relative_key'" in str(error.value)
 
 
 def test_missing_extra_and_misshapen_tensors_are_all_listed(tiny_checkpoint):

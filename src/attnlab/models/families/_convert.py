@@ -1,0 +1,183 @@
+"""Tensors between a HuggingFace checkpoint and attnlab's modules, for any :class:`Family`.
+
+Names are found from the model attnlab builds: every tensor of its ``state_dict`` is
+looked up in the family's table, so the expected HF names and shapes are exactly what
+the encoder (and its task head) needs. Every disagreement (a missing, unexpected or
+misshapen tensor) is collected and reported at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from ._table import Family, problems_error
+
+__all__ = ["hf_names", "hf_to_state", "state_to_hf"]
+
+_QKV = {"self_attn.in_proj_weight": "weight", "self_attn.in_proj_bias": "bias"}
+
+
+def _split(name: str) -> tuple[str, str]:
+    module, _, leaf = name.rpartition(".")
+    return module, leaf
+
+
+def _encoder_name(family: Family, values: dict[str, Any], name: str) -> list[str]:
+    """The HF name(s) of one encoder tensor (three for query, key and value).
+
+    ``family.embeddings`` is looked up first, so it may also name a module inside a layer
+    that HF keeps outside the layers (DeBERTa's shared relative-position table).
+    """
+    module, leaf = _split(name)
+    if module in family.embeddings:
+        return [f"{family.embeddings[module]}.{leaf}"]
+    if name.startswith("layers."):
+        _, index, rest = name.split(".", 2)
+        prefix = family.layer_prefix.format(family.hf_layer(values, int(index)))
+        if rest in _QKV:
+            parts = (family.qkv,) if isinstance(family.qkv, str) else family.qkv
+            return [f"{prefix}{part}.{_QKV[rest]}" for part in parts]
+        module, leaf = _split(rest)
+        table = family.layer
+    else:
+        prefix = ""
+        module, leaf = _split(name)
+        table = family.embeddings
+    if module not in table:
+        raise AssertionError(f"the {family.name} table has no entry for {name}")
+    return [f"{prefix}{table[module]}.{leaf}"]
+
+
+def hf_names(
+    family: Family, values: dict[str, Any], state_names: list[str], head: Mapping[str, str]
+) -> dict[str, list[str]]:
+    """attnlab ``state_dict`` name -> HF names.
+
+    Encoder names (under ``encoder.`` in a task model) come without the family's base
+    prefix; ``head`` maps the task head's module paths to full HF module paths.
+    """
+    names = {}
+    for name in state_names:
+        module, leaf = _split(name)
+        if name in head:  # a tensor mapped on its own (a masked-LM decoder's bias)
+            names[name] = [head[name]]
+        elif module in head:
+            names[name] = [f"{head[module]}.{leaf}"]
+        elif head:
+            names[name] = _encoder_name(family, values, name.removeprefix("encoder."))
+        else:
+            names[name] = _encoder_name(family, values, name)
+    return names
+
+
+def _normalise(name: str) -> str:
+    """Old ``LayerNorm.gamma``/``beta`` names as today's ``weight``/``bias``."""
+    if name.endswith("LayerNorm.gamma"):
+        return name[: -len("gamma")] + "weight"
+    if name.endswith("LayerNorm.beta"):
+        return name[: -len("beta")] + "bias"
+    return name
+
+
+def hf_to_state(
+    family: Family,
+    values: dict[str, Any],
+    tensors: dict[str, Tensor],
+    shapes: dict[str, tuple[int, ...]],
+    *,
+    head: Mapping[str, str] = {},
+    ignored: tuple[str, ...] = (),
+    strict: bool = True,
+    source: str = "checkpoint",
+) -> tuple[dict[str, Tensor], list[str]]:
+    """Map HF tensors onto an attnlab model's ``state_dict`` names.
+
+    Args:
+        family: the layout.
+        values: the checkpoint's ``config.json``.
+        tensors: HF name -> tensor, as read from ``model.safetensors``.
+        shapes: the attnlab model's ``state_dict`` names and shapes.
+        head: the task head's module paths -> full HF module paths (empty for an encoder).
+        ignored: more HF names (prefixes) to skip, besides the family's.
+        strict: with ``False``, tensors nothing has a place for are skipped, not refused.
+        source: where the tensors came from, for messages.
+
+    Returns:
+        ``(state_dict, skipped)``: attnlab's tensors, and the HF names present but unused.
+
+    Raises:
+        UnsupportedCheckpointError: listing every missing, unexpected or misshapen tensor.
+    """
+    given = {_normalise(name): tensor for name, tensor in tensors.items()}
+    prefix = family.base_prefix
+    head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")} | set(
+        head.values()
+    )
+
+    def lookup(name: str) -> str | None:
+        if name in head_names:
+            return name if name in given else None
+        for candidate in (name, prefix + name):
+            if candidate in given:
+                return candidate
+        return None
+
+    names = hf_names(family, values, list(shapes), head)
+    used, missing, mismatched = set(), {}, {}
+    for ours, theirs in names.items():
+        expected = list(shapes[ours])
+        if len(theirs) == 3:
+            expected[0] //= 3
+        for name in theirs:
+            found = lookup(name)
+            if found is None:
+                missing[name] = None
+                continue
+            used.add(found)
+            if tuple(given[found].shape) != tuple(expected):
+                mismatched[name] = f"checkpoint {tuple(given[found].shape)}, config expects {tuple(expected)}"
+    unused = sorted(set(given) - used)
+    skip = family.ignored + tuple(ignored)
+    ignorable = [
+        name for name in unused if name.removeprefix(prefix).startswith(skip) or name.startswith(skip)
+    ]
+    extra = [name for name in unused if name not in ignorable]
+    problems = [f"missing tensor {name}" for name in missing]
+    if strict:
+        problems += [f"unexpected tensor {name}" for name in extra]
+    problems += [f"shape mismatch {name}: {why}" for name, why in mismatched.items()]
+    if problems:
+        hint = " (pass strict=False to skip unexpected tensors)" if strict and extra else ""
+        raise problems_error(f"{source} does not match a {family.name} model of this config{hint}", problems)
+    state = {}
+    for ours, theirs in names.items():
+        parts = [given[lookup(name)] for name in theirs]
+        state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # [3E, E] or [3E]
+    return state, sorted(ignorable + (extra if not strict else []))
+
+
+def state_to_hf(
+    family: Family,
+    values: dict[str, Any],
+    state: dict[str, Tensor],
+    *,
+    head: Mapping[str, str] = {},
+) -> dict[str, Tensor]:
+    """An attnlab ``state_dict`` as HF tensors (contiguous copies, ready to save).
+
+    With a ``head``, encoder tensors get the family's base prefix. Layers that share
+    weights (ALBERT) are written once.
+    """
+    names = hf_names(family, values, list(state), head)
+    prefix = family.base_prefix if head else ""
+    tensors: dict[str, Tensor] = {}
+    for ours, theirs in names.items():
+        parts = state[ours].chunk(3) if len(theirs) == 3 else (state[ours],)
+        head_tensor = ours in head or _split(ours)[0] in head
+        for name, part in zip(theirs, parts):
+            full = name if head_tensor else prefix + name
+            tensors.setdefault(full, part)
+    return {name: tensor.detach().contiguous().clone() for name, tensor in tensors.items()}

@@ -6,7 +6,9 @@
   ``checkpoints/last``) or an attnlab **checkpoint directory** (``model.safetensors`` and
   a ``config.json`` with an ``"encoder"`` entry) -> :func:`~attnlab.models.load_model`;
 * a **HuggingFace directory** (``config.json`` with HuggingFace's ``model_type``) or a
-  packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`.
+  packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`;
+* a **decoder**: a GPT-2 / Llama / Mistral / Qwen2 directory, a ``.gguf`` file or the
+  packaged ``"smollm2"`` -> :func:`~attnlab.models.decoder.loading.load_decoder`.
 
 It returns ``(model, tokenizer, config)`` with the model in eval mode and the tokenizer as
 an HF-callable :class:`~attnlab.data.tokenizer.Tokenizer`. The model classes reach this
@@ -23,6 +25,7 @@ from torch import nn
 
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder
+from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
 from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
 from .serialization import (
     CONFIG_FILE,
@@ -46,6 +49,8 @@ def detect_format(path_or_name: PathLike) -> str:
         FileNotFoundError: no such path (and not a packaged name), or a directory holding
             no model attnlab knows; the message says what was found.
     """
+    if is_decoder_source(path_or_name):
+        return "huggingface"
     if isinstance(path_or_name, str) and path_or_name.lower() in {*PRETRAINED_NAMES, "all-minilm-l6-v2",
                                                                  "sentence-transformers/all-minilm-l6-v2"}:
         return "huggingface"
@@ -91,6 +96,10 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
         >>> out = model(**tokenizer(["attention is all you need"], return_tensors="pt"))
     """
     kind = detect_format(path_or_name)
+    if is_decoder_source(path_or_name):
+        model = load_decoder(path_or_name, device=device)
+        backend = load_decoder_tokenizer(path_or_name)
+        return LoadedModel(model, None if backend is None else Tokenizer(backend), model.config.to_dict())
     if kind in ("attnlab-run", "attnlab-checkpoint"):
         loaded = load_model(path_or_name, device=device)
         model, backend, config = loaded

@@ -181,6 +181,10 @@ def from_pretrained(
         UnsupportedCheckpointError: another architecture, missing or unexpected
             tensors, shape mismatches, or pickle-only weights; every problem is listed.
     """
+    from .decoder.loading import is_decoder_source, load_decoder
+
+    if is_decoder_source(name_or_path):  # GPT-2, Llama, Mistral, Qwen2, GGUF, "smollm2"
+        return load_decoder(name_or_path, device=device, dtype=dtype)
     directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
     if (directory / "checkpoints").is_dir():

@@ -109,6 +109,7 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         output_hidden_states: bool = False,
         labels: Optional[Tensor] = None,
         return_dict: bool = True,
+        mask: Optional[Tensor] = None,
     ) -> Union[CausalLMOutput, tuple]:
         """Next-token logits for ``input_ids`` after what ``past_key_values`` holds.
 
@@ -126,7 +127,13 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
             labels: ``[B, T]`` targets; the loss compares position ``t``'s logits with
                 ``labels[:, t + 1]`` (``-100`` ignored), as HuggingFace does.
             return_dict: ``False`` returns the tuple.
+            mask: the encoders' name for ``attention_mask`` (``[B, S]``, 1 on real
+                tokens), so the inspection tools drive decoders as they drive encoders.
         """
+        if mask is not None:
+            if attention_mask is not None:
+                raise ValueError("pass the padding mask once: attention_mask= or mask=, not both")
+            attention_mask = mask
         cache = past_key_values
         if cache is None and use_cache:
             cache = self.new_cache()

@@ -72,3 +72,11 @@ def test_inspect_accepts_a_decoder(llama_dir, tmp_path):
     assert main(["inspect", "--model", str(llama_dir), "--text", "the big dog ran", "--out", str(out),
                  "--format", "png"]) == 0
     assert (out / "report.html").is_file()
+
+
+def test_analyze_accepts_a_decoder(llama_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\na dog ran\nthe big small cat ran away fast\n", encoding="utf-8")
+    out = tmp_path / "analysis"
+    assert main(["analyze", "--model", str(llama_dir), "--data", str(texts), "--out", str(out)]) == 0
+    assert (out / "statistics.json").is_file()

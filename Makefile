@@ -37,6 +37,7 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py $(BENCH_ARGS)
 	$(PY) benchmarks/analyze.py
+	$(PY) benchmarks/generate.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

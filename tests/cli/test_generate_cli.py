@@ -43,6 +43,7 @@ def test_generate_prints_the_continuation_and_writes_the_report(llama_dir, tmp_p
     statistics = json.loads((out / "statistics.json").read_text())
     assert set(statistics) == {"normalized_entropy", "sink_mass", "mean_distance"}
     assert len(statistics["sink_mass"]["layer_1"]) == 4  # one value per head
+    assert (out / "generation.html").is_file()
     html = (out / "report.html").read_text()
     assert "attnlab generation report" in html and "cat" in html
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..._files import json_dumps
 from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
+from ..draw.generation_report import write_generation_report
 from ..draw.report import write_report
 
 __all__ = ["Generation", "generate_text"]
@@ -56,8 +57,9 @@ def generate_text(
     **sampling: Any,
 ) -> Generation:
     """Generate from ``prompt``; with ``report_dir``, record every token's attention on the way
-    and write ``report.html`` (the causal map of prompt and continuation: hover a generated
-    token to see what it attended to, layer by layer and head by head), ``generation.json``
+    and write ``generation.html`` (step through the generated tokens: what each attended to,
+    in every layer and head), ``report.html`` (the causal map of prompt and continuation,
+    the prompt's own map included), ``generation.json``
     (for each generated token, each layer and head, the most attended positions) and
     ``statistics.json`` (causal statistics per layer and head).
 
@@ -115,6 +117,13 @@ def generate_text(
         statistics={stat: [statistics[stat][name] for name in names] for stat in CAUSAL_STATISTICS},
         max_tokens=max_tokens,
     )
+    files = [out / "generation.json", out / "statistics.json", report]
+    if new_ids:
+        rows = torch.stack([torch.stack(list(maps[name][0, :, len(ids) + step] for name in names))
+                            for step in range(len(new_ids))])  # [G, L, H, N]
+        files.append(write_generation_report(
+            out / "generation.html", rows, tokens, len(ids), layers=names, title="attnlab generation",
+            meta={"model": model_name, "prompt": prompt, "generated": result.text}))
     result.report = report
-    result.files = [out / "generation.json", out / "statistics.json", report]
+    result.files = files
     return result

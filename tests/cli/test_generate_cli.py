@@ -81,3 +81,18 @@ def test_analyze_accepts_a_decoder(llama_dir, tmp_path):
     out = tmp_path / "analysis"
     assert main(["analyze", "--model", str(llama_dir), "--data", str(texts), "--out", str(out)]) == 0
     assert (out / "statistics.json").is_file()
+
+
+def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(llama_dir):
+    import attnlab
+
+    model, tokenizer, config = attnlab.load(llama_dir)
+    assert config["model_type"] == "llama" and tokenizer.padding_side == "left"
+    prompts = ["the cat sat on the mat and", "a dog"]
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    assert batch["attention_mask"][1, 0] == 0  # padded on the left
+    together = model.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens=5, eos_token_id=-1)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(tokenizer([prompt], return_tensors="pt")["input_ids"], max_new_tokens=5,
+                               eos_token_id=-1)
+        assert together.sequences[row, -5:].tolist() == alone.sequences[0, -5:].tolist()

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 
 from torch import nn
 
+from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder
 from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
@@ -99,7 +100,14 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
     if is_decoder_source(path_or_name):
         model = load_decoder(path_or_name, device=device)
         backend = load_decoder_tokenizer(path_or_name)
-        return LoadedModel(model, None if backend is None else Tokenizer(backend), model.config.to_dict())
+        tokenizer = None
+        if backend is not None:
+            pad = model.config.pad_id if model.config.pad_id is not None else model.config.eos_id
+            pad_token = None if pad is None else backend.id_to_token(pad)
+            tokenizer = Tokenizer(backend, padding_side="left", pad_token=pad_token)
+        config_path = Path(path_or_name) / CONFIG_FILE
+        config = read_json(config_path) if config_path.is_file() else model.config.to_dict()
+        return LoadedModel(model, tokenizer, config)
     if kind in ("attnlab-run", "attnlab-checkpoint"):
         loaded = load_model(path_or_name, device=device)
         model, backend, config = loaded

@@ -59,7 +59,7 @@ def test_stepping_through_the_generation(browser, tmp_path):
     assert page.evaluate("window.__pwned") is None
     texts = page.eval_on_selector_all("#text .token", "spans => spans.map(s => s.textContent)")
     assert texts == TOKENS
-    assert page.inner_text("#step-label").endswith(TOKENS[PROMPT])
+    assert page.inner_text("#step-label").endswith(TOKENS[PROMPT].replace(" ", "\u00b7"))
     visible = page.eval_on_selector_all("#text .token", "spans => spans.filter(s => !s.hidden).length")
     assert visible == PROMPT + 1
     page.click("#next")

@@ -38,6 +38,9 @@ GENERATION_SCRIPT = r"""
     const alpha = vmax > 0 ? Math.min(1, value / vmax) : 0;
     return "rgba(33,102,172," + alpha.toFixed(3) + ")";
   }
+  function visible(token) {  // whitespace tokens shown as marks where a token stands alone
+    return token.replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/ /g, "\u00b7");
+  }
   function button(text, onClick) {
     const b = document.createElement("button");
     b.type = "button";
@@ -107,7 +110,7 @@ GENERATION_SCRIPT = r"""
     slider.value = String(step);
     const position = P + step;
     document.getElementById("step-label").textContent =
-      "generated token " + (step + 1) + " of " + G + ": " + data.tokens[position];
+      "generated token " + (step + 1) + " of " + G + ": " + visible(data.tokens[position]);
     const weightsNow = row(step, layer, head);
     let vmax = 0;
     for (let s = 0; s <= position; s++) vmax = Math.max(vmax, weightsNow[s]);
@@ -123,7 +126,7 @@ GENERATION_SCRIPT = r"""
         let best = position >= 1 ? 1 : 0;  // the first token, often a sink, is left out
         for (let s = best + 1; s <= position; s++) if (cellRow[s] > cellRow[best]) best = s;
         const td = cells[l][h];
-        td.textContent = data.tokens[best] + " " + (cellRow[best] * 100).toFixed(0) + "%";
+        td.textContent = visible(data.tokens[best]) + " " + (cellRow[best] * 100).toFixed(0) + "%";
         td.style.background = shade(cellRow[best], 1);
         td.classList.toggle("selected", l === layer && h === head);
       }

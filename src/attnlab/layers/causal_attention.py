@@ -97,6 +97,16 @@ class CausalSelfAttention(nn.Module):
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if cache is not None:
             key, value = cache.update(layer_index, key, value)  # [B, K, S, D]
+        if K != H and T == 1 and not is_causal:
+            # One new token: the H / K query heads of a group become H / K query rows of
+            # their key/value head, so the cache is read as it is, never copied per head.
+            group = H // K
+            output, weights = attention(
+                query.reshape(B, K, group, D), key, value, mask, scale=self.scale, need_weights=need_weights
+            )  # [B, K, H/K, D], [B, K, H/K, S]
+            output = output.reshape(B, H, 1, D)  # [B, H, 1, D]
+            weights = None if weights is None else weights.reshape(B, H, 1, -1)  # [B, H, 1, S]
+            return self._finish(output, weights, head_mask)
         if K != H:
             S = key.shape[2]
             # Each key/value head serves H / K consecutive query heads, as in HuggingFace's repeat_kv.
@@ -105,6 +115,11 @@ class CausalSelfAttention(nn.Module):
         output, weights = attention(
             query, key, value, mask, is_causal=is_causal, scale=self.scale, need_weights=need_weights
         )  # [B, H, T, D]
+        return self._finish(output, weights, head_mask)
+
+    def _finish(self, output: Tensor, weights: Optional[Tensor], head_mask: Optional[Tensor]) -> AttentionResult:
+        """Scale heads by ``head_mask``, merge them and project: ``[B, H, T, D]`` -> ``[B, T, E]``."""
+        B, H, T, D = output.shape
         if head_mask is not None:
             output = output * head_mask_scale(head_mask, H, B).to(output.dtype)
         output = output.transpose(1, 2).reshape(B, T, H * D)  # [B, T, H*D]

@@ -101,3 +101,18 @@ def test_fused_and_weights_paths_agree(kv_heads):
     assert none is None and weights.shape == (2, 4, 6, 6)
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-5)
     assert not weights.triu(1).any()
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "weights"])
+def test_one_new_token_reads_grouped_heads_without_copying_the_cache(need_weights):
+    torch.manual_seed(0)
+    attention = CausalSelfAttention(48, 6, num_kv_heads=2)
+    x = torch.randn(3, 9, 48)
+    cos, sin = ScaledRotary(8)(torch.arange(9).expand(3, 9))
+    full, full_weights = attention(x, rotary=(cos, sin), is_causal=True, need_weights=True)
+    cache = KVCache(1)
+    attention(x[:, :8], rotary=(cos[:, :8], sin[:, :8]), is_causal=True, cache=cache)
+    step, step_weights = attention(x[:, 8:], rotary=(cos[:, 8:], sin[:, 8:]), cache=cache, need_weights=need_weights)
+    torch.testing.assert_close(step, full[:, 8:], atol=1e-5, rtol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(step_weights, full_weights[:, :, 8:], atol=1e-6, rtol=1e-5)

@@ -64,10 +64,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--prompt", type=int, default=128, help="prompt length")
+    parser.add_argument("--new", type=int, default=128, help="new tokens")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompt, new = (8, 8) if args.quick else (128, 128)
+    prompt, new = (8, 8) if args.quick else (args.prompt, args.new)
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as directory:
         hf, ours, vocab = build_models(Path(directory), args.quick)
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
         hf_options = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
         runs: dict[str, list[float]] = {key: [] for key in ("ours", "sdpa", "ours_w", "eager_w")}
         with torch.no_grad():
+            ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1)  # warm-up: first calls pay set-up
+            hf["sdpa"].generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
             for _ in range(repeats):
                 runs["ours"].append(timed(lambda: ours.generate(ids, max_new_tokens=new, eos_token_id=-1)))
                 runs["sdpa"].append(timed(lambda: hf["sdpa"].generate(ids, **hf_options)))

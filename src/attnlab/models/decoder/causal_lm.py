@@ -110,6 +110,7 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         labels: Optional[Tensor] = None,
         return_dict: bool = True,
         mask: Optional[Tensor] = None,
+        logits_to_keep: int = 0,
     ) -> Union[CausalLMOutput, tuple]:
         """Next-token logits for ``input_ids`` after what ``past_key_values`` holds.
 
@@ -129,6 +130,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
             return_dict: ``False`` returns the tuple.
             mask: the encoders' name for ``attention_mask`` (``[B, S]``, 1 on real
                 tokens), so the inspection tools drive decoders as they drive encoders.
+            logits_to_keep: compute logits for the last this many positions only (0: all);
+                generation needs the last one, and the LM head is a large share of a prompt's cost.
         """
         if mask is not None:
             if attention_mask is not None:
@@ -163,9 +166,11 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
             hidden.append(x)
         x = self.norm(x)
         hidden[-1] = x
-        logits = self.lm_head(x)  # [B, T, V]
+        logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)  # [B, T | logits_to_keep, V]
         loss = None
         if labels is not None:
+            if logits_to_keep:
+                raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                    labels[:, 1:].reshape(-1), ignore_index=-100)
         out = CausalLMOutput(

@@ -161,7 +161,8 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(seed)
     cache = model.new_cache(capacity=T + max_new_tokens + 1)
     recorded: list = []
-    out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions)
+    out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions,
+                logits_to_keep=1)
     if output_attentions:
         recorded.append(out.attentions)
     sequences = input_ids

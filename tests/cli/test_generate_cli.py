@@ -96,3 +96,13 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(llama_di
         alone = model.generate(tokenizer([prompt], return_tensors="pt")["input_ids"], max_new_tokens=5,
                                eos_token_id=-1)
         assert together.sequences[row, -5:].tolist() == alone.sequences[0, -5:].tolist()
+
+
+def test_every_entry_point_opens_the_decoder(llama_dir):
+    from attnlab.models.decoder import DecoderForCausalLM
+    from attnlab.models.pretrained import from_pretrained
+
+    assert isinstance(DecoderForCausalLM.from_pretrained(llama_dir), DecoderForCausalLM)
+    assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)
+    with pytest.raises(TypeError, match="not a TransformerEncoder"):
+        __import__("attnlab").TransformerEncoder.from_pretrained(llama_dir)

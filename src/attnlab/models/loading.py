@@ -90,7 +90,8 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
     Returns:
         :class:`~attnlab.models.serialization.LoadedModel` ``(model, tokenizer, config)``:
         the model in eval mode, a callable :class:`~attnlab.data.tokenizer.Tokenizer`
-        (``None`` when the directory has none), and the directory's ``config.json`` dict.
+        (``None`` when the directory has none; a decoder's pads on the left), and the
+        directory's ``config.json`` dict (a GGUF file's: its ``DecoderConfig`` as a dict).
 
     Example:
         >>> model, tokenizer, _ = attnlab.load("minilm")

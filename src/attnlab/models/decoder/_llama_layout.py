@@ -87,7 +87,7 @@ def decoder_config_from_llama(raw: dict[str, Any], source: str = "config.json") 
         out_bias=attention_bias if model_type == "llama" else False,
         ffn_bias=bool(raw.get("mlp_bias", False)),
         sliding_window=sliding_window,
-        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type != "mistral")),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),  # HuggingFace's default for all three
         pad_id=first_id(raw.get("pad_token_id")),
         bos_id=first_id(raw.get("bos_token_id")),
         eos_id=first_id(raw.get("eos_token_id")),

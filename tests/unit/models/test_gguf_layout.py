@@ -1,4 +1,4 @@
-"""GGUF reading helpers that need no file: llama.cpp's rotary row permutation is undone."""
+"""GGUF reading, tested without a file: llama.cpp's rotary row permutation is undone."""
 
 from __future__ import annotations
 

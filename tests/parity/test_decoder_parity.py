@@ -42,10 +42,13 @@ CONFIGS = {
     "linear-rope": lambda: _llama_like("llama", tie_word_embeddings=True,
                                        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                                         "factor": 4.0}),
+    "yarn-rope": lambda: _llama_like("qwen2", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}),
     "mistral": lambda: _llama_like("mistral", sliding_window=5, head_dim=16),
     "qwen2": lambda: _llama_like("qwen2"),
 }
-MODEL_CLASSES = {"gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+MODEL_CLASSES = {"gpt2": "GPT2LMHeadModel", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "yarn-rope": "Qwen2ForCausalLM"}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

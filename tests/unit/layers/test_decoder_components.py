@@ -51,7 +51,7 @@ def test_llama3_scaling_keeps_short_wavelengths_and_divides_long_ones():
 
 
 @pytest.mark.parametrize("scaling, message", [
-    ({"rope_type": "yarn", "factor": 2.0}, "not supported"),
+    ({"rope_type": "longrope", "factor": 2.0}, "not supported"),
     ({"rope_type": "linear"}, "needs 'factor'"),
 ])
 def test_unsupported_rope_scaling_is_refused_by_name(scaling, message):

@@ -81,7 +81,9 @@ def test_analyze_accepts_a_decoder(llama_dir, tmp_path):
     texts.write_text("the cat sat on the mat\na dog ran\nthe big small cat ran away fast\n", encoding="utf-8")
     out = tmp_path / "analysis"
     assert main(["analyze", "--model", str(llama_dir), "--data", str(texts), "--out", str(out)]) == 0
-    assert (out / "statistics.json").is_file()
+    statistics = json.loads((out / "statistics.json").read_text())
+    found = json.dumps(statistics)
+    assert "sink_mass" in found  # causal statistics for a decoder
 
 
 def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(llama_dir):

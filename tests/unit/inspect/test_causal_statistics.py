@@ -51,3 +51,19 @@ def test_log_of_prefix_size_is_the_normaliser():
     weights[0, 0, 2] = row
     stats = causal_statistics({"layer_1": weights})
     assert stats["normalized_entropy"]["layer_1"][0] == pytest.approx((1.0 + math.log(2) / math.log(3)) / 2)
+
+
+def test_any_split_into_batches_gives_the_same_means():
+    from attnlab.inspect.compute.causal_statistics import CausalStatistics
+
+    torch.manual_seed(0)
+    weights = torch.softmax(torch.randn(4, 2, 6, 6).masked_fill(~torch.tril(torch.ones(6, 6, dtype=torch.bool)),
+                                                               float("-inf")), -1)
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[1, :2] = False
+    whole = causal_statistics({"layer_1": weights}, keep)
+    split = CausalStatistics()
+    for rows in (slice(0, 1), slice(1, 4)):
+        split.update("layer_1", weights[rows], keep[rows])
+    for name, layers in whole.items():
+        assert split.means()[name]["layer_1"] == pytest.approx(layers["layer_1"])

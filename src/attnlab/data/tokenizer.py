@@ -44,6 +44,10 @@ class Tokenizer:
             ``max_length`` cuts there.
         return_token_type_ids: include ``token_type_ids`` by default (models with segment
             embeddings).
+        padding_side: ``"right"`` (encoders) or ``"left"`` (decoders, so that every row's
+            last token is real and generation continues it).
+        pad_token: the token that pads (default: ``[PAD]`` or ``<pad>`` when the vocabulary
+            has one); decoders without one pad with their end-of-text token.
 
     Example:
         >>> tok = attnlab.load("minilm").tokenizer
@@ -58,12 +62,20 @@ class Tokenizer:
         *,
         model_max_length: Optional[int] = None,
         return_token_type_ids: bool = False,
+        padding_side: str = "right",
+        pad_token: Optional[str] = None,
     ) -> None:
         if isinstance(backend, Tokenizer):
             backend = backend.backend
         if not isinstance(backend, BackendTokenizer):
             raise TypeError(f"backend must be a tokenizers.Tokenizer, got {type(backend).__name__}")
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        if pad_token is not None and backend.token_to_id(pad_token) is None:
+            raise ValueError(f"pad_token {pad_token!r} is not in the vocabulary")
         self.backend = backend
+        self.padding_side = padding_side
+        self._pad_token = pad_token
         self.model_max_length = model_max_length
         self.return_token_type_ids = return_token_type_ids
 
@@ -86,7 +98,9 @@ class Tokenizer:
 
     @property
     def pad_token(self) -> Optional[str]:
-        """``[PAD]`` (or ``<pad>``) when the vocabulary has it."""
+        """The padding token given, else ``[PAD]`` (or ``<pad>``) when the vocabulary has it."""
+        if getattr(self, "_pad_token", None) is not None:
+            return self._pad_token
         return next((token for token in PAD_TOKENS if self.backend.token_to_id(token) is not None), None)
 
     @property
@@ -179,6 +193,7 @@ class Tokenizer:
                     pad_id=pad_id,
                     pad_token=self.pad_token,
                     length=length if padding == "max_length" else None,
+                    direction=self.padding_side,
                 )
             encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         finally:

@@ -6,7 +6,9 @@
   ``checkpoints/last``) or an attnlab **checkpoint directory** (``model.safetensors`` and
   a ``config.json`` with an ``"encoder"`` entry) -> :func:`~attnlab.models.load_model`;
 * a **HuggingFace directory** (``config.json`` with HuggingFace's ``model_type``) or a
-  packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`.
+  packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`;
+* a **decoder**: a GPT-2 / Llama / Mistral / Qwen2 directory, a ``.gguf`` file or the
+  packaged ``"smollm2"`` -> :func:`~attnlab.models.decoder.loading.load_decoder`.
 
 It returns ``(model, tokenizer, config)`` with the model in eval mode and the tokenizer as
 an HF-callable :class:`~attnlab.data.tokenizer.Tokenizer`. The model classes reach this
@@ -21,8 +23,10 @@ from typing import Any, Optional, Union
 
 from torch import nn
 
+from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder
+from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
 from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
 from .serialization import (
     CONFIG_FILE,
@@ -46,6 +50,8 @@ def detect_format(path_or_name: PathLike) -> str:
         FileNotFoundError: no such path (and not a packaged name), or a directory holding
             no model attnlab knows; the message says what was found.
     """
+    if is_decoder_source(path_or_name):
+        return "huggingface"
     if isinstance(path_or_name, str) and path_or_name.lower() in {*PRETRAINED_NAMES, "all-minilm-l6-v2",
                                                                  "sentence-transformers/all-minilm-l6-v2"}:
         return "huggingface"
@@ -86,13 +92,25 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
     Returns:
         :class:`~attnlab.models.serialization.LoadedModel` ``(model, tokenizer, config)``:
         the model in eval mode, a callable :class:`~attnlab.data.tokenizer.Tokenizer`
-        (``None`` when the directory has none), and the directory's ``config.json`` dict.
+        (``None`` when the directory has none; a decoder's pads on the left), and the
+        directory's ``config.json`` dict (a GGUF file's: its ``DecoderConfig`` as a dict).
 
     Example:
         >>> model, tokenizer, _ = attnlab.load("minilm")
         >>> out = model(**tokenizer(["attention is all you need"], return_tensors="pt"))
     """
     kind = detect_format(path_or_name)
+    if is_decoder_source(path_or_name):
+        model = load_decoder(path_or_name, device=device)
+        backend = load_decoder_tokenizer(path_or_name)
+        tokenizer = None
+        if backend is not None:
+            pad = model.config.pad_id if model.config.pad_id is not None else model.config.eos_id
+            pad_token = None if pad is None else backend.id_to_token(pad)
+            tokenizer = Tokenizer(backend, padding_side="left", pad_token=pad_token)
+        config_path = Path(path_or_name) / CONFIG_FILE
+        config = read_json(config_path) if config_path.is_file() else model.config.to_dict()
+        return LoadedModel(model, tokenizer, config)
     if kind in ("attnlab-run", "attnlab-checkpoint"):
         loaded = load_model(path_or_name, device=device)
         model, backend, config = loaded

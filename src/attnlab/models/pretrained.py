@@ -286,6 +286,10 @@ def from_pretrained(
             are listed), missing or unexpected tensors, shape mismatches, or
             pickle-only weights; every problem is listed.
     """
+    from .decoder.loading import DECODER_MODEL_TYPES, is_decoder_source, load_decoder
+
+    if is_decoder_source(name_or_path):  # GPT-2, Llama, Mistral, Qwen2, GGUF, "smollm2"
+        return load_decoder(name_or_path, device=device, dtype=dtype)
     directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
     if (directory / "checkpoints").is_dir():
@@ -301,7 +305,10 @@ def from_pretrained(
             f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
             f"one; open it with attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
         )
-    family = family_for(values, source=str(config_path))
+    try:
+        family = family_for(values, source=str(config_path))
+    except UnsupportedCheckpointError as error:  # name the decoders too: they open here as well
+        raise UnsupportedCheckpointError(f"{error}; decoders: {', '.join(DECODER_MODEL_TYPES)}") from None
     config = family.config_from_hf(values, str(config_path))
     changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
                if value is not None}

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..compute.capture import capture_attention
+from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
 from ..compute.heads import forward_batch
 from ..compute.rollout import attention_rollout
 from ..compute.statistics import HeadStatistics
@@ -113,6 +114,10 @@ def write_inspection(
         )
     means = statistics.means()
     tables = {stat: [means[name][stat] for name in names] for stat in next(iter(means.values()))}
+    if callable(getattr(model, "new_cache", None)):  # a decoder: statistics over each query's allowed prefix
+        causal = causal_statistics({name: weights[None] for name, weights in attentions.items()})
+        tables = {**{stat: [causal[stat][name] for name in names] for stat in CAUSAL_STATISTICS},
+                  **{stat: values for stat, values in tables.items() if stat not in CAUSAL_STATISTICS}}
     square = all(weights.shape[-1] == weights.shape[-2] == len(tokens) for weights in attentions.values())
     rollout = attention_rollout({n: w[None] for n, w in attentions.items()}, mask)[:, 0] if square else None
 

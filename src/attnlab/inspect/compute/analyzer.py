@@ -35,6 +35,7 @@ from .batches import AnalysisBatch, as_analysis_batch
 from .capture import capture_attention, find_attention_modules
 from .heads import LossFn, default_loss, forward_batch, head_importance, mask_heads
 from .rollout import attention_rollout
+from .causal_statistics import CausalStatistics
 from .statistics import HeadStatistics
 
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult"]
@@ -184,6 +185,8 @@ class AttentionAnalyzer:
             sparsity_threshold=self.sparsity_threshold, top_k=self.top_k, token_groups=self.token_groups
         )
         rollout_sums: dict[str, list[float]] = {}
+        # A decoder's query sees only its prefix: its entropy is normalised by that, not the sequence.
+        causal = CausalStatistics() if callable(getattr(self.model, "new_cache", None)) else None
         examples = tokens = 0
         ablation = mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()
         with (
@@ -197,6 +200,9 @@ class AttentionAnalyzer:
                 captured.clear()
                 forward_batch(self.model, batch, self.pad_id)
                 self._add_statistics(statistics, captured.attentions, normalised)
+                if causal is not None:
+                    for name, weights in captured.attentions.items():
+                        causal.update(name, weights, normalised.mask)
                 if self.rollout:
                     self._add_rollout(rollout_sums, captured.attentions, normalised.mask)
                 examples += normalised.input_ids.shape[0]
@@ -208,10 +214,13 @@ class AttentionAnalyzer:
         means = statistics.means()
         layers = list(means)
         names = list(next(iter(means.values())))
+        table = {name: {layer: means[layer][name] for layer in layers} for name in names}
+        if causal is not None:
+            table.update(causal.means())
         return AttentionStatistics(
             layers=layers,
             num_heads=[len(means[layer]["entropy"]) for layer in layers],
-            statistics={name: {layer: means[layer][name] for layer in layers} for name in names},
+            statistics=table,
             rows=statistics.row_counts(),
             rollout=self._rollout_means(rollout_sums) if self.rollout else None,
             examples=examples,

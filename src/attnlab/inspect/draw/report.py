@@ -134,7 +134,8 @@ def stats_tables_html(
 
 STATISTIC_DESCRIPTIONS = {
     "entropy": "mean row entropy (nats) over real keys",
-    "normalized_entropy": "entropy / log(number of real keys); 1 = uniform",
+    "normalized_entropy": "entropy / log(number of real keys the query may attend); 1 = uniform",
+    "sink_mass": "mass on the first real token (the attention sink)",
     "sparsity": "share of real keys below the sparsity threshold",
     "top_k_mass": "mass on the k largest weights",
     "gini": "Gini coefficient of the row; 0 = uniform",

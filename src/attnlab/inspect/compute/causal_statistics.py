@@ -1,0 +1,124 @@
+"""Statistics that fit causal attention, per layer and head.
+
+Dimension letters: ``B`` batch, ``H`` heads, ``T`` query rows, ``S`` keys.
+
+A decoder's query at position ``t`` may attend only to the real keys at or before ``t``,
+so a statistic that divides by the number of real keys of the whole sequence (as the
+encoder statistics do) mixes up position and spread. Over each real query row ``p``,
+with ``n_t`` the real keys it may attend (its allowed prefix):
+
+* ``normalized_entropy``: ``-sum_s p_s log p_s / log n_t`` in ``[0, 1]`` (1 = uniform over
+  the prefix); rows with ``n_t = 1`` (the first token) are left out.
+* ``sink_mass``: the mass on the first real token, the "attention sink" of Xiao et al.
+  (2023); rows with ``n_t = 1`` are left out (all their mass is there by force).
+* ``mean_distance``: ``sum_s p_s (t - s)``, how far back the row looks, in real tokens.
+
+Values are means over rows, in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["CAUSAL_STATISTICS", "CausalStatistics", "causal_statistics"]
+
+CAUSAL_STATISTICS = ("normalized_entropy", "sink_mass", "mean_distance")
+
+
+def _layer_sums(weights: Tensor, keep: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-head sums over counted rows ``{statistic: [H]}`` and the rows counted ``[H]``."""
+    B, H, T, S = weights.shape
+    p = weights.double() * keep[:, None, None, :]  # [B, H, T, S], padding keys dropped
+    real_before = keep.long().cumsum(-1)  # [B, S] real tokens up to and including s
+    rank = real_before - 1  # [B, S] index of a real token among the real ones
+    query_rank = rank[:, S - T:]  # [B, T]
+    prefix = real_before[:, S - T:].double()  # [B, T] n_t
+    rows = keep[:, S - T:] & (prefix > 1)  # [B, T] real queries with a choice
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [B, H, T]
+    normalized = entropy / prefix.clamp_min(2).log()[:, None]
+    first = (keep & (rank == 0)).double()  # [B, S] the first real token
+    sink = (p * first[:, None, None, :]).sum(-1)  # [B, H, T]
+    distance = (p * (query_rank[:, None, :, None] - rank[:, None, None, :]).double()).sum(-1)  # [B, H, T]
+    weight = rows[:, None, :].double().expand(B, H, T)  # [B, H, T]
+    sums = {name: (value * weight).sum((0, 2)) for name, value in
+            (("normalized_entropy", normalized), ("sink_mass", sink), ("mean_distance", distance))}
+    return sums, weight.sum((0, 2))
+
+
+class CausalStatistics:
+    """Streaming means of the causal statistics per layer and head, batch by batch
+    (sums in float64: any split of the data into batches gives the same result).
+
+    Example:
+        >>> stats = CausalStatistics()
+        >>> stats.update("layer_1", weights, attention_mask)
+        >>> stats.means()["sink_mass"]["layer_1"]   # one float per head
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, dict[str, Tensor]] = {}
+        self._rows: dict[str, Tensor] = {}
+
+    def update(self, layer: str, weights: Tensor, attention_mask: Optional[Tensor] = None) -> None:
+        """Add one batch of one layer.
+
+        Shape:
+            ``weights`` ``[B, H, T, S]`` (the last ``T`` of ``S`` positions as queries);
+            ``attention_mask`` ``[B, S]``, ``True`` / 1 on real tokens (``None``: all real).
+        """
+        if not isinstance(weights, Tensor) or weights.dim() != 4:
+            raise ValueError(f"{layer}: weights must be [B, H, T, S], got {getattr(weights, 'shape', weights)}")
+        B, _, _, S = weights.shape
+        if attention_mask is None:
+            keep = torch.ones(B, S, dtype=torch.bool, device=weights.device)
+        else:
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
+            keep = attention_mask.bool().to(weights.device)
+        sums, rows = _layer_sums(weights, keep)
+        if layer in self._sums:
+            for name, value in sums.items():
+                self._sums[layer][name] += value
+            self._rows[layer] += rows
+        else:
+            self._sums[layer], self._rows[layer] = sums, rows
+
+    def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
+        """``{statistic: {layer: [one value per head, None where no row counted]}}``."""
+        result: dict[str, dict[str, list[Optional[float]]]] = {name: {} for name in CAUSAL_STATISTICS}
+        for layer, sums in self._sums.items():
+            rows = self._rows[layer]
+            for name in CAUSAL_STATISTICS:
+                result[name][layer] = [None if count == 0 else float(total / count)
+                                       for total, count in zip(sums[name].tolist(), rows.tolist())]
+        return result
+
+
+def causal_statistics(
+    attentions: Mapping[str, Tensor], attention_mask: Optional[Tensor] = None
+) -> dict[str, dict[str, list[Optional[float]]]]:
+    """``{statistic: {layer name: [one value per head]}}`` of a decoder's weights.
+
+    Args:
+        attentions: ``{"layer_1": [B, H, T, S], ...}`` (a
+            :class:`~attnlab.outputs.LayerAttentions` works), the ``T`` rows being the
+            last ``T`` of the ``S`` positions.
+        attention_mask: ``[B, S]`` keep mask, ``True`` / 1 on real tokens (left or right
+            padding); ``None`` = all real.
+
+    Example:
+        >>> out = model(ids, output_attentions=True)
+        >>> causal_statistics(out.attentions)["sink_mass"]["layer_1"]
+        [0.61, 0.08, ...]
+    """
+    items = list(attentions.items())
+    if not items:
+        raise ValueError("attentions is empty: pass {layer name: [B, H, T, S] weights}")
+    statistics = CausalStatistics()
+    for layer, weights in items:
+        statistics.update(layer, weights, attention_mask)
+    return statistics.means()

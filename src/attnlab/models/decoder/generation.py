@@ -1,0 +1,199 @@
+"""Text generation with a KV cache: greedy or sampled, and the attention of every new token.
+
+Dimension letters: ``B`` batch, ``T`` prompt length, ``N`` final length, ``S`` positions
+so far, ``H`` heads, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...attention.masks import keep_mask
+from ...outputs import LayerAttentions, ModelOutput
+
+__all__ = ["GenerationOutput", "generate", "next_token_scores"]
+
+
+@dataclass(eq=False)
+class GenerationOutput(ModelOutput):
+    """What :func:`generate` returns.
+
+    Attributes:
+        sequences: ``[B, N]`` prompt and generated ids (rows that met ``eos_token_id``
+            continue with ``pad_token_id``, as HuggingFace's).
+        attention_mask: ``[B, N]`` bool, ``True`` on real tokens (left padding of the prompt).
+        prompt_length: ``T``, where generated tokens start.
+        attentions: with ``output_attentions=True``, one
+            :class:`~attnlab.outputs.LayerAttentions` per forward pass of the generation,
+            recorded from the cached forward itself: first the prompt's ``[B, H, T, T]``,
+            then for each generated token its own ``[B, H, 1, S]`` row over every
+            position up to and including itself.
+    """
+
+    sequences: Optional[Tensor] = None
+    attention_mask: Optional[Tensor] = None
+    prompt_length: Optional[int] = None
+    attentions: Optional[tuple[LayerAttentions, ...]] = None
+
+    def _require_attentions(self) -> tuple[LayerAttentions, ...]:
+        if not self.attentions:
+            raise ValueError("no attention was recorded: call generate(..., output_attentions=True)")
+        return self.attentions
+
+    def generated_attention(self, index: int) -> LayerAttentions:
+        """Generated token ``index``'s (0-based) weights over every position up to itself:
+        ``[B, H, S]`` per layer."""
+        steps = self._require_attentions()[1:]
+        if not -len(steps) <= index < len(steps):
+            raise ValueError(f"index must be in [0, {len(steps)}) (generated tokens with attention), got {index}")
+        return LayerAttentions([layer[:, :, 0] for layer in steps[index]])
+
+    def attention_maps(self) -> LayerAttentions:
+        """The whole causal map of the final sequence, ``[B, H, N, N]`` per layer, assembled
+        from the recorded rows (zeros above the diagonal); equal to one full forward pass
+        over ``sequences`` with ``output_attentions=True``."""
+        prompt, *steps = self._require_attentions()
+        T = prompt[0].shape[-1]
+        N = T + len(steps)
+        maps = []
+        for layer, prompt_weights in enumerate(prompt):
+            B, H = prompt_weights.shape[:2]
+            full = prompt_weights.new_zeros(B, H, N, N)  # [B, H, N, N]
+            full[:, :, :T, :T] = prompt_weights
+            for step, weights in enumerate(steps):
+                full[:, :, T + step, : T + step + 1] = weights[layer][:, :, 0]
+            maps.append(full)
+        return LayerAttentions(maps)
+
+
+def next_token_scores(
+    logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None
+) -> Tensor:
+    """``[B, V]`` logits -> ``[B, V]`` scores to sample from: divided by ``temperature``, all
+    but the ``top_k`` best and outside the smallest set whose probability reaches ``top_p``
+    set to ``-inf`` (HuggingFace's order of the three)."""
+    scores = logits / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # [B, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = torch.sort(scores, dim=-1, descending=True)  # [B, V]
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative - ordered.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        drop[..., 0] = False  # always keep the best token
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scores
+
+
+def _check_options(max_new_tokens, temperature, top_k, top_p) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy decoding), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    max_new_tokens: int = 20,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    eos_token_id: Optional[int] = None,
+    pad_token_id: Optional[int] = None,
+    seed: Optional[int] = None,
+    output_attentions: bool = False,
+) -> GenerationOutput:
+    """Continue each prompt by ``max_new_tokens`` tokens, one cached forward per token.
+
+    Greedy decoding (``do_sample=False``) picks the most likely token and gives what
+    HuggingFace's ``generate(do_sample=False)`` gives. Sampling draws from the scores of
+    :func:`next_token_scores` with a generator seeded by ``seed``: the same seed gives the
+    same text.
+
+    Args:
+        model: a :class:`~attnlab.models.decoder.DecoderForCausalLM`.
+        input_ids: ``[B, T]`` prompt ids, left-padded when prompts differ in length.
+        attention_mask: ``[B, T]`` keep mask (1 on real tokens, any dtype); ``None`` = no padding.
+        max_new_tokens: tokens to add.
+        do_sample: sample instead of taking the most likely token.
+        temperature, top_k, top_p: shape the sampling distribution.
+        eos_token_id: a row stops at this token (default: the model's ``eos_id``; pass
+            ``-1`` to never stop). Generation ends when every row has stopped.
+        pad_token_id: what stopped rows continue with (default: the model's ``pad_id``,
+            else ``eos_token_id``).
+        seed: seed of the sampling generator.
+        output_attentions: record every new token's per-layer, per-head weights from the
+            cached forward itself (see :class:`GenerationOutput`); the reference kernel
+            then runs instead of the fused one.
+
+    Returns:
+        :class:`GenerationOutput`.
+    """
+    _check_options(max_new_tokens, temperature, top_k, top_p)
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}")
+    config = model.config
+    eos = config.eos_id if eos_token_id is None else (None if eos_token_id < 0 else eos_token_id)
+    pad = pad_token_id if pad_token_id is not None else (config.pad_id if config.pad_id is not None else eos)
+    B, T = input_ids.shape
+    device = input_ids.device
+    keep = None
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must be [B, T] = [{B}, {T}], got {tuple(attention_mask.shape)}")
+        keep = keep_mask(attention_mask.to(device), name="attention_mask")
+        if not bool(keep[:, -1].all()):
+            raise ValueError(
+                "attention_mask has padding at the end of a prompt: generation continues each row's last "
+                "token, so pad on the left (the tokenizer of attnlab.load pads decoders on the left)"
+            )
+        keep = None if bool(keep.all()) else keep
+    generator = None
+    if do_sample and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    cache = model.new_cache(capacity=T + max_new_tokens + 1)
+    recorded: list = []
+    out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions,
+                logits_to_keep=1)
+    if output_attentions:
+        recorded.append(out.attentions)
+    sequences = input_ids
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1].float()  # [B, V]
+        if do_sample:
+            probabilities = next_token_scores(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+            token = torch.multinomial(probabilities, 1, generator=generator)[:, 0]  # [B]
+        else:
+            token = logits.argmax(-1)  # [B]
+        if eos is not None:
+            token = torch.where(finished, torch.full_like(token, pad if pad is not None else eos), token)
+            finished = finished | (token == eos)
+        sequences = torch.cat((sequences, token[:, None]), dim=1)  # [B, S]
+        if keep is not None:
+            keep = torch.cat((keep, keep.new_ones(B, 1)), dim=1)  # [B, S]
+        last = step == max_new_tokens - 1 or bool(finished.all())
+        if last and not output_attentions:
+            break
+        # With capture on, the last token also goes through the model, to record its own row.
+        out = model(token[:, None], keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions)
+        if output_attentions:
+            recorded.append(out.attentions)
+        if last:
+            break
+    full_keep = keep if keep is not None else torch.ones_like(sequences, dtype=torch.bool)
+    return GenerationOutput(sequences=sequences, attention_mask=full_keep, prompt_length=T,
+                            attentions=tuple(recorded) if output_attentions else None)

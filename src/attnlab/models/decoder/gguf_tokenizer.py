@@ -1,0 +1,59 @@
+"""The tokenizer a GGUF file describes in its metadata, as a ``tokenizers.Tokenizer``.
+
+Byte-level BPE (``tokenizer.ggml.model = "gpt2"``, as GPT-2, SmolLM, Llama 3 and Qwen2
+use): the vocabulary is ``tokenizer.ggml.tokens``, the merges ``tokenizer.ggml.merges``,
+and tokens of type 3 (control) become special tokens (``<|im_start|>``, ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+
+from .._bert_layout import UnsupportedCheckpointError
+
+__all__ = ["tokenizer_from_gguf", "chat_prompt"]
+
+_CONTROL = 3
+
+
+def _strings(field) -> list[str]:
+    return [bytes(field.parts[index]).decode("utf-8") for index in field.data]
+
+
+def tokenizer_from_gguf(path: Union[str, Path]) -> Tokenizer:
+    """Build the byte-level BPE tokenizer of a GGUF file (no padding, no truncation).
+
+    Raises:
+        UnsupportedCheckpointError: the file holds another kind of tokenizer (SentencePiece's ``llama``).
+    """
+    from .gguf_weights import _reader
+
+    reader = _reader(path)
+    kind = reader.fields["tokenizer.ggml.model"].contents()
+    if kind != "gpt2":
+        raise UnsupportedCheckpointError(f"{path}: tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")
+    tokens = _strings(reader.fields["tokenizer.ggml.tokens"])
+    merges = [tuple(merge.split(" ", 1)) for merge in _strings(reader.fields["tokenizer.ggml.merges"])]
+    types = [int(value) for value in reader.fields["tokenizer.ggml.token_type"].contents()]
+    tokenizer = Tokenizer(BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=merges,
+                              fuse_unk=False, byte_fallback=False))
+    pre = reader.fields.get("tokenizer.ggml.pre")
+    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    if pre is not None and pre.contents() == "smollm":  # SmolLM splits every digit
+        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                  for token, kind in zip(tokens, types) if kind == _CONTROL])
+    return tokenizer
+
+
+def chat_prompt(text: str, *, system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face") -> str:
+    """``text`` as one user turn in the ChatML template that SmolLM2-Instruct was tuned on,
+    ready for the assistant's answer."""
+    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n"
+            f"<|im_start|>assistant\n")

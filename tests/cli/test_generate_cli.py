@@ -1,0 +1,111 @@
+"""`attnlab generate` (and `inspect` on a decoder), run for real on a tiny random Llama saved at test time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from attnlab.cli import main
+
+transformers = pytest.importorskip("transformers", reason="the tiny model is written with transformers")
+
+WORDS = "<unk> <s> </s> the a cat dog sat on mat and ran away fast slow big small".split()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("llama")
+    tokenizer = Tokenizer(models.WordLevel({word: index for index, word in enumerate(WORDS)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def test_generate_prints_the_continuation_and_writes_the_report(llama_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    code = main(["generate", "--model", str(llama_dir), "--prompt", "the cat sat on", "--max-new-tokens", "6",
+                 "--report", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "report.html" in printed
+    generation = json.loads((out / "generation.json").read_text())
+    assert generation["prompt_length"] == 4 and 1 <= len(generation["steps"]) <= 6
+    assert set(generation["steps"][0]["top_positions"]) == {"layer_1", "layer_2"}
+    statistics = json.loads((out / "statistics.json").read_text())
+    assert set(statistics) == {"normalized_entropy", "sink_mass", "mean_distance"}
+    assert len(statistics["sink_mass"]["layer_1"]) == 4  # one value per head
+    assert (out / "generation.html").is_file()
+    html = (out / "report.html").read_text()
+    assert "attnlab generation report" in html and "cat" in html
+
+
+def test_sampling_with_a_seed_is_reproducible_from_the_command_line(llama_dir, capsys):
+    argv = ["generate", "--model", str(llama_dir), "--prompt", "a dog", "--max-new-tokens", "8", "--sample",
+            "--seed", "3", "--top-k", "5"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_an_encoder_is_refused_with_a_clear_error(tmp_path, capsys):
+    from attnlab import TransformerEncoder
+
+    encoder = TransformerEncoder(len(WORDS), d_model=16, num_layers=1, num_heads=2, d_ff=32)
+    tokenizer = Tokenizer(models.WordLevel({word: index for index, word in enumerate(WORDS)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    encoder.save_pretrained(tmp_path / "encoder", tokenizer=tokenizer)
+    assert main(["generate", "--model", str(tmp_path / "encoder"), "--prompt", "the cat"]) == 2
+    assert "not a decoder" in capsys.readouterr().err
+
+
+def test_inspect_accepts_a_decoder(llama_dir, tmp_path):
+    out = tmp_path / "inspect"
+    assert main(["inspect", "--model", str(llama_dir), "--text", "the big dog ran", "--out", str(out),
+                 "--format", "png"]) == 0
+    html = (out / "report.html").read_text()
+    assert "sink_mass" in html  # causal statistics for a decoder
+
+
+def test_analyze_accepts_a_decoder(llama_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\na dog ran\nthe big small cat ran away fast\n", encoding="utf-8")
+    out = tmp_path / "analysis"
+    assert main(["analyze", "--model", str(llama_dir), "--data", str(texts), "--out", str(out)]) == 0
+    statistics = json.loads((out / "statistics.json").read_text())
+    found = json.dumps(statistics)
+    assert "sink_mass" in found  # causal statistics for a decoder
+
+
+def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(llama_dir):
+    import attnlab
+
+    model, tokenizer, config = attnlab.load(llama_dir)
+    assert config["model_type"] == "llama" and tokenizer.padding_side == "left"
+    prompts = ["the cat sat on the mat and", "a dog"]
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    assert batch["attention_mask"][1, 0] == 0  # padded on the left
+    together = model.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens=5, eos_token_id=-1)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(tokenizer([prompt], return_tensors="pt")["input_ids"], max_new_tokens=5,
+                               eos_token_id=-1)
+        assert together.sequences[row, -5:].tolist() == alone.sequences[0, -5:].tolist()
+
+
+def test_every_entry_point_opens_the_decoder(llama_dir):
+    from attnlab.models.decoder import DecoderForCausalLM
+    from attnlab.models.pretrained import from_pretrained
+
+    assert isinstance(DecoderForCausalLM.from_pretrained(llama_dir), DecoderForCausalLM)
+    assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)
+    with pytest.raises(TypeError, match="not a TransformerEncoder"):
+        __import__("attnlab").TransformerEncoder.from_pretrained(llama_dir)

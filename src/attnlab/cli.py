@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "pictures and an interactive report of one text's attention"),
     "analyze": ("attnlab.inspect.commands.analyze_command",
                 "attention statistics over a data set: JSON, plots, HTML summary"),
+    "explain": ("attnlab.inspect.commands.explain_command",
+                "per-token scores of one text by six attribution methods: JSON, PNG, HTML page"),
     "image-attention": ("attnlab.inspect.commands.image_attention_command",
                         "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
 }

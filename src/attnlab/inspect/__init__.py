@@ -17,10 +17,30 @@ from .compute.analyzer import AttentionAnalyzer, AttentionStatistics, Evaluation
 from .compute.batches import AnalysisBatch, as_analysis_batch
 from .compute.capture import AttentionCapture, capture_attention, find_attention_modules
 from .compute.heads import head_importance, head_mask_from, mask_heads
+from .compute.attention_flow import attention_flow
+from .compute.attention_scores import raw_attention_scores, rollout_scores
+from .compute.gradient_rollout import attention_gradients, gradient_weighted_rollout
+from .compute.integrated_gradients import integrated_gradients
+from .compute.patching import PatchResult, head_patching_sweep, layer_patching_sweep, patch_heads, patch_layers
 from .compute.rollout import attention_rollout
+from .compute.token_attribution import METHODS, TokenAttributions, attribute_tokens
 from .compute.statistics import HeadStatistics, neighbour_alignment, row_statistics
 
 __all__ = [
+    "METHODS",
+    "PatchResult",
+    "TokenAttributions",
+    "attention_flow",
+    "attention_gradients",
+    "attribute_tokens",
+    "gradient_weighted_rollout",
+    "head_patching_sweep",
+    "integrated_gradients",
+    "layer_patching_sweep",
+    "patch_heads",
+    "patch_layers",
+    "raw_attention_scores",
+    "rollout_scores",
     "AnalysisBatch",
     "AttentionAnalyzer",
     "AttentionCapture",

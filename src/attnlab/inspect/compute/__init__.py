@@ -13,6 +13,7 @@ by ``token_attribution`` with ``attribution_target`` (the pooled position, the c
 """
 
 from .analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult
+from .comparison import compare_statistics
 from .batches import AnalysisBatch, as_analysis_batch
 from .capture import AttentionCapture, capture_attention, find_attention_modules
 from .heads import default_loss, forward_batch, head_importance, head_mask_from, mask_heads
@@ -31,6 +32,7 @@ __all__ = [
     "PatchResult",
     "TokenAttributions",
     "attention_flow",
+    "compare_statistics",
     "attention_gradients",
     "attribute_tokens",
     "gradient_weighted_rollout",

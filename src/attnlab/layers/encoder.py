@@ -302,6 +302,8 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             nn.LayerNorm(d_model, eps=config.layer_norm_eps, **factory) if config.final_norm else None
         )
         self._initialize_parameters()
+        for name, heads in config.pruned_heads.items():  # a pruned model's shapes, before its weights load
+            self.layers[int(name.removeprefix("layer_")) - 1].self_attn.prune_heads(heads)
 
     @classmethod
     def from_config(cls, config: EncoderConfig, *, device=None, dtype=None) -> "TransformerEncoder":

@@ -34,6 +34,7 @@ from tokenizers import Tokenizer
 from .._files import follow_umask, load_safetensors, read_json, write_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
+from .pruning import unpruned_state_dict
 from ._bert_layout import (
     BERT_STYLE_OPTIONS,
     UnsupportedCheckpointError,
@@ -330,7 +331,7 @@ def save_pretrained(model: TransformerEncoder, directory: PathLike, tokenizer: O
     if any(layer.self_attn.__class__.__name__ != "MultiHeadAttention" for layer in model.layers):
         raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
     bert_config = bert_config_from_encoder(model.config)
-    tensors = encoder_state_to_bert(model.state_dict(), model.config)
+    tensors = encoder_state_to_bert(unpruned_state_dict(model), model.config)  # pruned heads as zeros
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / CONFIG_FILE, bert_config)

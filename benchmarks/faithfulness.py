@@ -58,11 +58,15 @@ def train_demo_model(out: Path, epochs: int) -> Path:
     config = RunConfig().with_overrides([f"train.epochs={epochs}"])
     started = time.perf_counter()
     report = train_run(config, run_dir, quiet=True).report
-    print(f"trained {run_dir} in {time.perf_counter() - started:.0f} s: test accuracy {report['test']['accuracy']:.3f}")
+    print(
+        f"trained {run_dir} in {time.perf_counter() - started:.0f} s: test accuracy {report['test']['accuracy']:.3f}"
+    )
     return run_dir
 
 
-def _probabilities(model, sequences: Sequence[list[int]], pad_id: int, label: int, batch: int = 128) -> np.ndarray:
+def _probabilities(
+    model, sequences: Sequence[list[int]], pad_id: int, label: int, batch: int = 128
+) -> np.ndarray:
     """``p(label)`` for each id sequence (padded per batch, with a mask)."""
     values = []
     for start in range(0, len(sequences), batch):
@@ -95,7 +99,9 @@ def _variants(ids: list[int], words: list[int], order: list[int]) -> list[list[i
     return variants
 
 
-def evaluate_model(model, tokenizer, texts: Sequence[str], *, steps: int, max_length: int, seed: int) -> dict[str, Any]:
+def evaluate_model(
+    model, tokenizer, texts: Sequence[str], *, steps: int, max_length: int, seed: int
+) -> dict[str, Any]:
     """Per-method means over ``texts`` of every measure, and seconds per text."""
     pad_id = getattr(model.encoder.config, "pad_id", None) or 0
     names = list(METHODS) + ["random"]
@@ -112,8 +118,9 @@ def evaluate_model(model, tokenizer, texts: Sequence[str], *, steps: int, max_le
         orders = {}
         for name in METHODS:  # one at a time, to time each
             started = time.perf_counter()
-            result = attribute_tokens(model, input_ids, [name], steps=steps,
-                                      baseline_ids=baseline_for(input_ids, tokenizer, pad_id))
+            result = attribute_tokens(
+                model, input_ids, [name], steps=steps, baseline_ids=baseline_for(input_ids, tokenizer, pad_id)
+            )
             seconds[name] += time.perf_counter() - started
             scores = result.scores[name][0].numpy()
             orders[name] = sorted(words, key=lambda i: -scores[i])
@@ -146,13 +153,22 @@ def evaluate_model(model, tokenizer, texts: Sequence[str], *, steps: int, max_le
 
 def table(results: dict[str, Any]) -> str:
     """A Markdown table of one model's results, methods ranked by deletion AOPC."""
-    header = ("| method | " + " | ".join(f"comp {p}%" for p in FRACTIONS) + " | comp mean | "
-              + " | ".join(f"suff {p}%" for p in FRACTIONS) + " | suff mean | deletion AOPC | s/text |")
+    header = (
+        "| method | "
+        + " | ".join(f"comp {p}%" for p in FRACTIONS)
+        + " | comp mean | "
+        + " | ".join(f"suff {p}%" for p in FRACTIONS)
+        + " | suff mean | deletion AOPC | s/text |"
+    )
     lines = [header, "|" + "---|" * (2 * len(FRACTIONS) + 5)]
     ranked = sorted(results["methods"].items(), key=lambda item: -item[1]["deletion_aopc"])
     for name, values in ranked:
-        cells = [f"{values[f'comprehensiveness_{p}']:.3f}" for p in FRACTIONS] + [f"{values['comprehensiveness_mean']:.3f}"]
-        cells += [f"{values[f'sufficiency_{p}']:.3f}" for p in FRACTIONS] + [f"{values['sufficiency_mean']:.3f}"]
+        cells = [f"{values[f'comprehensiveness_{p}']:.3f}" for p in FRACTIONS] + [
+            f"{values['comprehensiveness_mean']:.3f}"
+        ]
+        cells += [f"{values[f'sufficiency_{p}']:.3f}" for p in FRACTIONS] + [
+            f"{values['sufficiency_mean']:.3f}"
+        ]
         cells += [f"{values['deletion_aopc']:.3f}", f"{values['seconds_per_text']:.3f}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -169,11 +185,27 @@ def plot(all_results: dict[str, Any], path: Path) -> None:
         panels = [figure.add_subplot(len(models), 3, 3 * row + i + 1) for i in range(3)]
         for name, values in methods.items():
             style = {"linestyle": "--", "color": "black"} if name == "random" else {}
-            panels[0].plot(FRACTIONS, [values[f"comprehensiveness_{p}"] for p in FRACTIONS], marker="o", label=name, **style)
-            panels[1].plot(FRACTIONS, [values[f"sufficiency_{p}"] for p in FRACTIONS], marker="o", label=name, **style)
-            panels[2].plot(DELETION_STEPS, values["deletion_curve"], label=f"{name} ({values['deletion_aopc']:.3f})", **style)
-        titles = ("comprehensiveness (higher: more faithful)", "sufficiency (lower: more faithful)",
-                  "deletion: p(x) - p(x without top k %) (AOPC)")
+            panels[0].plot(
+                FRACTIONS,
+                [values[f"comprehensiveness_{p}"] for p in FRACTIONS],
+                marker="o",
+                label=name,
+                **style,
+            )
+            panels[1].plot(
+                FRACTIONS, [values[f"sufficiency_{p}"] for p in FRACTIONS], marker="o", label=name, **style
+            )
+            panels[2].plot(
+                DELETION_STEPS,
+                values["deletion_curve"],
+                label=f"{name} ({values['deletion_aopc']:.3f})",
+                **style,
+            )
+        titles = (
+            "comprehensiveness (higher: more faithful)",
+            "sufficiency (lower: more faithful)",
+            "deletion: p(x) - p(x without top k %) (AOPC)",
+        )
         for panel, title in zip(panels, titles):
             panel.set_title(f"{Path(model).name}: {title}", fontsize=9)
             panel.set_xlabel("% of tokens")
@@ -183,12 +215,21 @@ def plot(all_results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", default=None, help="model directory (repeatable); default: train the demo model")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="model directory (repeatable); default: train the demo model",
+    )
     parser.add_argument("--texts", type=int, default=100, help="the first N texts of the test split")
     parser.add_argument("--steps", type=int, default=20, help="integrated gradients' quadrature points")
     parser.add_argument("--max-length", type=int, default=64, help="tokens kept per text")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the demo model, when it is trained here")
+    parser.add_argument(
+        "--epochs", type=int, default=3, help="epochs of the demo model, when it is trained here"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0, help="the random baseline's seed")
     parser.add_argument("--out", type=Path, default=Path("faithfulness"), help="output directory")
@@ -206,13 +247,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     for spec in models:
         model, tokenizer, _ = attnlab.load(spec)
         started = time.perf_counter()
-        all_results[spec] = evaluate_model(model.eval(), tokenizer, texts, steps=args.steps,
-                                           max_length=args.max_length, seed=args.seed)
+        all_results[spec] = evaluate_model(
+            model.eval(), tokenizer, texts, steps=args.steps, max_length=args.max_length, seed=args.seed
+        )
         print(f"\n{spec}: {all_results[spec]['texts']} texts, {time.perf_counter() - started:.0f} s")
         print(table(all_results[spec]))
-    settings = {"texts": args.texts, "steps": args.steps, "max_length": args.max_length,
-                "fractions": list(FRACTIONS), "deletion_steps": list(DELETION_STEPS), "seed": args.seed,
-                "torch_threads": torch.get_num_threads()}
+    settings = {
+        "texts": args.texts,
+        "steps": args.steps,
+        "max_length": args.max_length,
+        "fractions": list(FRACTIONS),
+        "deletion_steps": list(DELETION_STEPS),
+        "seed": args.seed,
+        "torch_threads": torch.get_num_threads(),
+    }
     write_json(args.out / "faithfulness.json", {"settings": settings, "models": all_results})
     plot(all_results, args.out / "faithfulness.png")
     print(f"\nwrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}")

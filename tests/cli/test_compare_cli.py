@@ -23,12 +23,14 @@ def pair(tmp_path_factory) -> dict[str, Path]:
     paths = {}
     for name, seed in (("a", 0), ("b", 1)):
         torch.manual_seed(seed)
-        encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=32, pad_id=tokenizer.pad_token_id)
-        EncoderClassifier(encoder, 2, label_names=["neg", "pos"]).save_pretrained(root / name, tokenizer=tokenizer)
+        encoder = TransformerEncoder(
+            tokenizer.vocab_size, 16, 2, 2, 32, max_len=32, pad_id=tokenizer.pad_token_id
+        )
+        EncoderClassifier(encoder, 2, label_names=["neg", "pos"]).save_pretrained(
+            root / name, tokenizer=tokenizer
+        )
         paths[name] = root / name
-    (root / "texts.csv").write_text(
-        "text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(TEXTS))
-    )
+    (root / "texts.csv").write_text("text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(TEXTS)))
     paths["data"] = root / "texts.csv"
     paths["tokenizer"] = tokenizer
     return paths
@@ -53,7 +55,9 @@ def test_differences_are_b_minus_a(pair):
     import attnlab
 
     (model_a, tokenizer, _), (model_b, _, _) = attnlab.load(pair["a"]), attnlab.load(pair["b"])
-    comparison = compare_models(model_a, tokenizer, model_b, tokenizer, [(t, None) for t in TEXTS], max_length=16)
+    comparison = compare_models(
+        model_a, tokenizer, model_b, tokenizer, [(t, None) for t in TEXTS], max_length=16
+    )
     entropy = comparison.result["statistics"]["entropy"]
     assert entropy["difference"][1][0] == pytest.approx(entropy["b"][1][0] - entropy["a"][1][0])
     assert entropy["a"] == comparison.a["entropy"] and entropy["b"] == comparison.b["entropy"]
@@ -64,8 +68,23 @@ def test_differences_are_b_minus_a(pair):
 
 def test_compare_writes_json_and_a_page(pair, tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert main(["compare", "--model", str(pair["a"]), "--model", str(pair["b"]), "--data", str(pair["data"]),
-                 "--out", str(out), "--importance"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                str(pair["a"]),
+                "--model",
+                str(pair["b"]),
+                "--data",
+                str(pair["data"]),
+                "--out",
+                str(out),
+                "--importance",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "comparison.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert "head_importance" in data["statistics"] and data["texts"] == {"a": len(TEXTS), "b": len(TEXTS)}
     page = (out / "comparison.html").read_text()
@@ -74,5 +93,10 @@ def test_compare_writes_json_and_a_page(pair, tmp_path, capsys):
 
 
 def test_compare_needs_two_models(pair, tmp_path, capsys):
-    assert main(["compare", "--model", str(pair["a"]), "--data", str(pair["data"]), "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            ["compare", "--model", str(pair["a"]), "--data", str(pair["data"]), "--out", str(tmp_path / "x")]
+        )
+        == 2
+    )
     assert "exactly twice" in capsys.readouterr().err

@@ -47,8 +47,21 @@ def trained_run(tmp_path_factory) -> Path:
     (root / "reviews.csv").write_text("\n".join(rows) + "\n")
     (root / "run.toml").write_text(CONFIG)
     out = root / "run"
-    assert main(["train", "--config", str(root / "run.toml"), "--data", str(root / "reviews.csv"),
-                 "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(root / "run.toml"),
+                "--data",
+                str(root / "reviews.csv"),
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -58,8 +71,22 @@ def test_explain_is_registered():
 
 def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, capsys):
     out = tmp_path / "explained"
-    assert main(["explain", "--model", str(trained_run), "--text", "a superb <script> film", "--out", str(out),
-                 "--steps", "8"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                str(trained_run),
+                "--text",
+                "a superb <script> film",
+                "--out",
+                str(out),
+                "--steps",
+                "8",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "explanation.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     methods = ["raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients"]
     assert data["methods"] == methods
@@ -73,14 +100,42 @@ def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, cap
 
 def test_explain_a_chosen_class_and_methods(trained_run, tmp_path):
     out = tmp_path / "neg"
-    assert main(["explain", "--model", str(trained_run), "--text", "dull plot", "--out", str(out),
-                 "--method", "raw", "flow", "--target", "neg"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                str(trained_run),
+                "--text",
+                "dull plot",
+                "--out",
+                str(out),
+                "--method",
+                "raw",
+                "flow",
+                "--target",
+                "neg",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "explanation.json").read_text())
     assert data["methods"] == ["raw", "flow"] and data["target_name"] == "neg" and data["target"] == 0
 
 
 def test_explain_refuses_an_unknown_class(trained_run, tmp_path, capsys):
-    code = main(["explain", "--model", str(trained_run), "--text", "dull", "--out", str(tmp_path / "x"),
-                 "--target", "happy"])
+    code = main(
+        [
+            "explain",
+            "--model",
+            str(trained_run),
+            "--text",
+            "dull",
+            "--out",
+            str(tmp_path / "x"),
+            "--target",
+            "happy",
+        ]
+    )
     assert code == 2 and "happy" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -477,8 +477,9 @@ class MultiHeadAttention(nn.Module):
             self.q_proj_weight = shrink(self.q_proj_weight, rows, 0)
             self.k_proj_weight = shrink(self.k_proj_weight, rows, 0)
             self.v_proj_weight = shrink(self.v_proj_weight, rows, 0)
-        if self.in_proj_bias is not None:
-            self.in_proj_bias = shrink(self.in_proj_bias, torch.cat([rows + part * inner for part in range(3)]), 0)
+        if self.in_proj_bias is not None:  # Q, K and V blocks, as the packed weight
+            qkv_rows = torch.cat([rows + part * inner for part in range(3)])
+            self.in_proj_bias = shrink(self.in_proj_bias, qkv_rows, 0)
         self.out_proj.weight = shrink(self.out_proj.weight, rows, 1)
         self.out_proj.in_features = len(rows)
         self.num_heads = len(kept)

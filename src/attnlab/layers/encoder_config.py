@@ -100,19 +100,26 @@ class EncoderConfig:
         self._check_pruned_heads()
 
     def _check_pruned_heads(self) -> None:
-        if not isinstance(self.pruned_heads, dict):
-            raise ValueError(f"pruned_heads must be a dict like {{'layer_2': [0, 3]}}, got {self.pruned_heads!r}")
+        heads = self.pruned_heads
+        if not isinstance(heads, dict):
+            raise ValueError(f"pruned_heads must be a dict like {{'layer_2': [0, 3]}}, got {heads!r}")
         layers = {f"layer_{index + 1}" for index in range(self.num_layers)}
-        for name, heads in self.pruned_heads.items():
+        for name, removed in heads.items():
             if name not in layers:
-                raise ValueError(f"pruned_heads names layer {name!r}; the encoder has layer_1..layer_{self.num_layers}")
-            if any(not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < self.num_heads for h in heads):
-                raise ValueError(f"pruned_heads[{name!r}] must hold heads in 0..{self.num_heads - 1}, got {heads!r}")
-            if len(set(heads)) == self.num_heads:
-                raise ValueError(f"pruned_heads[{name!r}] removes all {self.num_heads} heads; keep at least one")
+                raise ValueError(
+                    f"pruned_heads names layer {name!r}; the encoder has layer_1..layer_{self.num_layers}"
+                )
+            if any(not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < self.num_heads for h in removed):
+                raise ValueError(
+                    f"pruned_heads[{name!r}] must hold heads in 0..{self.num_heads - 1}, got {removed!r}"
+                )
+            if len(set(removed)) == self.num_heads:
+                raise ValueError(
+                    f"pruned_heads[{name!r}] removes all {self.num_heads} heads; keep at least one"
+                )
             if self.attention != "dense":
                 raise ValueError("pruned_heads applies to dense attention only")
-        self.pruned_heads = {name: sorted(set(heads)) for name, heads in self.pruned_heads.items()}
+        self.pruned_heads = {name: sorted(set(removed)) for name, removed in heads.items()}
 
     def _check_sparse_options(self) -> None:
         check_positive_int("block_size", self.block_size)

@@ -30,8 +30,10 @@ def _encoder(model: nn.Module) -> TransformerEncoder:
     encoder = getattr(model, "encoder", None)
     if isinstance(encoder, TransformerEncoder):
         return encoder
-    raise TypeError(f"prune_heads takes an attnlab TransformerEncoder or a model with one as .encoder, "
-                    f"got {type(model).__name__}")
+    raise TypeError(
+        f"prune_heads takes an attnlab TransformerEncoder or a model with one as .encoder, "
+        f"got {type(model).__name__}"
+    )
 
 
 def prune_heads(model: nn.Module, heads: Mapping[Union[str, int], Iterable[int]]) -> nn.Module:
@@ -58,18 +60,28 @@ def prune_heads(model: nn.Module, heads: Mapping[Union[str, int], Iterable[int]]
     for layer, chosen in heads.items():
         name = f"layer_{layer + 1}" if isinstance(layer, int) and not isinstance(layer, bool) else str(layer)
         if name not in {f"layer_{index + 1}" for index in range(config.num_layers)}:
-            raise ValueError(f"unknown layer {layer!r}; name layer_1..layer_{config.num_layers} or 0..{config.num_layers - 1}")
+            raise ValueError(
+                f"unknown layer {layer!r}; name layer_1..layer_{config.num_layers} or 0..{config.num_layers - 1}"
+            )
         attention = encoder.layers[int(name.removeprefix("layer_")) - 1].self_attn
         if not isinstance(attention, MultiHeadAttention):
-            raise TypeError(f"{name} uses {type(attention).__name__}; only dense MultiHeadAttention heads can be pruned")
+            raise TypeError(
+                f"{name} uses {type(attention).__name__}; only dense MultiHeadAttention heads can be pruned"
+            )
         chosen = {int(head) for head in chosen}
         if any(not 0 <= head < config.num_heads for head in chosen):
-            raise ValueError(f"{name}: heads are numbered 0..{config.num_heads - 1} (0-based), got {sorted(chosen)}")
+            raise ValueError(
+                f"{name}: heads are numbered 0..{config.num_heads - 1} (0-based), got {sorted(chosen)}"
+            )
         before = set(config.pruned_heads.get(name, []))
         after = before | chosen
         if len(after) == config.num_heads:
-            raise ValueError(f"{name}: pruning {sorted(chosen)} would remove all {config.num_heads} heads; keep one")
-        remaining = [head for head in range(config.num_heads) if head not in before]  # original numbers, in order
+            raise ValueError(
+                f"{name}: pruning {sorted(chosen)} would remove all {config.num_heads} heads; keep one"
+            )
+        remaining = [
+            head for head in range(config.num_heads) if head not in before
+        ]  # original numbers, in order
         plan[name] = (attention, [remaining.index(head) for head in sorted(chosen - before)], sorted(after))
     for name, (attention, current, after) in plan.items():  # checked everything first: all or nothing
         attention.prune_heads(current)

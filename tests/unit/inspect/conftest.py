@@ -93,3 +93,9 @@ def open_offline(browser, path: Path):
     page.on("request", lambda request: requests.append(request.url))
     page.goto(path.as_uri())
     return page, problems, requests
+
+
+@pytest.fixture
+def open_page():
+    """:func:`open_offline`, for tests (test modules do not import conftest by name)."""
+    return open_offline

@@ -34,15 +34,21 @@ def _random_attention(L=3, B=1, H=2, T=4, seed=0):
 def test_query_weights_follow_the_pooling():
     mask = torch.tensor([[True, True, True, False]])
     assert query_weights(_classifier("first"), mask).tolist() == [[1.0, 0.0, 0.0, 0.0]]
-    assert torch.allclose(query_weights(_classifier("mean"), mask), torch.tensor([[1 / 3, 1 / 3, 1 / 3, 0.0]]))
+    assert torch.allclose(
+        query_weights(_classifier("mean"), mask), torch.tensor([[1 / 3, 1 / 3, 1 / 3, 0.0]])
+    )
 
 
 def test_raw_is_the_pooled_row_of_the_last_layer_head_mean():
     first = torch.tensor([[[[0.5, 0.5], [1.0, 0.0]], [[0.1, 0.9], [0.3, 0.7]]]])  # [1, 2, 2, 2]
     last = torch.tensor([[[[0.2, 0.8], [0.6, 0.4]], [[0.4, 0.6], [0.0, 1.0]]]])
     # head mean of the last layer: [[0.3, 0.7], [0.3, 0.7]]
-    assert torch.allclose(raw_attention_scores([first, last], torch.tensor([[1.0, 0.0]])), torch.tensor([[0.3, 0.7]]))
-    assert torch.allclose(raw_attention_scores([first, last], torch.tensor([[0.5, 0.5]])), torch.tensor([[0.3, 0.7]]))
+    assert torch.allclose(
+        raw_attention_scores([first, last], torch.tensor([[1.0, 0.0]])), torch.tensor([[0.3, 0.7]])
+    )
+    assert torch.allclose(
+        raw_attention_scores([first, last], torch.tensor([[0.5, 0.5]])), torch.tensor([[0.3, 0.7]])
+    )
 
 
 def test_rollout_scores_are_the_rollout_row():
@@ -152,7 +158,11 @@ def test_integrated_gradients_on_a_linear_model_is_input_times_weight():
     model = Linear()
     ids = torch.tensor([[3, 4, 5]])
     result = integrated_gradients(model, ids, target=0, steps=4)
-    expected = (model.encoder.embedding(ids) - model.encoder.embedding(torch.zeros_like(ids))) @ model.head.weight[0] / 3
+    expected = (
+        (model.encoder.embedding(ids) - model.encoder.embedding(torch.zeros_like(ids)))
+        @ model.head.weight[0]
+        / 3
+    )
     assert torch.allclose(result.scores, expected.detach(), atol=1e-6)
 
 

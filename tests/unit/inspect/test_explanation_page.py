@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from conftest import open_offline
 from attnlab.inspect.draw.explanation import (
     explanation_fragment,
     normalized_scores,
@@ -12,7 +11,13 @@ from attnlab.inspect.draw.explanation import (
     render_explanation,
 )
 
-TOKENS = ["[CLS]", "<script>window.__pwned = 1</script>", '<img src=x onerror="window.__pwned = 2">', "&amp;", "fun"]
+TOKENS = [
+    "[CLS]",
+    "<script>window.__pwned = 1</script>",
+    '<img src=x onerror="window.__pwned = 2">',
+    "&amp;",
+    "fun",
+]
 SCORES = {"raw": [0.1, 0.2, 0.3, 0.2, 0.2], "integrated-gradients": [0.0, -2.0, 1.0, 0.5, 0.0]}
 
 
@@ -31,10 +36,10 @@ def test_fragments_do_not_share_ids():
     assert set(re.findall(r'id="([^"]+)"', one)).isdisjoint(re.findall(r'id="([^"]+)"', two))
 
 
-def test_page_shows_every_method_in_chromium(chromium, tmp_path):
+def test_page_shows_every_method_in_chromium(chromium, open_page, tmp_path):
     path = tmp_path / "explanation.html"
     path.write_text(render_explanation(TOKENS, SCORES, meta={"text": "<b>x</b>"}), encoding="utf-8")
-    page, problems, requests = open_offline(chromium, path)
+    page, problems, requests = open_page(chromium, path)
     boxes = page.locator(".method")
     assert boxes.count() == 2
     assert page.locator('[data-method="integrated-gradients"] .tok').all_text_contents() == TOKENS

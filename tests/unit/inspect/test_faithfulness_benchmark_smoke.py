@@ -38,13 +38,39 @@ def test_erasures_by_hand(benchmark):
 def test_a_tiny_run_writes_the_table(benchmark, tmp_path, capsys):
     tokenizer = Tokenizer(train_tokenizer(TEXTS, vocab_size=60, kind="wordpiece"))
     torch.manual_seed(0)
-    encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=64, pad_id=tokenizer.pad_token_id)
+    encoder = TransformerEncoder(
+        tokenizer.vocab_size, 16, 2, 2, 32, max_len=64, pad_id=tokenizer.pad_token_id
+    )
     EncoderClassifier(encoder, 2).save_pretrained(tmp_path / "model", tokenizer=tokenizer)
-    assert benchmark.main(["--model", str(tmp_path / "model"), "--texts", "3", "--steps", "2",
-                           "--out", str(tmp_path / "out")]) == 0
+    assert (
+        benchmark.main(
+            [
+                "--model",
+                str(tmp_path / "model"),
+                "--texts",
+                "3",
+                "--steps",
+                "2",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "out" / "faithfulness.json").read_text())
     methods = result["models"][str(tmp_path / "model")]["methods"]
-    assert set(methods) == {"raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients", "random"}
-    assert all(len(values["deletion_curve"]) == 11 and values["deletion_curve"][0] == 0 for values in methods.values())
+    assert set(methods) == {
+        "raw",
+        "rollout",
+        "flow",
+        "grad-attention",
+        "relevance",
+        "integrated-gradients",
+        "random",
+    }
+    assert all(
+        len(values["deletion_curve"]) == 11 and values["deletion_curve"][0] == 0
+        for values in methods.values()
+    )
     assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
     assert "| random |" in capsys.readouterr().out

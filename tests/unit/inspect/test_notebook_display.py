@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import open_offline
 from attnlab import EncoderClassifier, TransformerEncoder
 from attnlab.data import Tokenizer, train_tokenizer
 
@@ -37,14 +36,20 @@ def executed(tmp_path_factory):
     root = tmp_path_factory.mktemp("notebook")
     tokenizer = Tokenizer(train_tokenizer(TEXTS + [HOSTILE], vocab_size=80, kind="wordpiece"))
     torch.manual_seed(0)
-    encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=64, pad_id=tokenizer.pad_token_id)
-    EncoderClassifier(encoder, 2, label_names=["neg", "pos"]).save_pretrained(root / "model", tokenizer=tokenizer)
+    encoder = TransformerEncoder(
+        tokenizer.vocab_size, 16, 2, 2, 32, max_len=64, pad_id=tokenizer.pad_token_id
+    )
+    EncoderClassifier(encoder, 2, label_names=["neg", "pos"]).save_pretrained(
+        root / "model", tokenizer=tokenizer
+    )
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(f"MODEL = {str(root / 'model')!r}\n" + CELLS[0])]
     notebook.cells += [nbformat.v4.new_code_cell(cell) for cell in CELLS[1:]]
     source = str(Path(__file__).resolve().parents[3] / "src")
     before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([source] + ([before] if before else []))  # the kernel's import path
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [source] + ([before] if before else [])
+    )  # the kernel's import path
     try:
         client = nbclient.NotebookClient(
             notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(root)}}
@@ -71,7 +76,7 @@ def test_every_result_has_an_html_view(executed):
     assert "B − A" in comparison
 
 
-def test_the_outputs_render_offline_in_chromium(executed, chromium):
+def test_the_outputs_render_offline_in_chromium(executed, chromium, open_page):
     root, notebook = executed
     page_path = root / "outputs.html"
     page_path.write_text(
@@ -80,7 +85,7 @@ def test_the_outputs_render_offline_in_chromium(executed, chromium):
         + "</body></html>",
         encoding="utf-8",
     )
-    page, problems, requests = open_offline(chromium, page_path)
+    page, problems, requests = open_page(chromium, page_path)
     page.wait_for_selector(".method", timeout=10_000)
     assert page.locator(".attnlab-explanation .method").count() == 6
     shown = page.locator('[data-method="raw"] .tok').all_text_contents()

@@ -6,18 +6,31 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, action="append", dest="models", metavar="MODEL",
-                        help="run, checkpoint or pretrained directory or name; give it twice (A, then B)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        dest="models",
+        metavar="MODEL",
+        help="run, checkpoint or pretrained directory or name; give it twice (A, then B)",
+    )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--split", default=None, help="split of the embedded data (default: all)")
     parser.add_argument("--text-column", default=None, help="CSV column holding the text")
     parser.add_argument("--limit", type=int, default=None, help="only the first N texts")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="tokens kept per text (default: as many as both models take)")
-    parser.add_argument("--importance", action="store_true",
-                        help="also compare head importance (needs labels and classifiers)")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens kept per text (default: as many as both models take)",
+    )
+    parser.add_argument(
+        "--importance",
+        action="store_true",
+        help="also compare head importance (needs labels and classifiers)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,8 +48,14 @@ def run(args: argparse.Namespace) -> int:
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
     comparison = compare_models(
-        resolved[0].model, resolved[0].tokenizer, resolved[1].model, resolved[1].tokenizer, rows,
-        names=(args.models[0], args.models[1]), batch_size=args.batch_size, max_length=max_length,
+        resolved[0].model,
+        resolved[0].tokenizer,
+        resolved[1].model,
+        resolved[1].tokenizer,
+        rows,
+        names=(args.models[0], args.models[1]),
+        batch_size=args.batch_size,
+        max_length=max_length,
         importance=args.importance,
     )
     for name, values in comparison.result["summary"].items():

@@ -58,9 +58,7 @@ def compare_models(
     return Comparison(compare_statistics(a, b, names=names), a, b)
 
 
-def write_comparison(
-    comparison: Comparison, out: Union[str, Path], *, data_name: str = "data"
-) -> list[Path]:
+def write_comparison(comparison: Comparison, out: Union[str, Path], *, data_name: str = "data") -> list[Path]:
     """Write ``comparison.json`` (strict JSON) and ``comparison.html`` into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,14 +14,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", required=True, help="the text to explain")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
-        "--method", nargs="+", default=list(METHODS), choices=METHODS, dest="methods",
+        "--method",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        dest="methods",
         help="attribution methods (default: all)",
     )
-    parser.add_argument("--target", default=None,
-                        help="class to explain: a label name or a 0-based index (default: the prediction)")
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="class to explain: a label name or a 0-based index (default: the prediction)",
+    )
     parser.add_argument("--steps", type=int, default=50, help="integrated gradients' quadrature points")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="tokens kept from the text (default: as many as the model takes)")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens kept from the text (default: as many as the model takes)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +44,13 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.model)
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     explanation = explain(
-        resolved.model, resolved.tokenizer, args.text, args.methods,
-        target=args.target, max_length=max_length, steps=args.steps,
+        resolved.model,
+        resolved.tokenizer,
+        args.text,
+        args.methods,
+        target=args.target,
+        max_length=max_length,
+        steps=args.steps,
     )
     print(f"{len(explanation.tokens)} tokens; {explanation._caption()}")
     for path in write_explanation(explanation, args.out, model_name=args.model):

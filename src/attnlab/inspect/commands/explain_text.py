@@ -64,9 +64,7 @@ class Explanation:
         if self.target is None:
             return "attention of the pooled position"
         name = f" ({self.target_name})" if self.target_name else ""
-        probability = (
-            f", p = {self.probabilities[self.target]:.3f}" if self.probabilities is not None else ""
-        )
+        probability = f", p = {self.probabilities[self.target]:.3f}" if self.probabilities is not None else ""
         return f"explained class {self.target}{name}{probability}"
 
     def _repr_html_(self) -> str:
@@ -77,7 +75,9 @@ def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.
     """Integrated gradients' reference: pad ids, keeping the tokenizer's special tokens."""
     vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     special = {
-        index for token, index in vocabulary.items() if token in ("[CLS]", "[SEP]", "<s>", "</s>", "[BOS]", "[EOS]")
+        index
+        for token, index in vocabulary.items()
+        if token in ("[CLS]", "[SEP]", "<s>", "</s>", "[BOS]", "[EOS]")
     }
     baseline = torch.full_like(input_ids, pad_id)
     keep = torch.tensor([[int(i) in special for i in row] for row in input_ids.tolist()], dtype=torch.bool)
@@ -133,7 +133,9 @@ def write_explanation(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "explanation.json", {"model": model_name, **explanation.to_dict()})
-    figure = plot_explanation(explanation.tokens, explanation.scores, title=f"{model_name}: {explanation._caption()}")
+    figure = plot_explanation(
+        explanation.tokens, explanation.scores, title=f"{model_name}: {explanation._caption()}"
+    )
     written = [out / "explanation.json"] + save_figure(figure, out / "explanation", ("png",))
     page = render_explanation(
         explanation.tokens,

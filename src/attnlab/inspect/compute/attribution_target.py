@@ -97,7 +97,9 @@ def resolve_target(
         elif target.lstrip("-").isdigit():
             target = int(target)
         else:
-            raise ValueError(f"target {target!r} is not a class of the model; its classes are {names or list(range(C))}")
+            raise ValueError(
+                f"target {target!r} is not a class of the model; its classes are {names or list(range(C))}"
+            )
     if isinstance(target, bool) or not isinstance(target, int):
         raise TypeError(f"target must be a class index or a label name, got {type(target).__name__}")
     if not 0 <= target < C:

@@ -18,13 +18,17 @@ from .analyzer import AttentionStatistics
 __all__ = ["compare_statistics"]
 
 
-def _difference(a: list[list[Optional[float]]], b: list[list[Optional[float]]]) -> list[list[Optional[float]]]:
+def _difference(
+    a: list[list[Optional[float]]], b: list[list[Optional[float]]]
+) -> list[list[Optional[float]]]:
     rows = []
     for row_a, row_b in zip(a, b):
-        rows.append([
-            None if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)) else y - x
-            for x, y in zip(row_a, row_b)
-        ])
+        rows.append(
+            [
+                None if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)) else y - x
+                for x, y in zip(row_a, row_b)
+            ]
+        )
     return rows
 
 
@@ -45,7 +49,9 @@ def compare_statistics(
         ``largest_change`` names the head (``layer_2``, ``head_3``: from 1) and its change.
     """
     if not isinstance(a, AttentionStatistics) or not isinstance(b, AttentionStatistics):
-        raise TypeError("compare_statistics takes two AttentionStatistics (from AttentionAnalyzer or analyze_rows)")
+        raise TypeError(
+            "compare_statistics takes two AttentionStatistics (from AttentionAnalyzer or analyze_rows)"
+        )
     shared = [name for name in a.keys() if name in b.keys()]
     if a.head_importance is not None and b.head_importance is not None:
         shared.append("head_importance")
@@ -68,8 +74,12 @@ def compare_statistics(
             "mean_a": sum(finite(matrix_a)) / max(len(finite(matrix_a)), 1),
             "mean_b": sum(finite(matrix_b)) / max(len(finite(matrix_b)), 1),
             "mean_abs_difference": (sum(c[0] for c in changes) / len(changes)) if changes else None,
-            "largest_change": None if largest is None else {
-                "layer": f"layer_{largest[1] + 1}", "head": f"head_{largest[2] + 1}", "difference": largest[3]
+            "largest_change": None
+            if largest is None
+            else {
+                "layer": f"layer_{largest[1] + 1}",
+                "head": f"head_{largest[2] + 1}",
+                "difference": largest[3],
             },
         }
     return {

@@ -59,7 +59,9 @@ def _ours(model, embedding, input_ids, baseline_ids, mask, target, steps, intern
     for chunk in torch.arange(steps).split(max(1, internal_batch // max(B, 1))):
         k = len(chunk)
         alpha = alphas[chunk].to(start.dtype)[:, None, None, None]  # [k, 1, 1, 1]
-        path = (start + alpha * (end - start)).reshape(k * B, T, -1).detach().requires_grad_(True)  # [kB, T, E]
+        path = (
+            (start + alpha * (end - start)).reshape(k * B, T, -1).detach().requires_grad_(True)
+        )  # [kB, T, E]
 
         def replace(module, args, output, path=path):
             return path
@@ -91,7 +93,10 @@ def _captum(model, embedding, input_ids, baseline_ids, mask, target, steps, inte
     method = LayerIntegratedGradients(forward, embedding)
     with torch.enable_grad():
         attributions = method.attribute(
-            input_ids, baselines=baseline_ids, target=target, n_steps=steps,
+            input_ids,
+            baselines=baseline_ids,
+            target=target,
+            n_steps=steps,
             internal_batch_size=internal_batch,
         )
     return attributions.detach().double()
@@ -149,7 +154,9 @@ def integrated_gradients(
             target = resolve_target(logits, target, getattr(model, "label_names", None))
             baseline_logits = _forward(model, baseline_ids, mask)
         run = _ours if backend == "attnlab" else _captum
-        attributions = run(model, encoder.embedding, input_ids, baseline_ids, mask, target, steps, internal_batch)
+        attributions = run(
+            model, encoder.embedding, input_ids, baseline_ids, mask, target, steps, internal_batch
+        )
     finally:
         for module, mode in training.items():
             module.training = mode

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +58,9 @@ def _heads_of(module: nn.Module, name: str) -> tuple[nn.Module, int, int]:
     projection = getattr(module, "out_proj", None)
     heads, width = getattr(module, "num_heads", None), getattr(module, "head_dim", None)
     if not isinstance(projection, nn.Module) or not isinstance(heads, int) or not isinstance(width, int):
-        raise TypeError(f"{name} ({type(module).__name__}) has no out_proj, num_heads and head_dim; cannot patch its heads")
+        raise TypeError(
+            f"{name} ({type(module).__name__}) has no out_proj, num_heads and head_dim; cannot patch its heads"
+        )
     return projection, heads, width
 
 
@@ -96,18 +98,24 @@ def _record_and_patch(model, source_ids, target_ids, sites, label) -> PatchResul
 
     def recorder(index, pre):
         def hook(module, args, output=None):
-            recorded[index] = (args[0] if pre else (output[0] if isinstance(output, tuple) else output)).clone()
+            recorded[index] = (
+                args[0] if pre else (output[0] if isinstance(output, tuple) else output)
+            ).clone()
+
         return hook
 
     def patcher(index, pre, select):
         if pre:
+
             def hook(module, args):
                 return (select(recorded[index], args[0]),) + tuple(args[1:])
         else:
+
             def hook(module, args, output):
                 if isinstance(output, tuple):
                     return type(output)(select(recorded[index], output[0]), *output[1:])
                 return select(recorded[index], output)
+
         return hook
 
     with _eval(model):

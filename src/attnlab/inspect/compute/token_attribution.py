@@ -93,7 +93,9 @@ def attribute_tokens(
     """
     methods = check_methods(methods)
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}")
+        raise ValueError(
+            f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}"
+        )
     keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
     weights = query_weights(model, keep)  # [B, T]
     result = TokenAttributions()

@@ -20,8 +20,12 @@ def comparison_fragment(comparison: Mapping[str, Any]) -> str:
     rows = []
     for name, values in comparison["summary"].items():
         largest = values["largest_change"]
-        where = "–" if largest is None else (
-            f"{html.escape(largest['layer'])}, {html.escape(largest['head'])}: {_number(largest['difference'])}"
+        where = (
+            "–"
+            if largest is None
+            else (
+                f"{html.escape(largest['layer'])}, {html.escape(largest['head'])}: {_number(largest['difference'])}"
+            )
         )
         rows.append(
             f"<tr><th>{html.escape(name)}</th><td>{_number(values['mean_a'])}</td><td>{_number(values['mean_b'])}</td>"
@@ -32,14 +36,21 @@ def comparison_fragment(comparison: Mapping[str, Any]) -> str:
         f"<th>mean, {a}</th><th>mean, {b}</th><th>mean |{b} − {a}|</th><th>largest change</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
-    note = "" if comparison["same_shape"] else (
-        '<p class="note">The models differ in layers or heads: differences only where both have the head.</p>'
+    note = (
+        ""
+        if comparison["same_shape"]
+        else (
+            '<p class="note">The models differ in layers or heads: differences only where both have the head.</p>'
+        )
     )
     sections = []
     for name, values in comparison["statistics"].items():
         tables = []
-        for label, key, layers in ((a, "a", comparison["layers"]["a"]), (b, "b", comparison["layers"]["b"]),
-                                   (f"{b} − {a}", "difference", comparison["layers"]["a"])):
+        for label, key, layers in (
+            (a, "a", comparison["layers"]["a"]),
+            (b, "b", comparison["layers"]["b"]),
+            (f"{b} − {a}", "difference", comparison["layers"]["a"]),
+        ):
             tables.append(
                 f'<div class="side" data-side="{key}"><h3>{label}</h3>'
                 f"{stats_tables_html({name: values[key]}, layers)}</div>"
@@ -54,7 +65,10 @@ def comparison_fragment(comparison: Mapping[str, Any]) -> str:
 
 
 def render_comparison(
-    comparison: Mapping[str, Any], *, title: str = "attnlab model comparison", meta: Optional[Mapping[str, str]] = None
+    comparison: Mapping[str, Any],
+    *,
+    title: str = "attnlab model comparison",
+    meta: Optional[Mapping[str, str]] = None,
 ) -> str:
     """A whole offline page for :func:`~attnlab.inspect.compute.comparison.compare_statistics`' result."""
     body = f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header><main>{comparison_fragment(comparison)}</main>"

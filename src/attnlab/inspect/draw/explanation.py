@@ -97,7 +97,11 @@ def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]]) -> dict:
     return {
         "tokens": [str(token) for token in tokens],
         "methods": [
-            {"name": name, "scores": [round(float(v), 6) for v in values], "normalized": normalized_scores(values)}
+            {
+                "name": name,
+                "scores": [round(float(v), 6) for v in values],
+                "normalized": normalized_scores(values),
+            }
             for name, values in scores.items()
         ],
     }
@@ -133,7 +137,9 @@ def render_explanation(
     meta: Optional[Mapping[str, str]] = None,
 ) -> str:
     """A whole offline page: the methods as highlighted text side by side."""
-    caption = "Each method scaled to its largest |score|: blue positive, red negative; hover a token for its score."
+    caption = (
+        "Each method scaled to its largest |score|: blue positive, red negative; hover a token for its score."
+    )
     body = (
         f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"
         f"<main><section>{explanation_fragment(tokens, scores, caption=caption)}</section></main>"

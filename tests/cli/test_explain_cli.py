@@ -139,3 +139,20 @@ def test_explain_refuses_an_unknown_class(trained_run, tmp_path, capsys):
     )
     assert code == 2 and "happy" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_bare_encoder_gets_the_attention_methods(tmp_path, capsys):
+    import torch
+
+    from attnlab import TransformerEncoder
+    from attnlab.data import Tokenizer, train_tokenizer
+
+    tokenizer = Tokenizer(train_tokenizer(["a fine film", "dull and long"] * 5, vocab_size=40))
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=32, pad_id=tokenizer.pad_token_id)
+    encoder.save_pretrained(tmp_path / "encoder", tokenizer=tokenizer)
+    out = tmp_path / "explained"
+    assert main(["explain", "--model", str(tmp_path / "encoder"), "--text", "a fine film", "--out", str(out)]) == 0
+    data = json.loads((out / "explanation.json").read_text())
+    assert data["methods"] == ["raw", "rollout", "flow"] and data["target"] is None
+    assert "no classifier" in capsys.readouterr().out

@@ -16,10 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method",
         nargs="+",
-        default=list(METHODS),
+        default=None,
         choices=METHODS,
         dest="methods",
-        help="attribution methods (default: all)",
+        help="attribution methods (default: all six for a classifier; raw, rollout and flow for an encoder)",
     )
     parser.add_argument(
         "--target",
@@ -36,18 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from .explain_text import explain, write_explanation
     from .resolve import max_length_for, resolve_model
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if Path(args.out).is_file():
+        raise ValueError(f"--out {args.out} is a file; name a directory for explanation.json, .png and .html")
     resolved = resolve_model(args.model)
+    methods = args.methods
+    if methods is None:
+        classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
+        methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
+        if not classifier:
+            print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     explanation = explain(
         resolved.model,
         resolved.tokenizer,
         args.text,
-        args.methods,
+        methods,
         target=args.target,
         max_length=max_length,
         steps=args.steps,

@@ -118,9 +118,10 @@ def test_grad_attention_hand_computed():
 def test_relevance_hand_computed():
     A = torch.tensor([[[[0.6, 0.4], [0.3, 0.7]]]])
     G = torch.tensor([[[[1.0, -2.0], [0.5, 1.0]]]])
-    # relevance of the map R_A = A * G = [[0.6, -0.8], [0.15, 0.7]]; (G * R_A)^+ = [[0.6, 1.6], [0.075, 0.7]]
+    # relevance of the map R_A = (A * G)^+ = [[0.6, 0], [0.15, 0.7]]
+    # (G * R_A)^+ = [[0.6, 0], [0.075, 0.7]]: the entry with a negative gradient drops out
     scores = gradient_weighted_rollout([A], [G], torch.tensor([[0.5, 0.5]]), rule="relevance")
-    rows = torch.eye(2) + torch.tensor([[0.6, 1.6], [0.075, 0.7]])
+    rows = torch.eye(2) + torch.tensor([[0.6, 0.0], [0.075, 0.7]])
     assert torch.allclose(scores[0], rows.mean(0))
 
 

@@ -9,10 +9,11 @@ Two rules share one propagation. With ``A_l`` a layer's ``[B, H, T, T]`` attenti
   ``Abar_l = mean_h (G_l * A_l)^+``.
 * ``"relevance"`` — *Transformer Interpretability Beyond Attention Visualization*
   (CVPR 2021): ``Abar_l = mean_h (G_l * R_l)^+``, where ``R_l`` is the relevance of the
-  attention map. attnlab takes its LRP-0 relevance, which for a network linearised at
-  the input is gradient x input, ``R_l = A_l * G_l`` (Ancona et al., 2018); the paper's
-  code propagates the alpha-1-beta-0 rule through every layer instead, which attnlab
-  does not re-implement.
+  attention map. Their code propagates LRP's alpha-1-beta-0 rule through every layer,
+  which keeps positive contributions only; attnlab does not re-implement that LRP and
+  takes the positive part of the map's LRP-0 relevance, which for a network linearised
+  at the input is gradient x input (Ancona et al., 2018): ``R_l = (A_l * G_l)^+``. So a
+  head's entry counts where it has both a positive contribution and a positive gradient.
 
 Then ``R = I`` and, from layer 1 up, ``R <- R + Abar_l R`` (the residual keeps the
 identity), and a token's score is the pooled query's row of ``R``.
@@ -120,7 +121,7 @@ def gradient_weighted_rollout(
                 f"got {tuple(weights.shape)} and {tuple(gradient.shape)}"
             )
         weights, gradient = weights.double(), gradient.double()
-        relevance_of_map = weights if rule == "grad-attention" else weights * gradient
+        relevance_of_map = weights if rule == "grad-attention" else (weights * gradient).clamp_min(0)
         mixed = (gradient * relevance_of_map).clamp_min(0).mean(1)  # [B, T, T]
         relevance = relevance + mixed @ relevance
     return torch.einsum("bt,bts->bs", query_weights.double(), relevance).float()  # [B, T]

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         max_length=max_length,
         steps=args.steps,
     )
-    print(f"{len(explanation.tokens)} tokens; {explanation._caption()}")
+    print(f"{len(explanation.tokens)} tokens; {explanation.describe_target()}")
     for path in write_explanation(explanation, args.out, model_name=args.model):
         print(f"wrote {path}")
     return 0

@@ -60,7 +60,8 @@ class Explanation:
             "integrated_gradients_delta": self.integrated_gradients_delta,
         }
 
-    def _caption(self) -> str:
+    def describe_target(self) -> str:
+        """One line for people: the explained class, its name and probability."""
         if self.target is None:
             return "attention of the pooled position"
         name = f" ({self.target_name})" if self.target_name else ""
@@ -68,7 +69,7 @@ class Explanation:
         return f"explained class {self.target}{name}{probability}"
 
     def _repr_html_(self) -> str:
-        return explanation_fragment(self.tokens, self.scores, caption=self._caption())
+        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target())
 
 
 def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.Tensor:
@@ -134,14 +135,14 @@ def write_explanation(
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "explanation.json", {"model": model_name, **explanation.to_dict()})
     figure = plot_explanation(
-        explanation.tokens, explanation.scores, title=f"{model_name}: {explanation._caption()}"
+        explanation.tokens, explanation.scores, title=f"{model_name}: {explanation.describe_target()}"
     )
     written = [out / "explanation.json"] + save_figure(figure, out / "explanation", ("png",))
     page = render_explanation(
         explanation.tokens,
         explanation.scores,
         title="attnlab explanation",
-        meta={"model": model_name, "text": explanation.text, "target": explanation._caption()},
+        meta={"model": model_name, "text": explanation.text, "target": explanation.describe_target()},
     )
     (out / "explanation.html").write_text(page, encoding="utf-8")
     return written + [out / "explanation.html"]

@@ -22,7 +22,7 @@ identity), and a token's score is the pooled query's row of ``R``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -56,7 +56,7 @@ def attention_gradients(
     model: nn.Module,
     input_ids: Tensor,
     mask: Optional[Tensor] = None,
-    target=None,
+    target: Optional[Union[int, str]] = None,
 ) -> AttentionGradients:
     """Run ``model`` once and differentiate the target logit with respect to every attention map.
 

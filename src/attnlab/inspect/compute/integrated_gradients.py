@@ -14,7 +14,7 @@ scores sum to ``y_c(x) - y_c(x')`` up to the quadrature error (``delta``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -106,7 +106,7 @@ def integrated_gradients(
     model: nn.Module,
     input_ids: Tensor,
     *,
-    target=None,
+    target: Optional[Union[int, str]] = None,
     baseline_ids: Optional[Tensor] = None,
     mask: Optional[Tensor] = None,
     steps: int = 50,

@@ -3,7 +3,8 @@
 Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``H`` heads, ``D`` head
 dim, ``L`` layers, ``C`` classes.
 
-Run a *source* input and a *target* input of the same shape; in a second run of the
+Run a *source* input and a *target* input of the same shape (unpadded: every position
+is read as a real token); in a second run of the
 target, replace chosen activations by the source's and read the change in one logit
 of the target run. A head's output is its slice ``[h * D, (h + 1) * D)`` of the
 attention's output-projection input (the heads concatenated, before they are mixed);
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -148,7 +149,7 @@ def patch_heads(
     target_ids: Tensor,
     heads: Mapping[str, Iterable[int]],
     *,
-    label=None,
+    label: Optional[Union[int, str]] = None,
 ) -> PatchResult:
     """Patch the outputs of chosen heads from the source run into the target run.
 
@@ -184,7 +185,12 @@ def patch_heads(
 
 
 def patch_layers(
-    model: nn.Module, source_ids: Tensor, target_ids: Tensor, layers: Iterable[int], *, label=None
+    model: nn.Module,
+    source_ids: Tensor,
+    target_ids: Tensor,
+    layers: Iterable[int],
+    *,
+    label: Optional[Union[int, str]] = None,
 ) -> PatchResult:
     """Patch whole encoder layers' outputs (0-based indices) from the source run into the target run."""
     _check_pair(source_ids, target_ids)
@@ -198,7 +204,12 @@ def patch_layers(
 
 
 def head_patching_sweep(
-    model: nn.Module, source_ids: Tensor, target_ids: Tensor, *, label=None, recovered: bool = False
+    model: nn.Module,
+    source_ids: Tensor,
+    target_ids: Tensor,
+    *,
+    label: Optional[Union[int, str]] = None,
+    recovered: bool = False,
 ) -> Tensor:
     """Patch each head alone; the ``[L, H]`` map of the change in the target logit.
 
@@ -222,7 +233,12 @@ def head_patching_sweep(
 
 
 def layer_patching_sweep(
-    model: nn.Module, source_ids: Tensor, target_ids: Tensor, *, label=None, recovered: bool = False
+    model: nn.Module,
+    source_ids: Tensor,
+    target_ids: Tensor,
+    *,
+    label: Optional[Union[int, str]] = None,
+    recovered: bool = False,
 ) -> Tensor:
     """Patch each layer's output alone; ``[L]`` changes in the target logit."""
     count = len(encoder_of(model).layers)

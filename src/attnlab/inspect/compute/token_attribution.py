@@ -17,7 +17,7 @@ Methods (see each module for the exact definition):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -70,7 +70,7 @@ def attribute_tokens(
     methods: Sequence[str] = METHODS,
     *,
     mask: Optional[Tensor] = None,
-    target=None,
+    target: Optional[Union[int, str]] = None,
     baseline_ids: Optional[Tensor] = None,
     steps: int = 50,
     residual_weight: float = 0.5,

@@ -21,8 +21,9 @@ TOKENS = [
 SCORES = {"raw": [0.1, 0.2, 0.3, 0.2, 0.2], "integrated-gradients": [0.0, -2.0, 1.0, 0.5, 0.0]}
 
 
-def test_scores_are_scaled_by_their_largest_magnitude():
-    assert normalized_scores([0.0, -2.0, 1.0]) == [0.0, -1.0, 0.5]
+def test_each_method_is_shown_on_its_own_scale():
+    assert normalized_scores([0.0, -2.0, 1.0]) == [0.0, -1.0, 0.5]  # signed: over the largest |score|
+    assert normalized_scores([1.0, 1.5, 3.0]) == [0.0, 0.25, 1.0]  # never negative: smallest to largest
     assert normalized_scores([0.0, 0.0]) == [0.0, 0.0]
 
 

@@ -3,8 +3,8 @@
 Dimension letters: ``M`` methods, ``T`` tokens.
 
 Scores of different methods live on different scales (attention sums to 1, integrated
-gradients are in logit units and signed), so each method is shown divided by its own
-largest absolute score: blue for positive, red for negative. Pages inline everything
+gradients are in logit units and signed), so each method is shown on its own scale
+(:func:`normalized_scores`): blue for positive, red for negative. Pages inline everything
 and write token text only with ``textContent`` (see :mod:`.report`).
 """
 
@@ -23,16 +23,25 @@ __all__ = ["normalized_scores", "plot_explanation", "render_explanation", "expla
 
 
 def normalized_scores(scores: Sequence[float]) -> list[float]:
-    """``scores`` divided by their largest absolute value (all zeros stay zeros)."""
+    """Scores for display in [-1, 1]: signed scores over their largest absolute value;
+    scores that are never negative stretched from their smallest (0) to their largest (1).
+
+    Gradient-weighted rollouts add the identity to every token, so their scores differ by
+    little against their size; stretching shows the ranking the scores hold.
+    """
     values = np.nan_to_num(np.asarray(scores, dtype=np.float64))
-    peak = float(np.abs(values).max()) if values.size else 0.0
-    return (values / peak if peak > 0 else values).round(6).tolist()
+    if not values.size:
+        return []
+    if values.min() >= 0:
+        low, high = float(values.min()), float(values.max())
+        return ((values - low) / (high - low) if high > low else np.zeros_like(values)).round(6).tolist()
+    return (values / float(np.abs(values).max())).round(6).tolist()
 
 
 def plot_explanation(
     tokens: Sequence[str], scores: Mapping[str, Sequence[float]], *, title: str = "", max_tokens: int = 80
 ) -> Figure:
-    """Methods (rows) x tokens (columns), each row scaled to its largest absolute score.
+    """Methods (rows) x tokens (columns), each row on its own scale (:func:`normalized_scores`).
 
     Args:
         tokens: the ``T`` tokens.
@@ -48,7 +57,7 @@ def plot_explanation(
     image = axes.imshow(matrix, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
     axes.set_yticks(range(len(methods)), methods)
     axes.set_xticks(range(T), [str(t) for t in tokens[:T]], rotation=90, fontsize=8)
-    axes.set_title(title or "token scores per method (each row / its largest |score|)", fontsize=10)
+    axes.set_title(title or "token scores per method, each row on its own scale", fontsize=10)
     figure.colorbar(image, ax=axes, fraction=0.03, pad=0.01)
     return figure
 
@@ -138,7 +147,8 @@ def render_explanation(
 ) -> str:
     """A whole offline page: the methods as highlighted text side by side."""
     caption = (
-        "Each method scaled to its largest |score|: blue positive, red negative; hover a token for its score."
+        "Each method on its own scale: signed scores over their largest |score| (blue positive, red "
+        "negative), others from their smallest to their largest; hover a token for its score."
     )
     body = (
         f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"

@@ -38,7 +38,7 @@ from .layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from .models import EncoderClassifier, EncoderForMaskedLM
+from .models import EncoderClassifier, EncoderForMaskedLM, prune_heads
 from .models.loading import load
 from .models.pretrained import from_pretrained
 from .outputs import LayerAttentions, ModelOutput
@@ -83,5 +83,6 @@ __all__ = [
     "outputs",
     "padding_mask",
     "padding_mask_from_ids",
+    "prune_heads",
     "train",
 ]

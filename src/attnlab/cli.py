@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "attention statistics over a data set: JSON, plots, HTML summary"),
     "generate": ("attnlab.inspect.commands.generate_command",
                  "continue a prompt with a decoder (GPT-2, Llama family, smollm2); --report shows what each new token attended to"),
+    "explain": ("attnlab.inspect.commands.explain_command",
+                "per-token scores of one text by six attribution methods: JSON, PNG, HTML page"),
+    "compare": ("attnlab.inspect.commands.compare_command",
+                "two models' per-head attention statistics side by side, with differences: JSON, page"),
     "image-attention": ("attnlab.inspect.commands.image_attention_command",
                         "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
 }

@@ -10,7 +10,7 @@ PyTorch's ``attn_mask`` keeps PyTorch's meaning.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +104,9 @@ class MultiHeadAttention(nn.Module):
         rotary_base: frequency base of the rotary embedding.
         window: local attention: each query attends only to keys at most ``window``
             positions away on either side (``None``: every key).
+        head_dim: width ``D`` of each head; default ``d_model // num_heads``. Given, the
+            heads' total width ``H * D`` (``inner_dim``) may differ from ``d_model``, as
+            after :meth:`prune_heads`.
 
     Shape:
         query ``[B, T, E]``, key ``[B, S, kdim]``, value ``[B, S, vdim]``;
@@ -148,13 +151,16 @@ class MultiHeadAttention(nn.Module):
         rotary: bool = False,
         rotary_base: float = 10000.0,
         window: Optional[int] = None,
+        head_dim: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
-        if d_model % num_heads:
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim)
+        elif d_model % num_heads:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}; "
                 f"choose num_heads among the divisors of d_model"
@@ -162,26 +168,27 @@ class MultiHeadAttention(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.d_model = d_model
         self.num_heads = num_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = d_model // num_heads if head_dim is None else head_dim
+        inner = self.inner_dim = num_heads * self.head_dim  # H * D: d_model unless head_dim says otherwise
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
         self.dropout = check_probability("dropout", dropout)
         self.packed = self.kdim == d_model and self.vdim == d_model
         if self.packed:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model, **factory))
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, d_model, **factory))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         else:
             self.register_parameter("in_proj_weight", None)
-            self.q_proj_weight = nn.Parameter(torch.empty(d_model, d_model, **factory))
-            self.k_proj_weight = nn.Parameter(torch.empty(d_model, self.kdim, **factory))
-            self.v_proj_weight = nn.Parameter(torch.empty(d_model, self.vdim, **factory))
+            self.q_proj_weight = nn.Parameter(torch.empty(inner, d_model, **factory))
+            self.k_proj_weight = nn.Parameter(torch.empty(inner, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(inner, self.vdim, **factory))
         if bias:
-            self.in_proj_bias = nn.Parameter(torch.empty(3 * d_model, **factory))
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * inner, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(d_model, d_model, bias=bias, **factory)
+        self.out_proj = Linear(inner, d_model, bias=bias, **factory)
         self.rotary = RotaryEmbedding(self.head_dim, rotary_base, device=device) if rotary else None
         if window is not None:
             sliding_window_mask(1, window=window)  # validates window
@@ -263,13 +270,13 @@ class MultiHeadAttention(nn.Module):
             and mask is None
             and attn_bias is None
             and (self.rotary is None or packing.is_prefix)
-            and packing.attend_by_sequence(self.d_model)
+            and packing.attend_by_sequence(self.inner_dim)
         )
         if by_sequence:
             return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
-        B, T, E, H, D = packing.batch, packing.length, self.d_model, self.num_heads, self.head_dim
+        B, T, E, H, D = packing.batch, packing.length, self.inner_dim, self.num_heads, self.head_dim
         mask = combine_masks(mask, packing.mask[:, None, None, :])  # [B|1, H|1, T, T]
-        qkv = packing.unpack(qkv)  # [B, T, 3E]
+        qkv = packing.unpack(qkv)  # [B, T, 3HD]
         q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
         out, weights = self._attention_core(q, k, v, mask, attn_bias, False, need_weights, head_mask)
         out = self.out_proj(packing.pack(out.transpose(1, 2).reshape(B, T, E)))  # [N, E]
@@ -336,7 +343,7 @@ class MultiHeadAttention(nn.Module):
         if bf16_is_emulated(qkv):  # as attention() does: see attnlab._precision
             with torch.autocast("cpu", enabled=False):
                 return self._attend_by_sequence(qkv.float(), packing, head_mask).to(qkv.dtype)
-        H, D, E = self.num_heads, self.head_dim, self.d_model
+        H, D, E = self.num_heads, self.head_dim, self.inner_dim
         scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
         outputs = []
         # One split, not a slice per sequence: the backward of a slice builds a gradient of
@@ -454,14 +461,60 @@ class MultiHeadAttention(nn.Module):
         keep, bias = self._gather_masks(B, T, S, query.dtype, mask, attention_mask, attn_bias, attn_mask)
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
         out, weights = self._attention_core(q, k, v, keep, bias, is_causal, need_weights, head_mask)
-        out = out.transpose(1, 2).reshape(B, T, E)  # [B, T, E]
-        out = self.out_proj(out)
+        out = out.transpose(1, 2).reshape(B, T, self.inner_dim)  # [B, T, H * D]
+        out = self.out_proj(out)  # [B, T, E]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # [B, T, S]
         return AttentionResult(out, weights)
 
+    @torch.no_grad()
+    def prune_heads(self, heads: Iterable[int]) -> None:
+        """Remove heads (0-based, of the current ones): the projections lose their rows and
+        columns, so the module computes exactly what it computed with those heads' outputs
+        zeroed, with less work. At least one head must remain.
+
+        Example:
+            >>> mha = MultiHeadAttention(64, 8, dropout=0.0)
+            >>> mha.prune_heads([0, 5])
+            >>> mha.num_heads, mha.in_proj_weight.shape, mha.out_proj.weight.shape
+            (6, torch.Size([144, 64]), torch.Size([64, 48]))
+        """
+        removed = sorted({int(head) for head in heads})
+        if any(not 0 <= head < self.num_heads for head in removed):
+            raise ValueError(f"heads must lie in 0..{self.num_heads - 1}, got {removed}")
+        if len(removed) == self.num_heads:
+            raise ValueError(f"cannot remove all {self.num_heads} heads of a layer; keep at least one")
+        if not removed:
+            return
+        D = self.head_dim
+        kept = [head for head in range(self.num_heads) if head not in removed]
+        rows = torch.cat([torch.arange(head * D, (head + 1) * D) for head in kept])  # kept columns of H * D
+        inner = self.inner_dim
+
+        def shrink(parameter: Optional[nn.Parameter], index: Tensor, dim: int) -> Optional[nn.Parameter]:
+            if parameter is None:
+                return None
+            return nn.Parameter(parameter.index_select(dim, index.to(parameter.device)).clone())
+
+        if self.packed:
+            packed_rows = torch.cat([rows + part * inner for part in range(3)])  # Q, K, V blocks
+            self.in_proj_weight = shrink(self.in_proj_weight, packed_rows, 0)
+        else:
+            self.q_proj_weight = shrink(self.q_proj_weight, rows, 0)
+            self.k_proj_weight = shrink(self.k_proj_weight, rows, 0)
+            self.v_proj_weight = shrink(self.v_proj_weight, rows, 0)
+        if self.in_proj_bias is not None:  # Q, K and V blocks, as the packed weight
+            qkv_rows = torch.cat([rows + part * inner for part in range(3)])
+            self.in_proj_bias = shrink(self.in_proj_bias, qkv_rows, 0)
+        self.out_proj.weight = shrink(self.out_proj.weight, rows, 1)
+        self.out_proj.in_features = len(rows)
+        self.num_heads = len(kept)
+        self.inner_dim = len(kept) * D
+
     def extra_repr(self) -> str:
         extra = f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        if self.inner_dim != self.d_model:
+            extra += f", head_dim={self.head_dim}"
         if not self.packed:
             extra += f", kdim={self.kdim}, vdim={self.vdim}"
         extra += ", rotary=True" if self.rotary is not None else ""

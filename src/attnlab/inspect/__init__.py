@@ -10,17 +10,64 @@ Three rooms: :mod:`~attnlab.inspect.compute` (what computes: capture, statistics
 rollout, head importance, the analyzer, image alignment), :mod:`~attnlab.inspect.draw`
 (what draws: plots and HTML pages, matplotlib ``Figure`` on the Agg canvas) and
 :mod:`~attnlab.inspect.commands` (what ``attnlab inspect``, ``analyze`` and
-``image-attention`` do). The computing names are importable from here.
+``image-attention``, ``explain`` and ``compare`` do). The computing names are importable
+from here, and so are ``explain`` / ``Explanation`` and ``compare_models`` /
+``Comparison`` (results that show themselves in notebooks), imported when first used so
+that ``import attnlab`` does not load matplotlib.
 """
 
 from .compute.analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult
 from .compute.batches import AnalysisBatch, as_analysis_batch
 from .compute.capture import AttentionCapture, capture_attention, find_attention_modules
 from .compute.heads import head_importance, head_mask_from, mask_heads
+from .compute.attention_flow import attention_flow
+from .compute.attention_scores import raw_attention_scores, rollout_scores
+from .compute.gradient_rollout import attention_gradients, gradient_weighted_rollout
+from .compute.integrated_gradients import integrated_gradients
+from .compute.patching import PatchResult, head_patching_sweep, layer_patching_sweep, patch_heads, patch_layers
 from .compute.rollout import attention_rollout
+from .compute.token_attribution import METHODS, TokenAttributions, attribute_tokens
 from .compute.statistics import HeadStatistics, neighbour_alignment, row_statistics
 
+_LAZY = {
+    "Explanation": "explain_text",
+    "explain": "explain_text",
+    "write_explanation": "explain_text",
+    "Comparison": "compare_models",
+    "compare_models": "compare_models",
+    "write_comparison": "compare_models",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.commands.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "Comparison",
+    "Explanation",
+    "compare_models",
+    "explain",
+    "write_comparison",
+    "write_explanation",
+    "METHODS",
+    "PatchResult",
+    "TokenAttributions",
+    "attention_flow",
+    "attention_gradients",
+    "attribute_tokens",
+    "gradient_weighted_rollout",
+    "head_patching_sweep",
+    "integrated_gradients",
+    "layer_patching_sweep",
+    "patch_heads",
+    "patch_layers",
+    "raw_attention_scores",
+    "rollout_scores",
     "AnalysisBatch",
     "AttentionAnalyzer",
     "AttentionCapture",

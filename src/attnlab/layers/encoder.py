@@ -341,6 +341,8 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         )
         self.layer_norm = norm_layer(d_model) if config.final_norm else None
         self._initialize_parameters()
+        for name, heads in config.pruned_heads.items():  # a pruned model's shapes, before its weights load
+            self.layers[int(name.removeprefix("layer_")) - 1].self_attn.prune_heads(heads)
 
     @classmethod
     def from_config(

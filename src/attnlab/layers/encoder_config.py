@@ -63,6 +63,9 @@ class EncoderConfig:
     # queries are zero. False computes every position, as HuggingFace BERT does (same
     # numbers at padding too, slower).
     skip_padding: bool = True
+    # Heads removed by attnlab.models.prune_heads, {"layer_2": [0, 3]} (0-based heads of
+    # the unpruned layer); the encoder is built with them removed, so a pruned model loads.
+    pruned_heads: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
@@ -94,6 +97,29 @@ class EncoderConfig:
             raise ValueError(f"skip_padding must be True or False, got {self.skip_padding!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        self._check_pruned_heads()
+
+    def _check_pruned_heads(self) -> None:
+        heads = self.pruned_heads
+        if not isinstance(heads, dict):
+            raise ValueError(f"pruned_heads must be a dict like {{'layer_2': [0, 3]}}, got {heads!r}")
+        layers = {f"layer_{index + 1}" for index in range(self.num_layers)}
+        for name, removed in heads.items():
+            if name not in layers:
+                raise ValueError(
+                    f"pruned_heads names layer {name!r}; the encoder has layer_1..layer_{self.num_layers}"
+                )
+            if any(not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < self.num_heads for h in removed):
+                raise ValueError(
+                    f"pruned_heads[{name!r}] must hold heads in 0..{self.num_heads - 1}, got {removed!r}"
+                )
+            if len(set(removed)) == self.num_heads:
+                raise ValueError(
+                    f"pruned_heads[{name!r}] removes all {self.num_heads} heads; keep at least one"
+                )
+            if self.attention != "dense":
+                raise ValueError("pruned_heads applies to dense attention only")
+        self.pruned_heads = {name: sorted(set(removed)) for name, removed in heads.items()}
 
     def _check_sparse_options(self) -> None:
         check_positive_int("block_size", self.block_size)

@@ -4,6 +4,7 @@ from .classifier import POOLINGS, EncoderClassifier, pool
 from .factory import build_encoder, load_pretrained_tokenizer
 from .masked_lm import EncoderForMaskedLM
 from .outputs import ModelOutput, TaskOutput
+from .pruning import prune_heads
 from .serialization import LoadedModel, build_model, load_model, model_config, resolve_checkpoint_dir, save_model
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "load_pretrained_tokenizer",
     "model_config",
     "pool",
+    "prune_heads",
     "resolve_checkpoint_dir",
     "save_model",
 ]

@@ -43,6 +43,7 @@ from .families import FAMILIES, Family, family_for
 from .families._convert import hf_to_state, state_to_hf
 from .families.bert import BERT
 from .masked_lm import EncoderForMaskedLM
+from .pruning import unpruned_state_dict
 
 __all__ = [
     "PRETRAINED_NAMES",
@@ -476,7 +477,11 @@ def save_pretrained(
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))
     head = _head_modules(family, model, original or {})
-    state = {name: tensor for name, tensor in model.state_dict().items() if name != _TIED}
+    state = dict(model.state_dict())
+    prefix = "" if model is encoder else "encoder."
+    # pruned heads go back in as zeros: the full-size weights compute what the pruned model does
+    state.update({prefix + name: tensor for name, tensor in unpruned_state_dict(encoder).items()})
+    state = {name: tensor for name, tensor in state.items() if name != _TIED}
     tensors = state_to_hf(family, original or {}, state, head=head)
     if family is BERT and encoder.token_type_embedding is None:
         # BERT always adds a token-type embedding: a zero row adds nothing.

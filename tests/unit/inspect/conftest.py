@@ -65,3 +65,37 @@ def encoder() -> TransformerEncoder:
 @pytest.fixture
 def tiny_run(tmp_path: Path) -> Path:
     return save_tiny_run(tmp_path / "run")
+
+
+CHROMIUM_PATH = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's headless chromium through playwright (skipped where it is not installed)."""
+    if not CHROMIUM_PATH.exists():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+    with playwright_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM_PATH), args=arguments)
+        yield launched
+        launched.close()
+
+
+def open_offline(browser, path: Path):
+    """Open ``path``; returns ``(page, problems, requests)`` (console errors, every URL asked for)."""
+    page = browser.new_page()
+    problems, requests = [], []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(path.as_uri())
+    return page, problems, requests
+
+
+@pytest.fixture
+def open_page():
+    """:func:`open_offline`, for tests (test modules do not import conftest by name)."""
+    return open_offline

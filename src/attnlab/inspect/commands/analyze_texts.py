@@ -16,7 +16,7 @@ from ...data.text_batches import encode_batches
 from ..compute.analyzer import AttentionAnalyzer, AttentionStatistics
 from ..compute.token_groups import special_token_groups
 from ..draw.plots import plot_statistic, save_figure
-from ..draw.report import render_summary, stats_tables_html
+from ..draw.report import inline_frame, render_summary, stats_tables_html
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class Analysis:
     json: Path
     summary: Path
     figures: list[Path]
+
+    def _repr_html_(self) -> str:
+        """The summary page inline in Jupyter and VS Code (offline, in a frame)."""
+        return inline_frame(self.summary.read_text(encoding="utf-8"), height=800)
 
 
 def analyze_rows(

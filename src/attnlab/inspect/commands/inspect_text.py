@@ -19,7 +19,7 @@ from ..compute.rollout import attention_rollout
 from ..compute.statistics import HeadStatistics
 from ..compute.token_groups import special_token_groups
 from ..draw.plots import plot_head, plot_layer, plot_model, save_figure
-from ..draw.report import write_report
+from ..draw.report import inline_frame, write_report
 
 __all__ = ["Inspection", "encode_text", "write_inspection"]
 
@@ -39,6 +39,10 @@ class Inspection:
     figures: list[Path] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
     attentions: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        """The interactive report inline in Jupyter and VS Code (offline, in a frame)."""
+        return inline_frame(self.report.read_text(encoding="utf-8"), height=900)
 
 
 def encode_text(tokenizer: Any, text: str, max_length: int) -> tuple[torch.Tensor, list[str]]:

@@ -24,7 +24,9 @@ from torch import Tensor
 from ._report_assets import SCRIPT, STYLE
 from .plots import bucket_attention
 
-__all__ = ["render_report", "write_report", "render_summary", "stats_tables_html", "json_for_script"]
+__all__ = [
+    "render_report", "write_report", "render_summary", "stats_tables_html", "json_for_script", "inline_frame"
+]
 
 
 def json_for_script(value: Any) -> str:
@@ -36,6 +38,15 @@ def json_for_script(value: Any) -> str:
         .replace(">", "\\u003e")
         .replace("\u2028", "\\u2028")
         .replace("\u2029", "\\u2029")
+    )
+
+
+def inline_frame(page: str, *, height: int = 640) -> str:
+    """A whole page as an ``<iframe srcdoc>`` for a notebook cell: its ids and script stay
+    apart from the notebook's and from other frames, and nothing is fetched."""
+    return (
+        f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: {int(height)}px; '
+        'border: 1px solid #d0d4da"></iframe>'
     )
 
 

@@ -1,0 +1,70 @@
+"""``attnlab compare``: two models' per-head attention statistics side by side, with differences."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        dest="models",
+        metavar="MODEL",
+        help="run, checkpoint or pretrained directory or name; give it twice (A, then B)",
+    )
+    parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--split", default=None, help="split of the embedded data (default: all)")
+    parser.add_argument("--text-column", default=None, help="CSV column holding the text")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N texts")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens kept per text (default: as many as both models take)",
+    )
+    parser.add_argument(
+        "--importance",
+        action="store_true",
+        help="also compare head importance (needs labels and classifiers)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ...data.texts import load_texts
+    from .compare_models import compare_models, write_comparison
+    from .resolve import max_length_for, resolve_model
+
+    if len(args.models) != 2:
+        raise ValueError(f"--model must be given exactly twice (A and B), got {len(args.models)}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if Path(args.out).is_file():
+        raise ValueError(f"--out {args.out} is a file; name a directory for comparison.json and .html")
+    resolved = [resolve_model(spec) for spec in args.models]
+    max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
+    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
+    comparison = compare_models(
+        resolved[0].model,
+        resolved[0].tokenizer,
+        resolved[1].model,
+        resolved[1].tokenizer,
+        rows,
+        names=(args.models[0], args.models[1]),
+        batch_size=args.batch_size,
+        max_length=max_length,
+        importance=args.importance,
+    )
+    for name, values in comparison.result["summary"].items():
+        change = values["mean_abs_difference"]
+        print(f"{name}: mean |B - A| = {'n/a' if change is None else f'{change:.4g}'}")
+    for path in write_comparison(comparison, args.out, data_name=args.data):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,68 @@
+"""``attnlab explain``: per-token scores of one text for each attribution method."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..compute.token_attribution import METHODS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+    )
+    parser.add_argument("--text", required=True, help="the text to explain")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument(
+        "--method",
+        nargs="+",
+        default=None,
+        choices=METHODS,
+        dest="methods",
+        help="attribution methods (default: all six for a classifier; raw, rollout and flow for an encoder)",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="class to explain: a label name or a 0-based index (default: the prediction)",
+    )
+    parser.add_argument("--steps", type=int, default=50, help="integrated gradients' quadrature points")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens kept from the text (default: as many as the model takes)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .explain_text import explain, write_explanation
+    from .resolve import max_length_for, resolve_model
+
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if Path(args.out).is_file():
+        raise ValueError(f"--out {args.out} is a file; name a directory for explanation.json, .png and .html")
+    resolved = resolve_model(args.model)
+    methods = args.methods
+    if methods is None:
+        classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
+        methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
+        if not classifier:
+            print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
+    max_length = max_length_for(resolved, args.max_length, fallback=512)
+    explanation = explain(
+        resolved.model,
+        resolved.tokenizer,
+        args.text,
+        methods,
+        target=args.target,
+        max_length=max_length,
+        steps=args.steps,
+    )
+    print(f"{len(explanation.tokens)} tokens; {explanation.describe_target()}")
+    for path in write_explanation(explanation, args.out, model_name=args.model):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,148 @@
+"""One text in, every attribution method's per-token scores out: what ``attnlab explain`` does.
+
+:func:`explain` computes (Python API); :func:`write_explanation` writes
+``explanation.json`` (strict JSON: tokens, target, each method's scores),
+``explanation.png`` (methods x tokens) and ``explanation.html`` (methods as highlighted
+text side by side, offline). An :class:`Explanation` shows itself inline in Jupyter
+and VS Code (``_repr_html_``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..._files import write_json
+from ..compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..draw.explanation import explanation_fragment, plot_explanation, render_explanation
+from ..draw.plots import save_figure
+from .inspect_text import encode_text
+
+__all__ = ["Explanation", "explain", "write_explanation", "baseline_for"]
+
+
+@dataclass
+class Explanation:
+    """Per-token scores of one text for each method.
+
+    Attributes:
+        text: the input text.
+        tokens: its ``T`` tokens.
+        scores: ``{method: [T] floats}``.
+        target: the explained class index (``None`` for a bare encoder).
+        target_name: its label name, when the model has them.
+        probabilities: the model's class probabilities, when it has logits.
+        integrated_gradients_delta: completeness error of integrated gradients, when run.
+    """
+
+    text: str
+    tokens: list[str]
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    target: Optional[int] = None
+    target_name: Optional[str] = None
+    probabilities: Optional[list[float]] = None
+    integrated_gradients_delta: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain JSON values (``explanation.json``)."""
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "target": self.target,
+            "target_name": self.target_name,
+            "probabilities": self.probabilities,
+            "methods": list(self.scores),
+            "scores": self.scores,
+            "integrated_gradients_delta": self.integrated_gradients_delta,
+        }
+
+    def describe_target(self) -> str:
+        """One line for people: the explained class, its name and probability."""
+        if self.target is None:
+            return "attention of the pooled position"
+        name = f" ({self.target_name})" if self.target_name else ""
+        probability = f", p = {self.probabilities[self.target]:.3f}" if self.probabilities is not None else ""
+        return f"explained class {self.target}{name}{probability}"
+
+    def _repr_html_(self) -> str:
+        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target())
+
+
+def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.Tensor:
+    """Integrated gradients' reference: pad ids, keeping the tokenizer's special tokens."""
+    vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    special = {
+        index
+        for token, index in vocabulary.items()
+        if token in ("[CLS]", "[SEP]", "<s>", "</s>", "[BOS]", "[EOS]")
+    }
+    baseline = torch.full_like(input_ids, pad_id)
+    keep = torch.tensor([[int(i) in special for i in row] for row in input_ids.tolist()], dtype=torch.bool)
+    return torch.where(keep, input_ids, baseline)
+
+
+def explain(
+    model: nn.Module,
+    tokenizer: Any,
+    text: str,
+    methods: Sequence[str] = METHODS,
+    *,
+    target: Optional[Union[int, str]] = None,
+    max_length: int = 512,
+    steps: int = 50,
+) -> Explanation:
+    """Score every token of ``text`` with each method, for the predicted (or given) class.
+
+    Args:
+        model: an attnlab classifier (every method) or encoder (``raw``, ``rollout``, ``flow``).
+        tokenizer: the model's tokenizer (``attnlab.load`` gives it).
+        text: the input.
+        methods: names among :data:`~attnlab.inspect.compute.token_attribution.METHODS`.
+        target: class index or label name; default the predicted class.
+        max_length: tokens kept from the text.
+        steps: integrated gradients' quadrature points.
+
+    Example:
+        >>> model, tokenizer, _ = attnlab.load("runs/demo")
+        >>> explain(model, tokenizer, "a gripping, funny film").scores["rollout"]
+    """
+    methods = check_methods(methods)
+    input_ids, tokens = encode_text(tokenizer, text, max_length)
+    encoder = getattr(model, "encoder", model)
+    pad_id = getattr(getattr(encoder, "config", None), "pad_id", None)
+    baseline = baseline_for(input_ids, tokenizer, 0 if pad_id is None else pad_id)
+    result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=baseline, steps=steps)
+    explanation = Explanation(text, tokens, {name: result.scores[name][0].tolist() for name in methods})
+    if result.target is not None:
+        explanation.target = int(result.target[0])
+        names = getattr(model, "label_names", None)
+        explanation.target_name = names[explanation.target] if names else None
+        explanation.probabilities = torch.softmax(result.logits[0].float(), -1).tolist()
+    if result.delta is not None:
+        explanation.integrated_gradients_delta = float(result.delta[0])
+    return explanation
+
+
+def write_explanation(
+    explanation: Explanation, out: Union[str, Path], *, model_name: str = "model"
+) -> list[Path]:
+    """Write ``explanation.json``, ``explanation.png`` and ``explanation.html`` into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "explanation.json", {"model": model_name, **explanation.to_dict()})
+    figure = plot_explanation(
+        explanation.tokens, explanation.scores, title=f"{model_name}: {explanation.describe_target()}"
+    )
+    written = [out / "explanation.json"] + save_figure(figure, out / "explanation", ("png",))
+    page = render_explanation(
+        explanation.tokens,
+        explanation.scores,
+        title="attnlab explanation",
+        meta={"model": model_name, "text": explanation.text, "target": explanation.describe_target()},
+    )
+    (out / "explanation.html").write_text(page, encoding="utf-8")
+    return written + [out / "explanation.html"]

@@ -1,0 +1,107 @@
+"""What an explanation explains: the pooled position and the class whose logit is traced.
+
+Dimension letters: ``B`` batch, ``T`` length, ``C`` classes.
+
+Attention-based scores read the attention *of the pooled position*: the first token
+(``[CLS]``) for first-token pooling and for a bare encoder, or the mean of every real
+token's row for mean pooling (:class:`~attnlab.models.classifier.EncoderClassifier`'s
+default). :func:`query_weights` says how much each query position weighs in that
+pooled row, so every method reads it the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from ...layers.encoder import TransformerEncoder
+
+__all__ = ["encoder_of", "pooling_of", "query_weights", "logits_of", "resolve_target"]
+
+
+def encoder_of(model: nn.Module) -> TransformerEncoder:
+    """The :class:`~attnlab.TransformerEncoder` inside ``model`` (or ``model`` itself)."""
+    if isinstance(model, TransformerEncoder):
+        return model
+    encoder = getattr(model, "encoder", None)
+    if isinstance(encoder, TransformerEncoder):
+        return encoder
+    raise TypeError(
+        f"{type(model).__name__} has no attnlab TransformerEncoder (as .encoder); attribution "
+        f"needs an attnlab encoder or a model built on one, such as EncoderClassifier"
+    )
+
+
+def pooling_of(model: nn.Module) -> str:
+    """``"first"`` or ``"mean"``: how ``model`` pools tokens (``"first"`` for a bare encoder)."""
+    pooling = getattr(model, "pooling", "first")
+    return pooling if pooling in ("first", "mean") else "first"
+
+
+def query_weights(model: nn.Module, mask: Tensor) -> Tensor:
+    """How much each query position weighs in the pooled representation.
+
+    Args:
+        model: the explained model.
+        mask: ``[B, T]`` bool, ``True`` on real tokens.
+
+    Returns:
+        ``[B, T]`` float rows summing to 1: one-hot on position 0 for first-token
+        pooling, uniform over real tokens for mean pooling.
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be a [B, T] padding mask, got shape {tuple(mask.shape)}")
+    if pooling_of(model) == "mean":
+        real = mask.float()
+        return real / real.sum(-1, keepdim=True).clamp_min(1.0)  # [B, T]
+    weights = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    weights[:, 0] = 1.0
+    return weights
+
+
+def logits_of(output: Any) -> Tensor:
+    """The ``[B, C]`` logits of a model's output (``.logits`` or a 2-D ``output[0]``)."""
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, (tuple, list)) and isinstance(output[0], Tensor):
+        logits = output[0]
+    if not isinstance(logits, Tensor) or logits.dim() != 2:
+        raise TypeError(
+            "this method traces a class logit, so the model must return [B, C] logits "
+            "(a classifier such as EncoderClassifier); a bare encoder supports raw, rollout and flow only"
+        )
+    return logits
+
+
+def resolve_target(
+    logits: Tensor, target: Optional[Union[int, str]], label_names: Optional[list[str]] = None
+) -> Tensor:
+    """The explained class per example: ``target`` (an index or a label name) or the prediction.
+
+    Args:
+        logits: ``[B, C]``.
+        target: a 0-based class index, a label name, or ``None`` for the predicted class.
+        label_names: the model's class names, to read a name.
+
+    Returns:
+        ``[B]`` long.
+    """
+    B, C = logits.shape
+    if target is None:
+        return logits.argmax(-1)
+    if isinstance(target, str):
+        names = list(label_names or [])
+        if target in names:
+            target = names.index(target)
+        elif target.lstrip("-").isdigit():
+            target = int(target)
+        else:
+            raise ValueError(
+                f"target {target!r} is not a class of the model; its classes are {names or list(range(C))}"
+            )
+    if isinstance(target, bool) or not isinstance(target, int):
+        raise TypeError(f"target must be a class index or a label name, got {type(target).__name__}")
+    if not 0 <= target < C:
+        raise ValueError(f"target must lie in 0..{C - 1} (the model has {C} classes), got {target}")
+    return torch.full((B,), target, dtype=torch.long, device=logits.device)

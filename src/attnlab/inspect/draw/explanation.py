@@ -1,0 +1,157 @@
+"""Pictures and pages of per-token attribution scores: methods side by side.
+
+Dimension letters: ``M`` methods, ``T`` tokens.
+
+Scores of different methods live on different scales (attention sums to 1, integrated
+gradients are in logit units and signed), so each method is shown on its own scale
+(:func:`normalized_scores`): blue for positive, red for negative. Pages inline everything
+and write token text only with ``textContent`` (see :mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import html
+import secrets
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .report import _meta_html, _page, json_for_script
+
+__all__ = ["normalized_scores", "plot_explanation", "render_explanation", "explanation_fragment"]
+
+
+def normalized_scores(scores: Sequence[float]) -> list[float]:
+    """Scores for display in [-1, 1]: signed scores over their largest absolute value;
+    scores that are never negative stretched from their smallest (0) to their largest (1).
+
+    Gradient-weighted rollouts add the identity to every token, so their scores differ by
+    little against their size; stretching shows the ranking the scores hold.
+    """
+    values = np.nan_to_num(np.asarray(scores, dtype=np.float64))
+    if not values.size:
+        return []
+    if values.min() >= 0:
+        low, high = float(values.min()), float(values.max())
+        return ((values - low) / (high - low) if high > low else np.zeros_like(values)).round(6).tolist()
+    return (values / float(np.abs(values).max())).round(6).tolist()
+
+
+def plot_explanation(
+    tokens: Sequence[str], scores: Mapping[str, Sequence[float]], *, title: str = "", max_tokens: int = 80
+) -> Figure:
+    """Methods (rows) x tokens (columns), each row on its own scale (:func:`normalized_scores`).
+
+    Args:
+        tokens: the ``T`` tokens.
+        scores: ``{method: [T] scores}``.
+        title: figure title.
+        max_tokens: only the first this many tokens are drawn.
+    """
+    methods = list(scores)
+    T = min(len(tokens), max_tokens)
+    matrix = np.array([normalized_scores(scores[m])[:T] for m in methods])  # [M, T]
+    figure = Figure(figsize=(max(4.0, 0.32 * T + 2.2), 0.45 * len(methods) + 1.3))
+    axes = figure.add_subplot()
+    image = axes.imshow(matrix, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
+    axes.set_yticks(range(len(methods)), methods)
+    axes.set_xticks(range(T), [str(t) for t in tokens[:T]], rotation=90, fontsize=8)
+    axes.set_title(title or "token scores per method, each row on its own scale", fontsize=10)
+    figure.colorbar(image, ax=axes, fraction=0.03, pad=0.01)
+    return figure
+
+
+_STYLE = """
+.attnlab-explanation { font: 14px/1.5 system-ui, sans-serif; color: #1d232b; }
+.attnlab-explanation .methods { display: flex; flex-wrap: wrap; gap: 12px; }
+.attnlab-explanation .method { flex: 1 1 260px; border: 1px solid #d0d4da; border-radius: 6px;
+  padding: 8px 10px; background: #fff; }
+.attnlab-explanation .method h3 { font-size: 14px; margin: 0 0 6px; }
+.attnlab-explanation .tok { padding: 1px 3px; margin: 1px; border-radius: 3px; display: inline-block;
+  white-space: pre; font-family: ui-monospace, monospace; font-size: 12px; }
+.attnlab-explanation .note { color: #59636e; font-size: 12px; }
+"""
+
+_SCRIPT = """
+(function () {
+  var block = document.getElementById(%(data_id)s);
+  var data = JSON.parse(block.textContent);
+  var root = document.getElementById(%(root_id)s);
+  data.methods.forEach(function (method) {
+    var box = document.createElement("div");
+    box.className = "method";
+    box.setAttribute("data-method", method.name);
+    var heading = document.createElement("h3");
+    heading.textContent = method.name;
+    box.appendChild(heading);
+    data.tokens.forEach(function (token, i) {
+      var span = document.createElement("span");
+      var value = method.normalized[i];
+      span.className = "tok";
+      span.textContent = token;
+      span.title = method.name + ": " + method.scores[i];
+      var colour = value >= 0 ? "33,102,172" : "214,96,77";
+      span.style.background = "rgba(" + colour + "," + Math.min(1, Math.abs(value)).toFixed(3) + ")";
+      if (Math.abs(value) > 0.6) { span.style.color = "#fff"; }
+      box.appendChild(span);
+    });
+    root.appendChild(box);
+  });
+})();
+"""
+
+
+def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]]) -> dict:
+    return {
+        "tokens": [str(token) for token in tokens],
+        "methods": [
+            {
+                "name": name,
+                "scores": [round(float(v), 6) for v in values],
+                "normalized": normalized_scores(values),
+            }
+            for name, values in scores.items()
+        ],
+    }
+
+
+def explanation_fragment(
+    tokens: Sequence[str], scores: Mapping[str, Sequence[float]], *, caption: str = ""
+) -> str:
+    """An HTML fragment (for notebooks and pages): every method's tokens as highlighted text.
+
+    Element ids are random, so several fragments can share one notebook.
+    """
+    for name, values in scores.items():
+        if len(values) != len(tokens):
+            raise ValueError(f"{name} has {len(values)} scores for {len(tokens)} tokens")
+    suffix = secrets.token_hex(6)
+    data_id, root_id = f"attnlab-explanation-data-{suffix}", f"attnlab-explanation-{suffix}"
+    script = _SCRIPT % {"data_id": json_for_script(data_id), "root_id": json_for_script(root_id)}
+    note = f'<p class="note">{html.escape(caption)}</p>' if caption else ""
+    return (
+        f'<div class="attnlab-explanation"><style>{_STYLE}</style>{note}'
+        f'<div class="methods" id="{root_id}"></div>'
+        f'<script id="{data_id}" type="application/json">{json_for_script(_data(tokens, scores))}</script>'
+        f"<script>{script}</script></div>"
+    )
+
+
+def render_explanation(
+    tokens: Sequence[str],
+    scores: Mapping[str, Sequence[float]],
+    *,
+    title: str = "attnlab explanation",
+    meta: Optional[Mapping[str, str]] = None,
+) -> str:
+    """A whole offline page: the methods as highlighted text side by side."""
+    caption = (
+        "Each method on its own scale: signed scores over their largest |score| (blue positive, red "
+        "negative), others from their smallest to their largest; hover a token for its score."
+    )
+    body = (
+        f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"
+        f"<main><section>{explanation_fragment(tokens, scores, caption=caption)}</section></main>"
+    )
+    return _page(title, body)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .causal_attention import CausalSelfAttention
 from .decoder_config import DecoderConfig
 from .ffn import PositionWiseFFN
-from .gated_ffn import GatedFFN
+from .swiglu_ffn import SwiGLUFFN
 from .kv_cache import KVCache
 from .rms_norm import RMSNorm
 
@@ -79,7 +79,7 @@ def build_decoder_layer(config: DecoderConfig, index: int, *, device=None, dtype
         qkv_bias=config.qkv_bias, out_bias=config.out_bias, scale=scale, **factory,
     )
     if config.feed_forward == "gated":
-        feed_forward: nn.Module = GatedFFN(config.d_model, config.d_ff, activation=config.activation,
+        feed_forward: nn.Module = SwiGLUFFN(config.d_model, config.d_ff, activation=config.activation,
                                            bias=config.ffn_bias, **factory)
     else:
         feed_forward = PositionWiseFFN(config.d_model, config.d_ff, 0.0, activation=config.activation,

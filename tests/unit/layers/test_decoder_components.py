@@ -116,3 +116,17 @@ def test_one_new_token_reads_grouped_heads_without_copying_the_cache(need_weight
     torch.testing.assert_close(step, full[:, 8:], atol=1e-5, rtol=1e-5)
     if need_weights:
         torch.testing.assert_close(step_weights, full_weights[:, :, 8:], atol=1e-6, rtol=1e-5)
+
+
+def test_swiglu_ffn_is_the_packed_gated_ffn_with_its_projections_apart():
+    from attnlab.layers.ffn import GatedFFN
+    from attnlab.layers.swiglu_ffn import SwiGLUFFN
+
+    torch.manual_seed(0)
+    split = SwiGLUFFN(8, 12)
+    packed = GatedFFN(8, 12, dropout=0.0, activation="silu", bias=False).eval()
+    with torch.no_grad():
+        packed.linear1.weight.copy_(torch.cat([split.gate_proj.weight, split.up_proj.weight]))
+        packed.linear2.weight.copy_(split.down_proj.weight)
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(split(x), packed(x), rtol=0, atol=1e-6)

@@ -1,4 +1,9 @@
-"""Gated feed-forward network (SwiGLU, Shazeer 2020), as Llama-family models use it."""
+"""SwiGLU feed-forward network (Shazeer 2020) in the Llama family's layout.
+
+The same function as :class:`~attnlab.layers.ffn.GatedFFN` (one packed projection, the
+layout ModernBERT stores), with the gate and the up projection kept as two matrices, as
+Llama-family checkpoints store them.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,10 @@ from .._checks import check_positive_int
 from .._precision import Linear
 from .ffn import resolve_activation
 
-__all__ = ["GatedFFN"]
+__all__ = ["SwiGLUFFN"]
 
 
-class GatedFFN(nn.Module):
+class SwiGLUFFN(nn.Module):
     """``down(activation(gate(x)) * up(x))``: SwiGLU with the default ``"silu"``.
 
     Pure, like :class:`~attnlab.layers.PositionWiseFFN`: the layer owns residuals and

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from .._precision import Linear, linear
 from .functional import AttentionResult, attention
-from .masks import head_mask_scale
 from .multihead import MultiHeadAttention
 
 __all__ = ["DisentangledSelfAttention", "RelativePositionTable", "log_bucket_position"]
@@ -195,12 +194,7 @@ class DisentangledSelfAttention(MultiHeadAttention):
             scale=scale,
             need_weights=need_weights,
         )  # [B, H, T, D], [B, H, T, S] | None
-        if head_mask is not None:
-            factor = head_mask_scale(head_mask, self.num_heads, q.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]
-            out = out * factor
-            if weights is not None:
-                weights = weights * factor
-        return AttentionResult(out, weights)
+        return self._scale_heads(out, weights, head_mask)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", terms={self.terms}, share_projections={self.share_projections}"

@@ -397,8 +397,14 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             need_weights=need_weights,
         )  # [B, H, T, D], [B, H, T, S] | None
+        return self._scale_heads(out, weights, head_mask)
+
+    def _scale_heads(
+        self, out: Tensor, weights: Optional[Tensor], head_mask: Optional[Tensor]
+    ) -> AttentionResult:
+        """Each head's output (and weights) times its ``head_mask`` entry; as they are without one."""
         if head_mask is not None:
-            scale = head_mask_scale(head_mask, self.num_heads, q.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]
+            scale = head_mask_scale(head_mask, self.num_heads, out.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]
             out = out * scale
             if weights is not None:
                 weights = weights * scale

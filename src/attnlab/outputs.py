@@ -56,11 +56,6 @@ class LayerAttentions(tuple):
         instance._names = names
         return instance
 
-    @classmethod
-    def from_mapping(cls, weights: dict[str, Optional[Tensor]]) -> "LayerAttentions":
-        """From an article-style ``{"layer_1": ..., ...}`` dict, in its order."""
-        return cls(weights.values(), names=list(weights))
-
     def _index_of(self, name: str) -> int:
         try:
             return self._names.index(name)

@@ -24,6 +24,7 @@ from .masks import (
     from_torch_mask,
     head_mask_scale,
     keep_mask,
+    padding_to_attention_mask,
     refuse_key_padding_mask,
     sliding_window_mask,
     validate_attention_bias,
@@ -275,7 +276,7 @@ class MultiHeadAttention(nn.Module):
         if by_sequence:
             return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.inner_dim, self.num_heads, self.head_dim
-        mask = combine_masks(mask, packing.mask[:, None, None, :])  # [B|1, H|1, T, T]
+        mask = combine_masks(mask, padding_to_attention_mask(packing.mask))  # [B|1, H|1, T, T]
         qkv = packing.unpack(qkv)  # [B, T, 3HD]
         q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
         out, weights = self._attention_core(q, k, v, mask, attn_bias, False, need_weights, head_mask)

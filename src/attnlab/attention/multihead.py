@@ -347,18 +347,20 @@ class MultiHeadAttention(nn.Module):
         H, D, E = self.num_heads, self.head_dim, self.inner_dim
         scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
         outputs = []
+        q, k, v = qkv.view(-1, 3, H, D).unbind(1)  # each [N, H, D]
+        if self.rotary is not None:  # right padding only: a token's position is its column
+            positions = packing.index % packing.length  # [N]
+            q, k = self.rotary.rotate_positions(q, positions), self.rotary.rotate_positions(k, positions)
         # One split, not a slice per sequence: the backward of a slice builds a gradient of
-        # the whole [N, 3E] each time, where split's backward is one concatenation.
-        for sequence, rows in enumerate(qkv.split(packing.lengths)):
-            count = rows.shape[0]
+        # the whole [N, E] each time, where split's backward is one concatenation.
+        pieces = zip(q.split(packing.lengths), k.split(packing.lengths), v.split(packing.lengths))
+        for sequence, (q, k, v) in enumerate(pieces):
+            count = q.shape[0]
             if count == 0:
                 continue
-            q, k, v = rows.view(1, count, 3, H, D).unbind(2)  # each [1, t, H, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, t, D]
-            if self.rotary is not None:
-                q, k = self.rotary(q), self.rotary(k)  # positions 0..t-1: right padding only
+            q, k, v = (part[None].transpose(1, 2) for part in (q, k, v))  # [1, H, t, D]
             local = None
-            if self.window is not None:
+            if self.window is not None and count > self.window + 1:  # else every key is in reach
                 local = sliding_window_mask(count, window=self.window, device=q.device)  # [t, t]
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=local, dropout_p=self.dropout if self.training else 0.0

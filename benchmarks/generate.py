@@ -10,7 +10,9 @@ interleaved so that machine noise hits both alike. Two comparisons:
   (both keep every new token's per-layer, per-head weights)
 
 Throughput is new tokens per second over the whole batch. With capture, the bytes of the
-recorded weights and the process's peak resident memory are printed too.
+recorded weights and the process's peak resident memory are printed too, and the floor of
+a decoding step: the time of one matrix product with every weight matrix (each step reads
+all of them once), which bounds the tokens/s any implementation gets in float32.
 
 Run (one heavy job at a time on a shared machine; minutes on a few CPU cores)::
 
@@ -54,6 +56,23 @@ def timed(function: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def weight_pass(model, batch: int, repeats: int) -> tuple[float, int]:
+    """One matrix product of ``batch`` rows with every weight matrix but the input
+    embedding: what one decoding step cannot go below (each step reads every weight once).
+    Returns the seconds (best of ``repeats``) and the bytes of those weights."""
+    weights = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name]
+    inputs = {width: torch.randn(batch, width) for width in {w.shape[1] for w in weights}}
+
+    def one_pass() -> None:
+        for weight in weights:
+            torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+
+    with torch.no_grad():
+        one_pass()
+        seconds = min(timed(one_pass) for _ in range(max(repeats, 3)))
+    return seconds, sum(weight.numel() * weight.element_size() for weight in weights)
+
+
 def recorded_bytes(output) -> int:
     return sum(layer.numel() * layer.element_size() for step in output.attentions for layer in step)
 
@@ -93,6 +112,9 @@ def main(argv=None) -> int:
         rate = {key: batch * new / min(values) for key, values in runs.items()}
         print(f"| {batch} | {rate['ours']:.1f} | {rate['sdpa']:.1f} | {rate['ours'] / rate['sdpa']:.2f}x | "
               f"{rate['ours_w']:.1f} | {rate['eager_w']:.1f} | {rate['ours_w'] / rate['eager_w']:.2f}x |")
+        floor, size = weight_pass(ours, batch, repeats)
+        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB "
+              f"of weights (a decoding step's floor) takes {floor * 1e3:.1f} ms: at most {batch / floor:.1f} tok/s")
         captured = ours.generate(ids, max_new_tokens=new, eos_token_id=-1, output_attentions=True)
         print(f"  batch {batch}: recorded weights {recorded_bytes(captured) / 2**20:.2f} MiB; process peak "
               f"resident memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attnlab import EncoderClassifier, EncoderForMaskedLM, TransformerEncoder, capture_attention, mask_heads
+from attnlab.inspect.compute.lrp import attention_relevance
 from attnlab.models.pretrained import from_pretrained, save_pretrained
 
 transformers = pytest.importorskip(
@@ -251,6 +252,29 @@ def test_capture_and_head_masks_see_every_layer(family, tmp_path):
     torch.testing.assert_close(masked[0], expected[0], atol=0, rtol=0)  # layer 1 untouched
     assert not masked[1].any()  # every head of layer 2 removed
     assert not torch.allclose(masked[2], expected[2])  # later layers see it
+
+
+# What the LRP relevance refuses, by the component its error names.
+REFUSED_BY_RELEVANCE = {
+    "modernbert": "rotary position embedding",
+    "deberta-v2": "DeBERTa's disentangled attention",
+    "deberta-v2-unshared": "DeBERTa's disentangled attention",
+}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_relevance_propagates_through_each_family_or_names_what_it_refuses(family, tmp_path):
+    model = from_pretrained(_hf_dir(family, tmp_path, classifier=True))
+    input_ids = _batch(_pad_id(family))[0][1:2]  # the unpadded text
+    if family in REFUSED_BY_RELEVANCE:
+        with pytest.raises(ValueError, match=REFUSED_BY_RELEVANCE[family]):
+            attention_relevance(model, input_ids)
+        return
+    found = attention_relevance(model, input_ids)  # checks its recomputation against the model
+    assert len(found.relevances) == model.encoder.config.num_layers
+    assert all(torch.isfinite(relevance).all() and relevance.abs().sum() > 0 for relevance in found.relevances)
+    if model.encoder.score_bias is None:  # else the bias keeps its share of the scores' relevance
+        torch.testing.assert_close(found.input_relevance.sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("family", ["roberta", "albert", "modernbert"])

@@ -24,6 +24,7 @@ from .compute.attention_flow import attention_flow
 from .compute.attention_scores import raw_attention_scores, rollout_scores
 from .compute.gradient_rollout import attention_gradients, gradient_weighted_rollout
 from .compute.integrated_gradients import integrated_gradients
+from .compute.lrp import AttentionRelevance, attention_relevance
 from .compute.patching import PatchResult, head_patching_sweep, layer_patching_sweep, patch_heads, patch_layers
 from .compute.rollout import attention_rollout
 from .compute.token_attribution import METHODS, TokenAttributions, attribute_tokens
@@ -59,6 +60,7 @@ __all__ = [
     "TokenAttributions",
     "attention_flow",
     "attention_gradients",
+    "attention_relevance",
     "attribute_tokens",
     "gradient_weighted_rollout",
     "head_patching_sweep",
@@ -71,6 +73,7 @@ __all__ = [
     "AnalysisBatch",
     "AttentionAnalyzer",
     "AttentionCapture",
+    "AttentionRelevance",
     "AttentionStatistics",
     "EvaluationResult",
     "HeadStatistics",

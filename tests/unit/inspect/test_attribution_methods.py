@@ -115,13 +115,13 @@ def test_grad_attention_hand_computed():
     assert torch.allclose(scores[0], (r1 + abar @ r1)[0])
 
 
-def test_relevance_hand_computed():
-    A = torch.tensor([[[[0.6, 0.4], [0.3, 0.7]]]])
+def test_relevance_maps_are_weighted_by_the_gradient_hand_computed():
+    # the relevance rule weights each map's LRP relevance (tests/unit/inspect/test_lrp_relevance.py)
+    R = torch.tensor([[[[0.2, -0.1], [0.3, 0.4]]]])
     G = torch.tensor([[[[1.0, -2.0], [0.5, 1.0]]]])
-    # relevance of the map R_A = (A * G)^+ = [[0.6, 0], [0.15, 0.7]]
-    # (G * R_A)^+ = [[0.6, 0], [0.075, 0.7]]: the entry with a negative gradient drops out
-    scores = gradient_weighted_rollout([A], [G], torch.tensor([[0.5, 0.5]]), rule="relevance")
-    rows = torch.eye(2) + torch.tensor([[0.6, 0.0], [0.075, 0.7]])
+    # (G * R)^+ = [[0.2, 0.2], [0.15, 0.4]]: negative relevance with a negative gradient counts
+    scores = gradient_weighted_rollout([R], [G], torch.tensor([[0.5, 0.5]]))
+    rows = torch.eye(2) + torch.tensor([[0.2, 0.2], [0.15, 0.4]])
     assert torch.allclose(scores[0], rows.mean(0))
 
 

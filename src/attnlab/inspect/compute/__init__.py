@@ -7,7 +7,9 @@ means), ``rollout``, ``heads`` (masking and importance), ``analyzer``
 (``AttentionAnalyzer``), ``token_groups`` (``[CLS]``/``[SEP]``/punctuation ids) and
 ``image_alignment`` (text -> patch attention against the ink); attribution, one method a
 module (``attention_scores``: raw and rollout rows, ``attention_flow``,
-``gradient_rollout``: Chefer et al.'s two rules, ``integrated_gradients``), tied together
+``gradient_rollout``: Chefer et al.'s two rules, ``lrp`` with ``lrp_rules``: the LRP
+relevance of each attention map that their ``relevance`` rule weights,
+``integrated_gradients``), tied together
 by ``token_attribution`` with ``attribution_target`` (the pooled position, the class);
 ``patching`` (activation patching of heads and layers).
 """
@@ -21,6 +23,7 @@ from .attention_flow import attention_flow
 from .attention_scores import raw_attention_scores, rollout_scores
 from .gradient_rollout import attention_gradients, gradient_weighted_rollout
 from .integrated_gradients import integrated_gradients
+from .lrp import AttentionRelevance, attention_relevance
 from .patching import PatchResult, head_patching_sweep, layer_patching_sweep, patch_heads, patch_layers
 from .rollout import attention_rollout
 from .token_attribution import METHODS, TokenAttributions, attribute_tokens
@@ -34,6 +37,7 @@ __all__ = [
     "attention_flow",
     "compare_statistics",
     "attention_gradients",
+    "attention_relevance",
     "attribute_tokens",
     "gradient_weighted_rollout",
     "head_patching_sweep",
@@ -46,6 +50,7 @@ __all__ = [
     "AnalysisBatch",
     "AttentionAnalyzer",
     "AttentionCapture",
+    "AttentionRelevance",
     "AttentionStatistics",
     "BASE_STATISTICS",
     "EvaluationResult",

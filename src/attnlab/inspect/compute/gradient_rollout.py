@@ -3,20 +3,21 @@
 Dimension letters: ``L`` layers, ``B`` batch, ``H`` heads, ``T`` length.
 
 Two rules share one propagation. With ``A_l`` a layer's ``[B, H, T, T]`` attention and
-``G_l = d y_c / d A_l`` the gradient of the explained class logit:
+``G_l = d y_c / d A_l`` the gradient of the explained class logit, a map ``M_l`` is
+weighted by the gradient, ``Abar_l = mean_h (G_l * M_l)^+``, where:
 
 * ``"grad-attention"`` — *Generic Attention-model Explainability* (ICCV 2021):
-  ``Abar_l = mean_h (G_l * A_l)^+``.
+  ``M_l = A_l``.
 * ``"relevance"`` — *Transformer Interpretability Beyond Attention Visualization*
-  (CVPR 2021): ``Abar_l = mean_h (G_l * R_l)^+``, where ``R_l`` is the relevance of the
-  attention map. Their code propagates LRP's alpha-1-beta-0 rule through every layer,
-  which keeps positive contributions only; attnlab does not re-implement that LRP and
-  takes the positive part of the map's LRP-0 relevance, which for a network linearised
-  at the input is gradient x input (Ancona et al., 2018): ``R_l = (A_l * G_l)^+``. So a
-  head's entry counts where it has both a positive contribution and a positive gradient.
+  (CVPR 2021): ``M_l = R_l``, the relevance of the attention map that layer-wise
+  relevance propagation from the class logit gives
+  (:func:`~attnlab.inspect.compute.lrp.attention_relevance`).
 
 Then ``R = I`` and, from layer 1 up, ``R <- R + Abar_l R`` (the residual keeps the
-identity), and a token's score is the pooled query's row of ``R``.
+identity), and a token's score is the pooled query's row of ``R``. Every layer counts,
+as the paper's rule reads (their BERT script's ``generate_LRP`` starts at the last layer
+by default, ``start_layer=11`` of 12), and the pooled token's own score is kept (their
+script zeroes ``[CLS]``'s for display).
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ from torch import Tensor, nn
 from .attribution_target import logits_of, resolve_target
 from .capture import capture_attention
 
-__all__ = ["AttentionGradients", "attention_gradients", "gradient_weighted_rollout", "RULES"]
-
-RULES = ("grad-attention", "relevance")
+__all__ = ["AttentionGradients", "attention_gradients", "gradient_weighted_rollout"]
 
 
 @dataclass
@@ -89,39 +88,38 @@ def attention_gradients(
 
 
 def gradient_weighted_rollout(
-    attentions: Sequence[Tensor],
+    maps: Sequence[Tensor],
     gradients: Sequence[Tensor],
     query_weights: Tensor,
-    *,
-    rule: str = "grad-attention",
 ) -> Tensor:
-    """Chefer et al.'s propagation of gradient-weighted attention; the pooled row.
+    """Chefer et al.'s propagation of gradient-weighted maps; the pooled row.
 
     Args:
-        attentions: per layer ``[B, H, T, T]``.
-        gradients: per layer ``[B, H, T, T]``, the logit's gradient with respect to each map.
+        maps: per layer ``[B, H, T, T]``: the attention weights (``grad-attention``) or
+            their LRP relevance (``relevance``); see the module docstring.
+        gradients: per layer ``[B, H, T, T]``, the logit's gradient with respect to each
+            attention map.
         query_weights: ``[B, T]`` weight of each query row in the pooled position.
-        rule: ``"grad-attention"`` or ``"relevance"`` (see the module docstring).
 
     Returns:
         ``[B, T]`` scores.
+
+    Example:
+        >>> found = attention_gradients(model, ids)
+        >>> gradient_weighted_rollout(found.attentions, found.gradients, torch.tensor([[1.0, 0, 0, 0]]))
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if len(attentions) != len(gradients) or not attentions:
+    if len(maps) != len(gradients) or not maps:
         raise ValueError(
-            f"need one gradient per attention layer, got {len(attentions)} layers and {len(gradients)} gradients"
+            f"need one gradient per attention layer, got {len(maps)} maps and {len(gradients)} gradients"
         )
-    B, H, T, _ = attentions[0].shape
-    relevance = torch.eye(T, dtype=torch.float64).expand(B, T, T)  # [B, T, T]
-    for weights, gradient in zip(attentions, gradients):
-        if weights.shape != gradient.shape or weights.shape != (B, H, T, T):
+    B, H, T, _ = maps[0].shape
+    relevance = torch.eye(T, dtype=torch.float64, device=maps[0].device).expand(B, T, T)  # [B, T, T]
+    for weighted, gradient in zip(maps, gradients):
+        if weighted.shape != gradient.shape or weighted.shape != (B, H, T, T):
             raise ValueError(
-                f"attention and gradient must both be [B, H, T, T] = {(B, H, T, T)}, "
-                f"got {tuple(weights.shape)} and {tuple(gradient.shape)}"
+                f"map and gradient must both be [B, H, T, T] = {(B, H, T, T)}, "
+                f"got {tuple(weighted.shape)} and {tuple(gradient.shape)}"
             )
-        weights, gradient = weights.double(), gradient.double()
-        relevance_of_map = weights if rule == "grad-attention" else (weights * gradient).clamp_min(0)
-        mixed = (gradient * relevance_of_map).clamp_min(0).mean(1)  # [B, T, T]
+        mixed = (gradient.double() * weighted.double()).clamp_min(0).mean(1)  # [B, T, T]
         relevance = relevance + mixed @ relevance
     return torch.einsum("bt,bts->bs", query_weights.double(), relevance).float()  # [B, T]

@@ -9,7 +9,7 @@ Methods (see each module for the exact definition):
 ``rollout``               Abnar & Zuidema's rollout, pooled row (``attention_scores``)
 ``flow``                  Abnar & Zuidema's attention flow, max-flow (``attention_flow``)
 ``grad-attention``        Chefer, Gur & Wolf 2021, generic (``gradient_rollout``)
-``relevance``             Chefer, Gur & Wolf 2021, CVPR (``gradient_rollout``)
+``relevance``             Chefer, Gur & Wolf 2021, CVPR: LRP (``lrp``, ``gradient_rollout``)
 ``integrated-gradients``  on the token embeddings (``integrated_gradients``)
 ========================  =====================================================
 """
@@ -28,6 +28,7 @@ from .attribution_target import logits_of, query_weights, resolve_target
 from .capture import capture_attention
 from .gradient_rollout import attention_gradients, gradient_weighted_rollout
 from .integrated_gradients import integrated_gradients
+from .lrp import attention_relevance
 
 __all__ = ["METHODS", "GRADIENT_METHODS", "TokenAttributions", "attribute_tokens", "check_methods"]
 
@@ -78,8 +79,9 @@ def attribute_tokens(
     """One score per token for each method, for the predicted (or given) class.
 
     Args:
-        model: an attnlab classifier (all methods) or bare encoder (``raw``, ``rollout``,
-            ``flow``), run in eval mode.
+        model: an attnlab classifier (all methods; ``relevance`` needs an
+            ``EncoderClassifier`` whose layers :mod:`~attnlab.inspect.compute.lrp` supports)
+            or bare encoder (``raw``, ``rollout``, ``flow``), run in eval mode.
         input_ids: ``[B, T]``; explain unpadded texts (one at a time) for the gradient methods.
         methods: names from :data:`METHODS`.
         mask: ``[B, T]``, ``True`` on real tokens (default: every position).
@@ -112,9 +114,12 @@ def attribute_tokens(
         except TypeError:
             if target is not None:
                 raise
-    gradients = None
-    if "grad-attention" in methods or "relevance" in methods:
+    gradients = relevance = None
+    if "relevance" in methods:  # one forward gives the relevance and grad-attention's gradients
+        gradients = relevance = attention_relevance(model, input_ids, keep, target)
+    elif "grad-attention" in methods:
         gradients = attention_gradients(model, input_ids, keep, target)
+    if gradients is not None:
         result.logits, result.target = gradients.logits, gradients.target
     for name in methods:
         if name == "raw":
@@ -123,10 +128,10 @@ def attribute_tokens(
             result.scores[name] = rollout_scores(attentions, weights, keep, residual_weight=residual_weight)
         elif name == "flow":
             result.scores[name] = attention_flow(attentions, weights, keep, residual_weight=residual_weight)
-        elif name in ("grad-attention", "relevance"):
-            result.scores[name] = gradient_weighted_rollout(
-                gradients.attentions, gradients.gradients, weights, rule=name
-            )
+        elif name == "grad-attention":
+            result.scores[name] = gradient_weighted_rollout(gradients.attentions, gradients.gradients, weights)
+        elif name == "relevance":
+            result.scores[name] = gradient_weighted_rollout(relevance.relevances, relevance.gradients, weights)
         else:
             integrated = integrated_gradients(
                 model, input_ids, target=target, baseline_ids=baseline_ids, mask=keep, steps=steps

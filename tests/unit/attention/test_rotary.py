@@ -75,3 +75,35 @@ def test_rotary_attention_is_translation_invariant() -> None:
     for offset in (0, 7):
         scores = mha.rotary(q, offset=offset) @ mha.rotary(k, offset=offset).transpose(-2, -1)
         torch.testing.assert_close(torch.softmax(scores / 4.0, -1), weights, rtol=0, atol=1e-5)
+
+
+def test_table_made_under_inference_mode_does_not_break_a_later_backward() -> None:
+    # The cos/sin table is cached; one built under inference_mode cannot be saved for
+    # autograd, so a training step after an evaluation must rebuild it, not fail.
+    rotary = RotaryEmbedding(8)
+    with torch.inference_mode():
+        rotary(torch.randn(1, 2, 16, 8))
+    x = torch.randn(1, 2, 16, 8, requires_grad=True)
+    rotary(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_longer_inputs_grow_the_cached_table_with_the_same_angles() -> None:
+    rotary = RotaryEmbedding(8, base=500.0)
+    x = torch.randn(1, 1, 300, 8, dtype=torch.float64)
+    rotary(x[:, :, :5])  # caches a short table first
+    positions = torch.arange(300, dtype=torch.float64)[:, None]
+    angles = positions * 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    expected = x * cos + torch.cat((-x[..., 4:], x[..., :4]), -1) * sin
+    torch.testing.assert_close(rotary(x), expected, atol=1e-5, rtol=0)
+
+
+def test_rotate_positions_rotates_packed_rows_as_their_sequences_would() -> None:
+    rotary = RotaryEmbedding(8)
+    first, second = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8)
+    packed = torch.cat((first[0].transpose(0, 1), second[0].transpose(0, 1)))  # [8, H, D]
+    positions = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+    rotated = rotary.rotate_positions(packed, positions)
+    torch.testing.assert_close(rotated[:5], rotary(first)[0].transpose(0, 1))
+    torch.testing.assert_close(rotated[5:], rotary(second)[0].transpose(0, 1))

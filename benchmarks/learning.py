@@ -102,11 +102,13 @@ def minilm_finetuned(context: Context) -> dict:
     (``attnlab train --set model.pretrained=minilm``)."""
     from learning_minilm import HYPERPARAMETERS, finetune_with_trainer
 
-    from attnlab.train.run_config import FINE_TUNING_DEFAULTS
+    from attnlab.train.run_config import fine_tuning_defaults
 
     result = finetune_with_trainer(dict(HYPERPARAMETERS), context.out / "minilm-finetuned")
+    recipe = dict(item.split("=", 1) for item in fine_tuning_defaults("minilm"))  # later entries win
     return {"test_accuracy": result["test_accuracy"],
-            "note": f"train {result['train_seconds']:.0f} s, the default recipe: {', '.join(FINE_TUNING_DEFAULTS)}"}
+            "note": f"train {result['train_seconds']:.0f} s, the default recipe: "
+                    + ", ".join(f"{key}={value}" for key, value in recipe.items())}
 
 
 @section("digits-text")

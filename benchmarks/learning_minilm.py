@@ -24,7 +24,7 @@ import torch
 
 
 # None: the value of attnlab's own fine-tuning recipe (what `attnlab train --set
-# model.pretrained=minilm` uses: attnlab.train.run_config.FINE_TUNING_DEFAULTS).
+# model.pretrained=minilm` uses: attnlab.train.run_config.fine_tuning_defaults).
 HYPERPARAMETERS: dict[str, Any] = {
     "learning_rate": None,
     "epochs": None,

@@ -101,11 +101,32 @@ def test_a_pretrained_encoder_brings_the_fine_tuning_recipe_which_settings_still
     from attnlab.train.run_config import FINE_TUNING_DEFAULTS, RunConfig, resolve_run_config
 
     scratch = resolve_run_config(None, [])
-    tuned = resolve_run_config(None, ["model.pretrained=minilm"])
+    tuned = resolve_run_config(None, ["model.pretrained=minilm"])  # width 384: a compact encoder
     assert scratch.train.learning_rate == RunConfig().train.learning_rate
-    assert tuned.train.learning_rate == 5e-5 and tuned.train.epochs == 3
+    assert tuned.train.learning_rate == 1e-4 and tuned.train.epochs == 3 and tuned.train.warmup_steps == 100
     assert "train.learning_rate=5e-5" in FINE_TUNING_DEFAULTS
     assert resolve_run_config(None, ["model.pretrained=minilm", "train.epochs=1"]).train.epochs == 1
+    assert resolve_run_config(None, ["model.pretrained=minilm", "train.learning_rate=2e-5"]).train.learning_rate == 2e-5
+
+
+def test_the_fine_tuning_rate_follows_the_encoder_width(tmp_path):
+    import json
+
+    from attnlab.train.run_config import resolve_run_config
+
+    def rate_for(config: dict) -> float:
+        directory = tmp_path / str(len(list(tmp_path.iterdir())))
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(config))
+        return resolve_run_config(None, [f'model.pretrained="{directory}"']).train.learning_rate
+
+    assert rate_for({"model_type": "bert", "hidden_size": 768}) == 5e-5  # BERT-base
+    assert rate_for({"model_type": "distilbert", "dim": 768}) == 5e-5
+    assert rate_for({"model_type": "electra", "hidden_size": 256}) == 1e-4  # ELECTRA-small
+    assert rate_for({"model_type": "encoder_classifier", "encoder": {"d_model": 128}}) == 1e-4
+    assert rate_for({"model_type": "bert"}) == 5e-5  # width unknown: the general recipe
+    # A missing directory keeps the general recipe here; the loader names the problem later.
+    assert resolve_run_config(None, ['model.pretrained="no/such/dir"']).train.learning_rate == 5e-5
 
 
 def test_checkpoint_cadence_is_a_setting_and_rates_must_be_finite():

@@ -22,6 +22,7 @@ and prints a table per model::
 
     python benchmarks/faithfulness.py --texts 100 --steps 20 --out faithfulness/
     python benchmarks/faithfulness.py --model runs/minilm-finetuned --texts 100
+    python benchmarks/faithfulness.py --model runs/minilm-finetuned --model demo   # both, one run
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--model",
         action="append",
         default=None,
-        help="model directory (repeatable); default: train the demo model",
+        help="model directory (repeatable); 'demo': the demo model, trained here when OUT/demo-run "
+        "is not there yet (the default)",
     )
     parser.add_argument("--texts", type=int, default=100, help="the first N texts of the test split")
     parser.add_argument("--steps", type=int, default=20, help="integrated gradients' quadrature points")
@@ -241,7 +243,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     import attnlab
 
     args.out.mkdir(parents=True, exist_ok=True)
-    models = args.model or [str(train_demo_model(args.out, args.epochs))]
+    models = [str(train_demo_model(args.out, args.epochs)) if spec == "demo" else spec
+              for spec in args.model or ["demo"]]
     texts = [text for text, _ in load_rotten_tomatoes(seed=0)["test"]][: args.texts]
     all_results = {}
     for spec in models:

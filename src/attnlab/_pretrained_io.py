@@ -34,5 +34,7 @@ class PretrainedIO:
         self, directory: Union[str, Path], *, tokenizer: Any = None, layout: str = "attnlab"
     ) -> Path:
         """Write the model so that ``Class.from_pretrained(directory)`` opens it again;
-        ``layout="huggingface"`` writes BERT's layout instead (a dense encoder only)."""
+        ``layout="huggingface"`` writes its family's HuggingFace layout instead (an encoder's,
+        BERT's for attnlab's own dense encoders, a decoder's GPT-2 / Llama / Mistral / Qwen2),
+        which ``transformers`` opens. Files of the same names in ``directory`` are replaced."""
         return _loader().save(self, directory, tokenizer=tokenizer, layout=layout)

@@ -8,7 +8,8 @@
 * a **HuggingFace directory** (``config.json`` with HuggingFace's ``model_type``) or a
   packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`;
 * a **decoder**: a GPT-2 / Llama / Mistral / Qwen2 directory, a ``.gguf`` file or the
-  packaged ``"smollm2"`` -> :func:`~attnlab.models.decoder.loading.load_decoder`.
+  packaged ``"smollm2"`` -> :func:`~attnlab.models.decoder.loading.load_decoder`; a decoder
+  saved in attnlab's layout (a ``"decoder"`` entry) is an attnlab checkpoint.
 
 It returns ``(model, tokenizer, config)`` with the model in eval mode and the tokenizer as
 an HF-callable :class:`~attnlab.data.tokenizer.Tokenizer`. The model classes reach this
@@ -26,7 +27,9 @@ from torch import nn
 from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder
+from .decoder.causal_lm import DecoderForCausalLM
 from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
+from .decoder.saving import check_decoder_weights, save_decoder_pretrained
 from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
 from .serialization import (
     CONFIG_FILE,
@@ -77,8 +80,8 @@ def detect_format(path_or_name: PathLike) -> str:
             return "huggingface"
     raise FileNotFoundError(
         f"{path} holds no model attnlab knows: neither an attnlab run (checkpoints/best or last), an "
-        f"attnlab checkpoint ({MODEL_FILE} + {CONFIG_FILE} with an 'encoder' entry) nor a HuggingFace "
-        f"directory ({CONFIG_FILE} with a 'model_type')"
+        f"attnlab checkpoint ({MODEL_FILE} + {CONFIG_FILE} with an 'encoder' or 'decoder' entry) nor a "
+        f"HuggingFace directory ({CONFIG_FILE} with a 'model_type')"
     )
 
 
@@ -102,18 +105,15 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
     kind = detect_format(path_or_name)
     if is_decoder_source(path_or_name):
         model = load_decoder(path_or_name, device=device)
-        backend = load_decoder_tokenizer(path_or_name)
-        tokenizer = None
-        if backend is not None:
-            pad = model.config.pad_id if model.config.pad_id is not None else model.config.eos_id
-            pad_token = None if pad is None else backend.id_to_token(pad)
-            tokenizer = Tokenizer(backend, padding_side="left", pad_token=pad_token)
+        tokenizer = _decoder_tokenizer(model, load_decoder_tokenizer(path_or_name))
         config_path = Path(path_or_name) / CONFIG_FILE
         config = read_json(config_path) if config_path.is_file() else model.config.to_dict()
         return LoadedModel(model, tokenizer, config)
     if kind in ("attnlab-run", "attnlab-checkpoint"):
         loaded = load_model(path_or_name, device=device)
         model, backend, config = loaded
+        if isinstance(model, DecoderForCausalLM):
+            return LoadedModel(model, _decoder_tokenizer(model, backend), config)
         tokenizer = None if backend is None else Tokenizer(backend, **_tokenizer_options(model))
         return LoadedModel(model, tokenizer, config)
     model = from_pretrained(path_or_name, device=device)
@@ -125,6 +125,15 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
         backend = None
     tokenizer = None if backend is None else Tokenizer(backend, **_tokenizer_options(model))
     return LoadedModel(model, tokenizer, config)
+
+
+def _decoder_tokenizer(model: DecoderForCausalLM, backend: Any) -> Optional[Tokenizer]:
+    """A decoder's tokenizer: it pads on the left, with the pad token (else the EOS token)."""
+    if backend is None:
+        return None
+    pad = model.config.pad_id if model.config.pad_id is not None else model.config.eos_id
+    pad_token = None if pad is None else backend.id_to_token(pad)
+    return Tokenizer(backend, padding_side="left", pad_token=pad_token)
 
 
 def _encoder_of(model: nn.Module) -> Optional[TransformerEncoder]:
@@ -175,12 +184,18 @@ def save(
         tokenizer: also write its ``tokenizer.json``.
         layout: ``"attnlab"`` (``model.safetensors`` + ``config.json`` that
             :func:`load` and ``Class.from_pretrained`` open, any attnlab model) or
-            ``"huggingface"`` (BERT's layout that ``transformers`` opens; a dense
-            :class:`~attnlab.TransformerEncoder` only).
+            ``"huggingface"`` (the family's layout that ``transformers`` opens: an encoder's
+            (BERT's for a dense encoder of attnlab's own), a decoder's GPT-2, Llama, Mistral
+            or Qwen2 layout; see :mod:`attnlab.models.decoder.saving`).
     """
+    if layout not in ("attnlab", "huggingface"):
+        raise ValueError(f"layout must be 'attnlab' or 'huggingface', got {layout!r}")
     backend = tokenizer.backend if isinstance(tokenizer, Tokenizer) else tokenizer
+    decoder = getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
+    if isinstance(decoder, DecoderForCausalLM):
+        if layout == "huggingface":
+            return save_decoder_pretrained(decoder, directory, backend)
+        check_decoder_weights(decoder)  # load rebuilds it from its config: refuse what would not reopen
     if layout == "attnlab":
         return save_model(model, directory, tokenizer=backend)
-    if layout == "huggingface":
-        return save_pretrained(model, directory, backend)
-    raise ValueError(f"layout must be 'attnlab' or 'huggingface', got {layout!r}")
+    return save_pretrained(model, directory, backend)

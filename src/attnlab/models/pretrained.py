@@ -317,7 +317,7 @@ def from_pretrained(
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
     values = _read_json(config_path)
-    if isinstance(values, dict) and "encoder" in values and "model_type" in values:
+    if isinstance(values, dict) and ("encoder" in values or "decoder" in values) and "model_type" in values:
         raise UnsupportedCheckpointError(
             f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
             f"one; open it with attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"

@@ -2,7 +2,9 @@
 
 ``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``, and
 ``"pretrained_config"`` (the HuggingFace ``config.json``) for an encoder opened from a
-pretrained family, whose components are rebuilt from it.
+pretrained family, whose components are rebuilt from it. A decoder's is
+``{"model_type": "decoder", "decoder": DecoderConfig dict}``, with ``"pretrained_config"``
+when it was opened from a HuggingFace directory (kept for its HuggingFace layout).
 A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
 these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
 """
@@ -17,7 +19,9 @@ from torch import nn
 
 from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
+from ..layers.decoder_config import DecoderConfig
 from .classifier import EncoderClassifier
+from .decoder.causal_lm import DecoderForCausalLM
 from .families import build_from_checkpoint_config
 from .image_text import ImageTextModel
 from .masked_lm import EncoderForMaskedLM
@@ -40,6 +44,8 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 _MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
 _ENCODER_TYPE = "encoder"
+_DECODER_TYPE = DecoderForCausalLM.model_type
+_ARCHITECTURE_KEYS = ("encoder", "decoder")  # an attnlab config.json holds one of them
 _PRETRAINED_KEY = "pretrained_config"
 
 
@@ -62,10 +68,13 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     if isinstance(model, TransformerEncoder):
         config = {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
         return _with_pretrained(config, model)
+    if isinstance(model, DecoderForCausalLM):
+        return _with_pretrained({"model_type": _DECODER_TYPE, "decoder": model.config.to_dict()}, model)
     model_type = getattr(model, "model_type", None)
     if model_type not in _MODEL_TYPES:
         raise TypeError(
-            f"model must be a TransformerEncoder or one of {sorted(_MODEL_TYPES)}, got {type(model).__name__}"
+            f"model must be a TransformerEncoder, a DecoderForCausalLM or one of {sorted(_MODEL_TYPES)}, "
+            f"got {type(model).__name__}"
         )
     encoder = model.encoder
     config = {"model_type": model_type, "encoder": encoder.config.to_dict(), "head": model.head_config()}
@@ -73,13 +82,17 @@ def model_config(model: nn.Module) -> dict[str, Any]:
 
 
 def _with_pretrained(config: dict[str, Any], encoder: nn.Module) -> dict[str, Any]:
-    """``config`` plus the HF ``config.json`` of an encoder opened from a pretrained family."""
+    """``config`` plus the HF ``config.json`` of a model opened from a pretrained family."""
     pretrained = getattr(encoder, "checkpoint_config", None)
     return config if pretrained is None else {**config, _PRETRAINED_KEY: pretrained}
 
 
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
     """A freshly initialised model from a ``config.json`` dict."""
+    if config.get("model_type") == _DECODER_TYPE and "decoder" in config:
+        decoder = DecoderForCausalLM(DecoderConfig.from_dict(config["decoder"]), device=device, dtype=dtype)
+        decoder.checkpoint_config = config.get(_PRETRAINED_KEY)
+        return decoder
     for key in ("model_type", "encoder"):
         if key not in config:
             raise ValueError(f"model config has no {key!r} key; got keys {sorted(config)}")
@@ -130,11 +143,11 @@ def _run_checkpoint(path: Path) -> Optional[Path]:
 def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
     """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
     or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
-    has no ``"encoder"`` entry."""
+    has no ``"encoder"`` or ``"decoder"`` entry."""
     path = Path(path)
     if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
         config = read_json(path / CONFIG_FILE)
-        return path if isinstance(config, dict) and "encoder" in config else None
+        return path if isinstance(config, dict) and any(key in config for key in _ARCHITECTURE_KEYS) else None
     return _run_checkpoint(path)
 
 
@@ -181,7 +194,7 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
     config = read_json(config_path)
     if not isinstance(config, dict):
         raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
-    if "encoder" not in config and "model_type" in config:
+    if not any(key in config for key in _ARCHITECTURE_KEYS) and "model_type" in config:
         raise ValueError(
             f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
             f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"

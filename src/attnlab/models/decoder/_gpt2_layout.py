@@ -1,10 +1,10 @@
-"""HuggingFace GPT-2 checkpoints: config and tensor names.
+"""HuggingFace GPT-2 checkpoints: config and tensor names, both ways.
 
 ``transformer.wte`` / ``wpe`` (token and learned position embeddings),
 ``transformer.h.{i}.ln_1`` / ``ln_2`` (LayerNorm, pre-norm), ``attn.c_attn`` (Q, K, V
 packed in one ``Conv1D``), ``attn.c_proj``, ``mlp.c_fc`` / ``mlp.c_proj``,
-``transformer.ln_f``; the LM head is tied to ``wte``. ``Conv1D`` stores its weight as
-``[in, out]``, the transpose of ``nn.Linear``'s.
+``transformer.ln_f``; the LM head is tied to ``wte`` unless ``tie_word_embeddings`` is
+false. ``Conv1D`` stores its weight as ``[in, out]``, the transpose of ``nn.Linear``'s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,32 @@ from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
 from .._bert_layout import UnsupportedCheckpointError
-from ._llama_layout import first_id, hf_activation
+from ._llama_layout import first_id, hf_activation, hf_activation_name
 
-__all__ = ["decoder_config_from_gpt2", "gpt2_state_to_decoder"]
+__all__ = ["decoder_config_from_gpt2", "decoder_state_to_gpt2", "gpt2_config_from_decoder",
+           "gpt2_state_to_decoder", "gpt2_tensor_names"]
+
+_PREFIX = "transformer."
+# HF name (without "transformer.") -> attnlab name, outside the layers
+_TOP = {"wte.weight": "embed_tokens.weight", "wpe.weight": "embed_positions.weight",
+        "ln_f.weight": "norm.weight", "ln_f.bias": "norm.bias"}
+# HF module -> attnlab module, inside layer i ("h.{i}." -> "layers.{i}.")
+_LAYER = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "self_attn.qkv_proj",
+          "attn.c_proj": "self_attn.o_proj", "mlp.c_fc": "feed_forward.linear1",
+          "mlp.c_proj": "feed_forward.linear2"}
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def gpt2_tensor_names(config: DecoderConfig) -> list[tuple[str, str, bool]]:
+    """``(HF name without "transformer.", attnlab name, stored transposed)`` for every
+    tensor but the LM head: the one table both directions read."""
+    names = [(hf, ours, False) for hf, ours in _TOP.items()]
+    for i in range(config.num_layers):
+        for hf, ours in _LAYER.items():
+            for leaf in ("weight", "bias"):
+                transposed = hf in _CONV1D and leaf == "weight"
+                names.append((f"h.{i}.{hf}.{leaf}", f"layers.{i}.{ours}.{leaf}", transposed))
+    return names
 
 
 def decoder_config_from_gpt2(raw: dict[str, Any], source: str = "config.json") -> DecoderConfig:
@@ -50,6 +73,40 @@ def decoder_config_from_gpt2(raw: dict[str, Any], source: str = "config.json") -
     )
 
 
+def gpt2_config_from_decoder(config: DecoderConfig) -> dict[str, Any]:
+    """A GPT-2 ``config.json`` that :func:`decoder_config_from_gpt2` reads back as ``config``.
+
+    Raises:
+        UnsupportedCheckpointError: a setting GPT-2 cannot express (all named, one line).
+    """
+    problems = [f"{name}={getattr(config, name)!r} (GPT-2: {want!r})" for name, want in (
+        ("norm", "layer"), ("feed_forward", "plain"), ("position", "learned"), ("qkv_bias", True),
+        ("out_bias", True), ("ffn_bias", True), ("sliding_window", None)) if getattr(config, name) != want]
+    if config.kv_heads != config.num_heads:
+        problems.append(f"num_kv_heads={config.num_kv_heads} (GPT-2 has one key and value per head)")
+    if config.attention_head_dim * config.num_heads != config.d_model:
+        problems.append(f"head_dim={config.head_dim} (GPT-2: d_model / num_heads)")
+    if problems:
+        raise UnsupportedCheckpointError(f"this decoder cannot be written as GPT-2: {'; '.join(problems)}")
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_embd": config.d_model,
+        "n_layer": config.num_layers,
+        "n_head": config.num_heads,
+        "n_inner": config.d_ff,
+        "n_positions": config.max_len,
+        "layer_norm_epsilon": config.norm_eps,
+        "activation_function": hf_activation_name(config.activation),
+        "scale_attn_by_inverse_layer_idx": config.scale_by_layer,
+        "tie_word_embeddings": config.tie_embeddings,
+        "pad_token_id": config.pad_id,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+    }
+
+
 def gpt2_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
                           source: str = "model.safetensors") -> dict[str, Tensor]:
     """attnlab's state dict from GPT-2 tensors (``transformer.`` prefix optional).
@@ -57,28 +114,16 @@ def gpt2_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
-    prefix = "transformer." if any(name.startswith("transformer.") for name in tensors) else ""
+    prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
     remaining = dict(tensors)
     missing: list[str] = []
-
-    def take(name: str, conv1d: bool = False) -> Tensor:
-        tensor = remaining.pop(prefix + name, None)
+    state: dict[str, Tensor] = {}
+    for hf, ours, conv1d in gpt2_tensor_names(config):
+        tensor = remaining.pop(prefix + hf, None)
         if tensor is None:
-            missing.append(prefix + name)
-            return tensor
-        return tensor.t().contiguous() if conv1d else tensor  # Conv1D [in, out] -> Linear [out, in]
-
-    state = {"embed_tokens.weight": take("wte.weight"), "embed_positions.weight": take("wpe.weight"),
-             "norm.weight": take("ln_f.weight"), "norm.bias": take("ln_f.bias")}
-    for i in range(config.num_layers):
-        hf, ours = f"h.{i}.", f"layers.{i}."
-        for name, ours_name in (("ln_1", "attn_norm"), ("ln_2", "ffn_norm")):
-            state[ours + f"{ours_name}.weight"] = take(hf + f"{name}.weight")
-            state[ours + f"{ours_name}.bias"] = take(hf + f"{name}.bias")
-        for hf_name, ours_name in (("attn.c_attn", "self_attn.qkv_proj"), ("attn.c_proj", "self_attn.o_proj"),
-                                   ("mlp.c_fc", "feed_forward.linear1"), ("mlp.c_proj", "feed_forward.linear2")):
-            state[ours + f"{ours_name}.weight"] = take(hf + f"{hf_name}.weight", conv1d=True)
-            state[ours + f"{ours_name}.bias"] = take(hf + f"{hf_name}.bias")
+            missing.append(prefix + hf)
+            continue
+        state[ours] = tensor.t().contiguous() if conv1d else tensor  # Conv1D [in, out] -> Linear [out, in]
     head = remaining.pop("lm_head.weight", None)
     if not config.tie_embeddings:
         if head is None:
@@ -89,3 +134,14 @@ def gpt2_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
     if missing or unexpected:
         raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
     return state
+
+
+def decoder_state_to_gpt2(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
+    """GPT-2 tensors (``GPT2LMHeadModel``'s names) from attnlab's state dict: the inverse
+    of :func:`gpt2_state_to_decoder`; ``lm_head.weight`` only when the head is not tied."""
+    # Linear [out, in] -> Conv1D [in, out]
+    tensors = {_PREFIX + hf: state[ours].t() if conv1d else state[ours]
+               for hf, ours, conv1d in gpt2_tensor_names(config)}
+    if not config.tie_embeddings:
+        tensors["lm_head.weight"] = state["lm_head.weight"]
+    return tensors

@@ -1,9 +1,10 @@
-"""HuggingFace Llama-family checkpoints (Llama, Mistral, Qwen2, SmolLM): config and tensor names.
+"""HuggingFace Llama-family checkpoints (Llama, Mistral, Qwen2, SmolLM): config and tensor names,
+both ways.
 
 ``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``,
 ``input_layernorm`` / ``post_attention_layernorm`` (RMSNorm), ``model.norm``, ``lm_head``
 (absent when tied to ``model.embed_tokens``). Queries, keys and values are packed into
-attnlab's one ``qkv_proj`` in that order.
+attnlab's one ``qkv_proj`` in that order, and split back when written.
 """
 
 from __future__ import annotations
@@ -16,13 +17,19 @@ from torch import Tensor
 from ...layers.decoder_config import DecoderConfig
 from .._bert_layout import UnsupportedCheckpointError
 
-__all__ = ["LLAMA_MODEL_TYPES", "decoder_config_from_llama", "llama_state_to_decoder", "hf_activation",
-           "first_id"]
+__all__ = ["LLAMA_MODEL_TYPES", "decoder_config_from_llama", "decoder_state_to_llama", "first_id",
+           "hf_activation", "hf_activation_name", "llama_config_from_decoder", "llama_state_to_decoder",
+           "llama_tensor_names"]
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
                 "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+_PREFIX = "model."
+# HF module -> attnlab module, inside layer i ("layers.{i}." both sides); q, k, v are packed apart
+_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.o_proj": "self_attn.o_proj", "mlp.gate_proj": "feed_forward.gate_proj",
+          "mlp.up_proj": "feed_forward.up_proj", "mlp.down_proj": "feed_forward.down_proj"}
 
 
 def hf_activation(name: str, source: str) -> str:
@@ -30,6 +37,11 @@ def hf_activation(name: str, source: str) -> str:
     if name not in _ACTIVATIONS:
         raise UnsupportedCheckpointError(f"{source}: activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
     return _ACTIVATIONS[name]
+
+
+def hf_activation_name(name: str) -> str:
+    """HuggingFace's name for attnlab's activation ``name`` (the first of its names above)."""
+    return next(hf for hf, ours in _ACTIVATIONS.items() if ours == name)
 
 
 def first_id(value: Any) -> Optional[int]:
@@ -94,6 +106,90 @@ def decoder_config_from_llama(raw: dict[str, Any], source: str = "config.json") 
     )
 
 
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def llama_config_from_decoder(config: DecoderConfig, model_type: Optional[str] = None) -> dict[str, Any]:
+    """A Llama, Mistral or Qwen2 ``config.json`` that :func:`decoder_config_from_llama` reads
+    back as ``config``.
+
+    Args:
+        config: the decoder's configuration.
+        model_type: the family to write; by default the one the config calls for (``"mistral"``
+            with a sliding window, ``"qwen2"`` with biases on q, k, v only, else ``"llama"``).
+
+    Raises:
+        UnsupportedCheckpointError: a setting the family cannot express (all named, one line).
+    """
+    if model_type is None:
+        model_type = ("mistral" if config.sliding_window is not None
+                      else "qwen2" if config.qkv_bias and not config.out_bias else "llama")
+    if model_type not in LLAMA_MODEL_TYPES:
+        raise UnsupportedCheckpointError(f"model_type {model_type!r} is not one of {LLAMA_MODEL_TYPES}")
+    wanted: dict[str, Any] = {"norm": "rms", "feed_forward": "gated", "position": "rotary",
+                              "scale_by_layer": False}
+    if model_type == "llama":
+        wanted.update(sliding_window=None, out_bias=config.qkv_bias)  # attention_bias covers q, k, v and o
+    elif model_type == "mistral":
+        wanted.update(qkv_bias=False, out_bias=False, ffn_bias=False)
+    else:
+        wanted.update(qkv_bias=True, out_bias=False, ffn_bias=False, sliding_window=None)
+    problems = [f"{name}={getattr(config, name)!r} ({model_type}: {value!r})"
+                for name, value in wanted.items() if getattr(config, name) != value]
+    if problems:
+        raise UnsupportedCheckpointError(
+            f"this decoder cannot be written as {model_type}: {'; '.join(problems)}")
+    rope = {"rope_type": "default"} if config.rope_scaling is None else dict(config.rope_scaling)
+    values: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.kv_heads,
+        "max_position_embeddings": config.max_len,
+        "rms_norm_eps": config.norm_eps,
+        "hidden_act": hf_activation_name(config.activation),
+        # both forms: transformers v4 reads rope_theta + rope_scaling, v5 rope_parameters
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
+        "rope_parameters": {**rope, "rope_theta": config.rope_theta},
+        "tie_word_embeddings": config.tie_embeddings,
+        "pad_token_id": config.pad_id,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+    }
+    if config.head_dim is not None:
+        values["head_dim"] = config.head_dim
+    if model_type == "llama":
+        values.update(attention_bias=config.qkv_bias, mlp_bias=config.ffn_bias)
+    elif model_type == "mistral":
+        values["sliding_window"] = config.sliding_window
+    else:
+        values.update(use_sliding_window=False, sliding_window=None)
+    return values
+
+
+def llama_tensor_names(config: DecoderConfig) -> list[tuple[tuple[str, ...], str]]:
+    """``(HF names without "model.", attnlab name)`` for every tensor but the LM head: the
+    one table both directions read. Three HF names (q, k, v) are one attnlab tensor,
+    concatenated in that order."""
+    names = [(("embed_tokens.weight",), "embed_tokens.weight"), (("norm.weight",), "norm.weight")]
+    for i in range(config.num_layers):
+        layer = f"layers.{i}."
+        for hf, ours in _LAYER.items():
+            biased = (config.out_bias if hf == "self_attn.o_proj"
+                      else config.ffn_bias if hf.startswith("mlp.") else False)
+            for leaf in ("weight", "bias") if biased else ("weight",):
+                names.append(((f"{layer}{hf}.{leaf}",), f"{layer}{ours}.{leaf}"))
+        for leaf in ("weight", "bias") if config.qkv_bias else ("weight",):
+            names.append((tuple(f"{layer}self_attn.{part}_proj.{leaf}" for part in "qkv"),
+                          f"{layer}self_attn.qkv_proj.{leaf}"))
+    return names
+
+
 def llama_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
                            source: str = "model.safetensors") -> dict[str, Tensor]:
     """attnlab's state dict from HuggingFace Llama-family tensors (``model.`` prefix optional).
@@ -101,40 +197,36 @@ def llama_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
-    prefix = "model." if any(name.startswith("model.") for name in tensors) else ""
+    prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
     remaining = dict(tensors)
     missing: list[str] = []
-
-    def take(name: str, required: bool = True) -> Optional[Tensor]:
-        tensor = remaining.pop(name, None)
-        if tensor is None and required:
-            missing.append(name)
-        return tensor
-
-    state: dict[str, Tensor] = {"embed_tokens.weight": take(f"{prefix}embed_tokens.weight"),
-                                "norm.weight": take(f"{prefix}norm.weight")}
-    for i in range(config.num_layers):
-        hf, ours = f"{prefix}layers.{i}.", f"layers.{i}."
-        state[ours + "attn_norm.weight"] = take(hf + "input_layernorm.weight")
-        state[ours + "ffn_norm.weight"] = take(hf + "post_attention_layernorm.weight")
-        q, k, v = (take(hf + f"self_attn.{name}_proj.weight") for name in "qkv")
-        if q is not None and k is not None and v is not None:
-            state[ours + "self_attn.qkv_proj.weight"] = torch.cat((q, k, v))  # [(H + 2K) * D, E]
-        if config.qkv_bias:
-            biases = [take(hf + f"self_attn.{name}_proj.bias") for name in "qkv"]
-            if all(b is not None for b in biases):
-                state[ours + "self_attn.qkv_proj.bias"] = torch.cat(biases)  # [(H + 2K) * D]
-        state[ours + "self_attn.o_proj.weight"] = take(hf + "self_attn.o_proj.weight")
-        if config.out_bias:
-            state[ours + "self_attn.o_proj.bias"] = take(hf + "self_attn.o_proj.bias")
-        for name in ("gate", "up", "down"):
-            state[ours + f"feed_forward.{name}_proj.weight"] = take(hf + f"mlp.{name}_proj.weight")
-            if config.ffn_bias:
-                state[ours + f"feed_forward.{name}_proj.bias"] = take(hf + f"mlp.{name}_proj.bias")
-    head = take("lm_head.weight", required=not config.tie_embeddings)
-    if head is not None and not config.tie_embeddings:
-        state["lm_head.weight"] = head
+    state: dict[str, Tensor] = {}
+    for hf_names, ours in llama_tensor_names(config):
+        parts = [remaining.pop(prefix + name, None) for name in hf_names]
+        missing += [prefix + name for name, part in zip(hf_names, parts) if part is None]
+        if all(part is not None for part in parts):
+            state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # q, k, v: [(H + 2K) * D, ...]
+    head = remaining.pop("lm_head.weight", None)  # a tied checkpoint may still hold a copy
+    if not config.tie_embeddings:
+        if head is None:
+            missing.append("lm_head.weight")
+        else:
+            state["lm_head.weight"] = head
     unexpected = sorted(name for name in remaining if not name.endswith("rotary_emb.inv_freq"))
     if missing or unexpected:
         raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
-    return {name: tensor for name, tensor in state.items() if tensor is not None}
+    return state
+
+
+def decoder_state_to_llama(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
+    """Llama-family tensors (``*ForCausalLM``'s names) from attnlab's state dict: the inverse
+    of :func:`llama_state_to_decoder`, ``qkv_proj`` split into q, k and v; ``lm_head.weight``
+    only when the head is not tied."""
+    H, K, D = config.num_heads, config.kv_heads, config.attention_head_dim
+    tensors: dict[str, Tensor] = {}
+    for hf_names, ours in llama_tensor_names(config):
+        parts = state[ours].split((H * D, K * D, K * D)) if len(hf_names) == 3 else (state[ours],)
+        tensors.update({_PREFIX + name: part for name, part in zip(hf_names, parts)})
+    if not config.tie_embeddings:
+        tensors["lm_head.weight"] = state["lm_head.weight"]
+    return tensors

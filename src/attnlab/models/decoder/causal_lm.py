@@ -38,7 +38,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
     """Token embedding, pre-norm decoder layers, a final norm and an LM head.
 
     ``from_pretrained(dir)`` / ``attnlab.load(dir)`` open HuggingFace GPT-2, Llama,
-    Mistral and Qwen2 directories and the packaged ``"smollm2"``.
+    Mistral and Qwen2 directories and the packaged ``"smollm2"``; ``save_pretrained(dir)``
+    writes attnlab's layout, ``save_pretrained(dir, layout="huggingface")`` the family's.
 
     Args:
         config: a :class:`~attnlab.layers.decoder_config.DecoderConfig`.
@@ -76,6 +77,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, **factory)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # the HuggingFace config.json it was opened from, kept for save_pretrained(layout="huggingface")
+        self.checkpoint_config: Optional[dict[str, Any]] = None
 
     def new_cache(self, capacity: Optional[int] = None) -> KVCache:
         """An empty :class:`KVCache` for this model (room for ``capacity`` positions)."""

@@ -130,6 +130,7 @@ def load_decoder(
     if model.rotary is not None:  # buffers are not in the state dict: rebuild them off the meta device
         model.rotary = type(model.rotary)(config.attention_head_dim, config.rope_theta, config.rope_scaling,
                                           max_len=config.max_len, device=device)
+    model.checkpoint_config = None if gguf_path is not None else raw
     return model.eval()
 
 

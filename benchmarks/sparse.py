@@ -109,8 +109,9 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
-    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-    grad_out = torch.randn(B, H, T, D)
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(B, H, T, D, dtype=dtype) for _ in range(3))
+    grad_out = torch.randn(B, H, T, D, dtype=dtype)
     once = method.startswith("dense") and T >= 16384
     repeats, warm_up = (1, False) if once else (args.repeats, True)
     result: dict = {"method": method, "T": T}
@@ -171,6 +172,121 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
     return result
 
 
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2}[dtype]
+
+
+def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
+    """Every kernel timed in turn in one process, so that all see the same load.
+
+    Also measures the GEMM ceiling (a square matmul) and times the sparse kernel with
+    key padding and global tokens against the unmasked call.
+    """
+    sys.path.insert(0, str(SOURCE))
+    import torch
+    import torch.nn.functional as F
+
+    from attnlab.attention.block_sparse import block_sparse_attention
+
+    torch.manual_seed(0)
+    B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(B, H, T, D, dtype=dtype) for _ in range(3))
+    grad_out = torch.randn(B, H, T, D, dtype=dtype)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    valid = torch.arange(T)[None] < T - T // 10  # the last tenth is padding
+    global_positions = (0, T // 2)
+
+    def sparse(q, k, v, masked=False):
+        if masked:
+            return block_sparse_attention(q, k, v, valid, block_size=L, window=w,
+                                          global_positions=global_positions).output
+        return block_sparse_attention(q, k, v, block_size=L, window=w).output
+
+    kernels = {"sparse": sparse, "sparse masked": lambda q, k, v: sparse(q, k, v, masked=True)}
+    if "dense" in args.methods and T <= args.dense_max_len:
+        kernels["dense"] = F.scaled_dot_product_attention
+    result: dict = {"T": T}
+    if "flex" in args.methods and not args.no_flex and T % L == 0:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            block_mask = _block_mask_for_flex(T, L, w)
+            compiled = torch.compile(flex_attention, dynamic=False)
+            with torch.no_grad():
+                compiled(q, k, v, block_mask=block_mask)
+            kernels["flex"] = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+        except Exception as error:  # no compiler, or no CPU backend for this dtype
+            result["flex_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:100]}"
+
+    def forward(kernel):
+        def call():
+            with torch.no_grad():
+                kernel(q, k, v)
+        return call
+
+    def forward_backward(kernel):
+        def call():
+            kernel(*leaves).backward(grad_out)
+            for leaf in leaves:
+                leaf.grad = None
+        return call
+
+    size = 4096
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    calls = {"gemm": lambda: torch.mm(a, b)}
+    for name, kernel in kernels.items():
+        calls[f"{name} fwd"] = forward(kernel)
+        if name != "flex":  # flex has no CPU backward
+            calls[f"{name} fwd+bwd"] = forward_backward(kernel)
+    for name, call in calls.items():
+        if not name.startswith("dense"):  # dense takes seconds; its first call is no warm-up
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    result["ms"] = {name: 1000 * statistics.median(values) for name, values in times.items()}
+    result["gemm_gflops"] = 2 * size**3 / (result["ms"]["gemm"] / 1000) / 1e9
+    W = (2 * w + 1) * L
+    result["sparse_fwd_gflop"] = 4 * B * H * T * W * D / 1e9  # Q K^T and P V over the windows
+    result["dense_fwd_gflop"] = 4 * B * H * T * T * D / 1e9
+    result["threads"] = torch.get_num_threads()
+    return result
+
+
+def _print_side_by_side(result: dict, args: argparse.Namespace) -> None:
+    ms, T = result["ms"], result["T"]
+    print(f"T={T}, side by side in one process ({args.dtype}, {result['threads']} threads, "
+          f"each call in turn, median of {args.repeats}):")
+    for mode in ("fwd", "fwd+bwd"):
+        mine = ms.get(f"sparse {mode}")
+        parts = [f"sparse {mine:.1f} ms"]
+        if f"dense {mode}" in ms:
+            dense = ms[f"dense {mode}"]
+            parts.append(f"dense (no mask) {dense:.0f} ms -> sparse is {dense / mine:.1f}x faster")
+        if f"flex {mode}" in ms:
+            parts.append(f"flex {ms[f'flex {mode}']:.1f} ms -> flex/sparse {ms[f'flex {mode}'] / mine:.2f}x")
+        masked = ms.get(f"sparse masked {mode}")
+        parts.append(f"with key padding + 2 global tokens {masked:.1f} ms ({masked / mine:.2f}x unmasked)")
+        print(f"  {mode:8s} " + "; ".join(parts))
+    if "flex_error" in result:
+        print(f"  flex: not run ({result['flex_error']})")
+    ceiling = result["gemm_gflops"]
+    fwd = result["sparse_fwd_gflop"] / (ms["sparse fwd"] / 1000)
+    both = 3.5 * result["sparse_fwd_gflop"] / (ms["sparse fwd+bwd"] / 1000)
+    line = (f"  GEMM ceiling {ceiling:.0f} GFLOP/s (4096^2 {args.dtype} matmul, same process); "
+            f"sparse reaches {fwd:.0f} GFLOP/s = {100 * fwd / ceiling:.0f} % of it forward, "
+            f"{100 * both / ceiling:.0f} % "
+            f"fwd+bwd (counted as 3.5x the forward's GEMM work)")
+    if "dense fwd" in ms:
+        dense = result["dense_fwd_gflop"] / (ms["dense fwd"] / 1000)
+        line += f"; dense flash forward {100 * dense / ceiling:.0f} %"
+    print(line)
+
+
 def run_train_child(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(SOURCE))
     import torch
@@ -208,6 +324,8 @@ def _spawn(child_args: list[str], args: argparse.Namespace) -> dict:
         try:
             if child_args[0] == "--train-child":
                 return run_train_child(args)
+            if child_args[0] == "--side-by-side-child":
+                return run_side_by_side_child(int(child_args[1]), args)
             return run_child(child_args[1], int(child_args[2]), args)
         except Exception as error:
             return {"error": f"{type(error).__name__}: {error}"[:120]}
@@ -224,6 +342,8 @@ def _shared_flags(args: argparse.Namespace) -> list[str]:
         "--window", str(args.window), "--repeats", str(args.repeats), "--methods", *args.methods,
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
         "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
+        "--dtype", args.dtype, "--threads", str(args.threads), *(["--no-flex"] if args.no_flex else []),
+        "--dense-max-len", str(args.dense_max_len),
     ]
 
 
@@ -262,7 +382,8 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 
 
 def run_parent(args: argparse.Namespace) -> int:
-    print(f"B=1 H={args.heads} D={args.head_dim} block={args.block} window=±{args.window} blocks, fp32, "
+    print(f"B=1 H={args.heads} D={args.head_dim} block={args.block} window=±{args.window} blocks, "
+          f"{args.dtype}, "
           f"{args.repeats} timed runs (median); memory = extra RSS high-water over the inputs")
     header = f"{'T':>6} {'method':<11} {'fwd ms':>9} {'fwd MiB':>8} {'fwd+bwd ms':>11} {'f+b MiB':>8}  note"
     print(header)
@@ -291,6 +412,15 @@ def run_parent(args: argparse.Namespace) -> int:
 
     print()
     _summarise(results, args)
+    if "sparse" in args.methods and not args.no_side_by_side:
+        for T in args.lengths:
+            if T > args.side_by_side_max_len:
+                continue
+            side = _spawn(["--side-by-side-child", str(T)], args)
+            if "error" in side:
+                print(f"T={T}, side by side: failed: {side['error']}")
+            else:
+                _print_side_by_side(side, args)
     if args.train_length:
         train = _spawn(["--train-child"], args)
         if "error" in train:
@@ -327,8 +457,15 @@ def _summarise(results: dict, args: argparse.Namespace) -> None:
         print(f"sparse fwd+bwd peak memory ~ {intercept:.1f} MiB + {slope * 1024:.2f} MiB per 1k tokens "
               f"({slope * 1024:.0f} KiB/token), R^2 = {r2:.4f} over T = {[T for T, _ in points]}")
         T, mib = points[-1]
-        tensor_mib = 4 * args.heads * args.head_dim * T / 2**20  # one [T, H, D] fp32 tensor
-        print(f"  at T={T}: {mib / 1024:.2f} GiB = {mib / tensor_mib:.1f}x one [T, H, D] fp32 tensor")
+        tensor_mib = _itemsize(args.dtype) * args.heads * args.head_dim * T / 2**20  # one [T, H, D] tensor
+        print(f"  at T={T}: {mib / 1024:.2f} GiB = {mib / tensor_mib:.1f}x one [T, H, D] {args.dtype} tensor")
+    points = [(T, value("sparse", T, "fwd+bwd")) for T in args.lengths if T >= 4096]
+    points = [(T, ms) for T, ms in points if ms is not None]
+    if len(points) >= 2:
+        slope, intercept, r2 = _fit_line([T for T, _ in points], [ms for _, ms in points])
+        print(f"sparse fwd+bwd time ~ {intercept:.1f} ms + {slope * 1024:.2f} ms per 1k tokens, "
+              f"R^2 = {r2:.4f} "
+              f"over T = {[T for T, _ in points]} (separate processes, one after another)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--window", type=int, default=1, help="neighbour blocks on each side")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--no-side-by-side", action="store_true", help="skip the one-process timing")
+    parser.add_argument("--side-by-side-max-len", type=int, default=16384, help="longest side-by-side T")
     parser.add_argument("--dense-max-len", type=int, default=16384, help="longest T for dense attention")
     parser.add_argument("--memory-budget-gib", type=float, default=12.0, help="skip dense masks above this")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (compiling takes a while)")
@@ -353,13 +494,21 @@ def main(argv: list[str] | None = None) -> int:
         help="quick check: run every case in this process (memory figures are then not comparable)",
     )
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--side-by-side-child", type=int, metavar="T", help=argparse.SUPPRESS)
     parser.add_argument("--train-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(run_child(args.child[0], int(args.child[1]), args)))
         return 0
     if args.train_child:
         print(json.dumps(run_train_child(args)))
+        return 0
+    if args.side_by_side_child:
+        print(json.dumps(run_side_by_side_child(args.side_by_side_child, args)))
         return 0
     return run_parent(args)
 

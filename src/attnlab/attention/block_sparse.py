@@ -12,16 +12,20 @@ query ``i`` may attend key ``j`` when ``key_mask[b, j]`` allows it and
 * ``i`` is a global token (it attends every key), or
 * ``j`` is a global token (every query attends it).
 
-How it is computed, in ``O(T * K)`` time and memory, forward and backward:
-queries are cut into blocks of ``L`` (the sequence is padded to ``N * L``); keys and
-values of the whole batch are laid end to end, padded by ``window`` blocks on each
-side, and ``unfold`` gives every query block a *view* of its ``W`` window keys; one
-call of ``F.scaled_dot_product_attention`` then attends every block at once, with a
-``[B * N, 1, 1, K]`` additive mask that removes padding, keys of the neighbouring
-sequence in the batch, and duplicates of global keys already in the window. Global
-tokens' own rows are recomputed densely (``G`` rows over all ``T`` keys) and written
-over their block rows. Nothing of size ``T x T`` is ever built. Without autograd, long
-runs of blocks that have nothing to mask are attended in calls without a mask.
+How it is computed, in ``O(T * K)`` time and memory, forward and backward: queries
+are cut into blocks of ``L`` (the sequence is padded to ``N * L``) and every block
+attends the ``W`` keys of its window, read as a strided *view* of the keys (nothing of
+size ``T x T`` is built, and keys are not copied ``2 * window + 1`` times). A
+``[B * N, K]`` additive bias removes padding, keys of the neighbouring sequence in the
+batch, and duplicates of global keys already in the window; global tokens' own rows are
+recomputed densely (``G`` rows over all ``T`` keys) and written over their block rows.
+
+Two paths compute the blocks. The default one (:mod:`._block_window_kernel`) runs batched
+GEMMs over chunks of blocks with its own backward, and pays for the bias only in the
+blocks that have one. With ``need_weights`` or ``dropout_p > 0`` every block goes through
+one :func:`~attnlab.attention.functional.attention` call instead, which returns the
+probabilities and applies dropout; the tests hold each path to the other and to a dense
+float64 reference.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._block_window_kernel import block_window_attention
 from .functional import attention
 
 __all__ = ["BlockSparseResult", "BlockSparseWeights", "block_sparse_attention", "block_sparse_mask"]
@@ -206,48 +211,50 @@ def _block_bias(
     return bias, positions
 
 
-def _attend_blocks_without_autograd(
-    query_blocks: Tensor, key_blocks: Tensor, value_blocks: Tensor, bias: Tensor, *, dropout_p: float, scale: float
-) -> Tensor:
-    """Attention of every block, the unmasked ones through the kernel without a mask.
+def _attend_block_windows(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    bias: Tensor,
+    blocks: int,
+    block_size: int,
+    window: int,
+    global_index: Tensor,
+    dropout_p: float,
+    scale: float,
+    need_weights: bool,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Every block's attention in one :func:`attention` call (probabilities, dropout).
 
-    Usually only the blocks at the sequence ends (and near padding) have a key to
-    remove; runs of the others skip the mask, which the CPU kernel otherwise reads per
-    score tile. Used without autograd only: the slices would cost the backward a
-    full-size gradient buffer per slice.
+    Returns the output ``[B, H, T, Dv]`` and, with ``need_weights``, the probabilities
+    ``[B * N, H, L, K]``.
     """
-    count, H, L, _ = query_blocks.shape
-    Dv = value_blocks.shape[-1]
-    plain = (bias == 0).all(dim=1).tolist()  # [B * N] bools: no key to remove
-    runs, start = [], None
-    for index, is_plain in enumerate(plain + [False]):
-        if is_plain and start is None:
-            start = index
-        elif not is_plain and start is not None:
-            if index - start >= 4:  # short runs are cheaper inside the masked call
-                runs.append((start, index))
-            start = None
-    if not runs:
-        return attention(
-            query_blocks, key_blocks, value_blocks, attn_bias=bias[:, None, None, :], dropout_p=dropout_p,
-            scale=scale,
-        ).output
-    output = query_blocks.new_empty(count, L, H, Dv).transpose(1, 2)  # [B * N, H, L, Dv]
-    rest = torch.ones(count, dtype=torch.bool)
-    for start, stop in runs:
-        output[start:stop] = F.scaled_dot_product_attention(
-            query_blocks[start:stop], key_blocks[start:stop], value_blocks[start:stop],
-            dropout_p=dropout_p, scale=scale,
-        )
-        rest[start:stop] = False
-    if bool(rest.any()):
-        index = rest.nonzero().squeeze(1).to(query_blocks.device)
-        output[index] = attention(
-            query_blocks[index], key_blocks[index], value_blocks[index],
-            attn_bias=bias[index][:, None, None, :],
-            dropout_p=dropout_p, scale=scale,
-        ).output
-    return output
+    B, H, T, D = query.shape
+    N, L = blocks, block_size
+    query_blocks = query.transpose(1, 2)  # [B, T, H, D]
+    if N * L != T:
+        query_blocks = F.pad(query_blocks, (0, 0, 0, 0, 0, N * L - T))  # [B, N * L, H, D]
+    query_blocks = query_blocks.reshape(B * N, L, H, D).transpose(1, 2)  # [B * N, H, L, D]
+    key_blocks = _BlockWindows.apply(key, N, L, window)  # [B * N, H, W, D]
+    value_blocks = _BlockWindows.apply(value, N, L, window)  # [B * N, H, W, Dv]
+    if global_index.numel():
+        G = global_index.numel()
+        global_keys = key[:, :, global_index].unsqueeze(1).expand(B, N, H, G, D)  # [B, N, H, G, D]
+        global_values = value[:, :, global_index].unsqueeze(1).expand(B, N, H, G, value.shape[-1])
+        key_blocks = torch.cat((key_blocks, global_keys.reshape(B * N, H, G, D)), dim=2)  # [B*N, H, K, D]
+        value_blocks = torch.cat((value_blocks, global_values.reshape(B * N, H, G, -1)), dim=2)
+    block_out, block_weights = attention(
+        query_blocks,
+        key_blocks,
+        value_blocks,
+        attn_bias=bias[:, None, None, :],  # [B * N, 1, 1, K]
+        dropout_p=dropout_p,
+        scale=scale,
+        need_weights=need_weights,
+    )  # [B * N, H, L, Dv], [B * N, H, L, K] | None
+    Dv = value.shape[-1]
+    output = block_out.transpose(1, 2).reshape(B, N * L, H, Dv)[:, :T].transpose(1, 2)  # [B, H, T, Dv]
+    return output, block_weights
 
 
 def block_sparse_attention(
@@ -305,39 +312,18 @@ def block_sparse_attention(
     bias, key_positions = _block_bias(key_bias, N, L, window, global_index)  # [B * N, K], [N, K]
     key_positions = key_positions.masked_fill(key_positions >= T, -1)
 
-    query_blocks = query.transpose(1, 2)  # [B, T, H, D]
-    if N * L != T:
-        query_blocks = F.pad(query_blocks, (0, 0, 0, 0, 0, N * L - T))  # [B, N * L, H, D]
-    query_blocks = query_blocks.reshape(B * N, L, H, D).transpose(1, 2)  # [B * N, H, L, D]
-    key_blocks = _BlockWindows.apply(key, N, L, window)  # [B * N, H, W, D]
-    value_blocks = _BlockWindows.apply(value, N, L, window)  # [B * N, H, W, Dv]
-    if global_index.numel():
-        G = global_index.numel()
-        global_keys = key[:, :, global_index].unsqueeze(1).expand(B, N, H, G, D)  # [B, N, H, G, D]
-        global_values = value[:, :, global_index].unsqueeze(1).expand(B, N, H, G, value.shape[-1])
-        key_blocks = torch.cat((key_blocks, global_keys.reshape(B * N, H, G, D)), dim=2)  # [B*N, H, K, D]
-        value_blocks = torch.cat((value_blocks, global_values.reshape(B * N, H, G, -1)), dim=2)
-
-    # Without padding, key mask, neighbours or global tokens every block sees all its keys.
-    needs_mask = key_mask is not None or N * L != T or window > 0 or global_index.numel() > 0
-    tracks_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if needs_mask and not need_weights and not tracks_grad:
-        block_out = _attend_blocks_without_autograd(
-            query_blocks, key_blocks, value_blocks, bias, dropout_p=dropout_p, scale=scale
-        )
-        block_weights = None
+    if need_weights or dropout_p > 0:
+        # The reference path: it returns the probabilities and applies dropout to them.
+        output, block_weights = _attend_block_windows(
+            query, key, value, bias, N, L, window, global_index, dropout_p, scale, need_weights
+        )  # [B, H, T, Dv], [B * N, H, L, K] | None
     else:
-        block_out, block_weights = attention(
-            query_blocks,
-            key_blocks,
-            value_blocks,
-            attn_bias=bias[:, None, None, :] if needs_mask else None,  # [B * N, 1, 1, K]
-            dropout_p=dropout_p,
-            scale=scale,
-            need_weights=need_weights,
-        )  # [B * N, H, L, Dv], [B * N, H, L, K] | None
-    Dv = value.shape[-1]
-    output = block_out.transpose(1, 2).reshape(B, N * L, H, Dv)[:, :T].transpose(1, 2)  # [B, H, T, Dv]
+        W = (2 * window + 1) * L
+        output = block_window_attention(
+            query, key, value, bias[:, :W], bias[:, W:], global_index,
+            block_size=L, window=window, scale=scale,
+        )  # [B, H, T, Dv]
+        block_weights = None
     row_has_key = (bias > _NEG_INF).any(dim=1)  # [B * N]
     row_has_key = row_has_key.view(B, N, 1).expand(B, N, L).reshape(B, N * L)[:, :T]  # [B, T]
 

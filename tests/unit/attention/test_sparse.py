@@ -443,16 +443,37 @@ def test_runs_on_cuda_and_matches_cpu() -> None:
     torch.testing.assert_close(out_gpu.cpu(), out_cpu, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("batch, length, window, globals_, padded", [(1, 300, 1, (), False), (3, 250, 2, (7,), True)])
-def test_inference_path_matches_the_autograd_path(batch, length, window, globals_, padded) -> None:
-    # Without autograd, long runs of unmasked blocks skip the mask; results must not change.
+@pytest.mark.parametrize(
+    "batch, length, block, window, globals_, padded, contiguous",
+    [
+        (1, 320, 8, 1, (), False, True),  # windows read in place; the edge blocks gathered
+        (3, 256, 8, 2, (7,), True, True),
+        (2, 300, 8, 1, (), True, False),  # not whole blocks: padded copies
+        (2, 64, 16, 3, (0, 40), False, False),  # windows wider than the sequence
+    ],
+)
+def test_fast_kernel_matches_the_reference_path(
+    monkeypatch, batch, length, block, window, globals_, padded, contiguous
+) -> None:
+    # The GEMM kernel (chunked, with views of contiguous inputs) against the one-call
+    # reference path that need_weights takes, outputs and gradients.
+    import attnlab.attention._block_window_kernel as kernel
+
+    monkeypatch.setattr(kernel, "_CHUNK_ELEMENTS", 5 * block * (2 * window + 1) * block)  # several chunks
     torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, 2, length, 8) for _ in range(3))
+    q, k, v = (torch.randn(batch, 2, length, 8, dtype=torch.float64) for _ in range(3))
+    if not contiguous:
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     valid = None
     if padded:
-        valid = torch.arange(length)[None] < torch.tensor([length, 200, 90])[:, None]
-    kwargs = dict(block_size=8, window=window, global_positions=globals_)
-    with torch.no_grad():
-        inference = block_sparse_attention(q, k, v, valid, **kwargs).output
-    training = block_sparse_attention(q.requires_grad_(True), k, v, valid, **kwargs).output
-    torch.testing.assert_close(inference, training.detach(), atol=1e-6, rtol=1e-5)
+        valid = torch.arange(length)[None] < torch.tensor([length, length // 2, 5][:batch])[:, None]
+    kwargs = {"block_size": block, "window": window, "global_positions": globals_}
+    upstream = torch.randn(batch, 2, length, 8, dtype=torch.float64)
+    results = []
+    for need_weights in (False, True):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out = block_sparse_attention(*leaves, valid, need_weights=need_weights, **kwargs).output
+        (out * upstream).sum().backward()
+        results.append((out.detach(), *(leaf.grad for leaf in leaves)))
+    for fast, reference in zip(*results):
+        torch.testing.assert_close(fast, reference, atol=1e-12, rtol=1e-10)

@@ -4,7 +4,8 @@ Heads are ranked by importance (Michel, Levy & Neubig 2019: ``|d loss / d head m
 on the validation split, normalised per layer) or at random, and the lowest-ranked
 ``k %`` of all heads are removed for good with :func:`attnlab.prune_heads` (0 to 80 %,
 every layer keeps at least one head). At each point: test accuracy and inference time
-over the test texts (median of ``--repeats`` passes), as a speed-up over the full model.
+over the test texts as a speed-up over the full model, the two timed in turn pass by pass
+(median of ``--repeats`` passes each, after a warm-up pass).
 
 Models: ``--model DIR`` (an attnlab run or checkpoint, e.g. a fine-tuned MiniLM run);
 without it the demo model of ``benchmarks/faithfulness.py`` is trained (or reused) in
@@ -45,19 +46,29 @@ def _batches(rows, tokenizer, model, max_length: int) -> list[dict[str, torch.Te
     )
 
 
-def _accuracy_and_seconds(model, batches, repeats: int) -> tuple[float, float]:
+def _accuracy(model, batches) -> float:
     correct = total = 0
-    times = []
     with torch.no_grad():
-        for repeat in range(repeats):
-            started = time.perf_counter()
-            for batch in batches:
-                logits = model(batch["input_ids"], mask=batch["mask"]).logits
-                if repeat == 0:
-                    correct += int((logits.argmax(-1) == batch["labels"]).sum())
-                    total += len(batch["labels"])
-            times.append(time.perf_counter() - started)
-    return correct / total, statistics.median(times)
+        for batch in batches:
+            logits = model(batch["input_ids"], mask=batch["mask"]).logits
+            correct += int((logits.argmax(-1) == batch["labels"]).sum())
+            total += len(batch["labels"])
+    return correct / total
+
+
+def _interleaved_seconds(models: list, batches, repeats: int) -> list[float]:
+    """Median seconds of a pass over ``batches`` for each model, the models taking turns
+    pass by pass after one warm-up pass each, so that machine noise hits them alike."""
+    times: list[list[float]] = [[] for _ in models]
+    with torch.no_grad():
+        for repeat in range(repeats + 1):
+            for index, model in enumerate(models):
+                started = time.perf_counter()
+                for batch in batches:
+                    model(batch["input_ids"], mask=batch["mask"])
+                if repeat:  # the first pass is the warm-up
+                    times[index].append(time.perf_counter() - started)
+    return [statistics.median(values) for values in times]
 
 
 def choose_heads(scores: np.ndarray, count: int) -> dict[str, list[int]]:
@@ -82,7 +93,7 @@ def run(model, tokenizer, *, texts: int, max_length: int, repeats: int, seed: in
     importance = head_importance(model, validation, normalize=True).numpy()  # [L, H]
     rng = np.random.default_rng(seed)
     rankings = {"importance": importance, "random": rng.random(importance.shape)}
-    full_accuracy, full_seconds = _accuracy_and_seconds(model, test, repeats)
+    full_accuracy = _accuracy(model, test)
     total = importance.size
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in rankings}
     for name, scores in rankings.items():
@@ -92,13 +103,15 @@ def run(model, tokenizer, *, texts: int, max_length: int, repeats: int, seed: in
             removed = choose_heads(scores, count)
             if removed:
                 prune_heads(pruned, removed)
-            accuracy, seconds = _accuracy_and_seconds(pruned.eval(), test, repeats)
+            accuracy = _accuracy(pruned.eval(), test)
+            full_seconds, seconds = _interleaved_seconds([model, pruned], test, repeats)
             results[name].append(
                 {
                     "percent": percent,
                     "heads_removed": sum(len(h) for h in removed.values()),
                     "accuracy": accuracy,
                     "seconds": seconds,
+                    "full_seconds": full_seconds,
                     "speedup": full_seconds / seconds,
                     "removed": removed,
                 }
@@ -110,7 +123,6 @@ def run(model, tokenizer, *, texts: int, max_length: int, repeats: int, seed: in
     return {
         "heads": total,
         "full_accuracy": full_accuracy,
-        "full_seconds": full_seconds,
         "importance": importance.tolist(),
         "curves": results,
     }

@@ -354,16 +354,16 @@ class MultiHeadAttention(nn.Module):
         # One split, not a slice per sequence: the backward of a slice builds a gradient of
         # the whole [N, E] each time, where split's backward is one concatenation.
         pieces = zip(q.split(packing.lengths), k.split(packing.lengths), v.split(packing.lengths))
-        for sequence, (q, k, v) in enumerate(pieces):
-            count = q.shape[0]
+        for sequence, rows in enumerate(pieces):  # each [t, H, D]
+            count = rows[0].shape[0]
             if count == 0:
                 continue
-            q, k, v = (part[None].transpose(1, 2) for part in (q, k, v))  # [1, H, t, D]
+            q_seq, k_seq, v_seq = (part[None].transpose(1, 2) for part in rows)  # [1, H, t, D]
             local = None
             if self.window is not None and count > self.window + 1:  # else every key is in reach
-                local = sliding_window_mask(count, window=self.window, device=q.device)  # [t, t]
+                local = sliding_window_mask(count, window=self.window, device=qkv.device)  # [t, t]
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=local, dropout_p=self.dropout if self.training else 0.0
+                q_seq, k_seq, v_seq, attn_mask=local, dropout_p=self.dropout if self.training else 0.0
             )  # [1, H, t, D]
             if scale is not None:
                 out = out * scale[sequence if scale.shape[0] > 1 else 0]

@@ -277,29 +277,36 @@ def _fused_window_attention(
 ) -> tuple[Tensor, Tensor]:
     """Every block over its window keys alone with torch's fused kernel: ``[n, L, Dv]``, ``[n, L]``.
 
-    Blocks whose window needs no bias go in one call without a mask (the fastest
-    kernel); the others again, with their window bias as the mask.
+    Each run of consecutive blocks whose windows need no bias goes in one call without a
+    mask (the fastest kernel); the other blocks in calls with their window bias as the
+    mask.
     """
     n, L, _ = query_flat.shape
     first, stop = max(keys.first, 0), min(keys.stop, n)
-    output = logsumexp = None
-    if first < stop:
-        inside, inside_logsumexp = flash(
-            query_flat[first:stop, None],
-            keys.view(first, stop)[:, None],
-            values.view(first, stop)[:, None],
+    runs, run_start = [], first  # [start, stop) of unbiased blocks with window views
+    for block in bias.between(bias.biased, first, stop) + [stop]:
+        if block > run_start:
+            runs.append((run_start, block))
+        run_start = block + 1
+    results = [
+        flash(
+            query_flat[start:end, None],
+            keys.view(start, end)[:, None],
+            values.view(start, end)[:, None],
             0.0,
             False,
             scale=scale,
         )  # [m, 1, L, Dv], [m, 1, L]
-        if stop - first == n:
-            output, logsumexp = inside[:, 0], inside_logsumexp[:, 0]
-    if output is None:
+        for start, end in runs
+    ]
+    if runs == [(0, n)]:
+        output, logsumexp = results[0][0][:, 0], results[0][1][:, 0]
+    else:
         output = query_flat.new_empty(n, L, values.D)
-        logsumexp = query_flat.new_empty(n, L, dtype=inside_logsumexp.dtype if first < stop else torch.float32)
-        if first < stop:
-            output[first:stop] = inside[:, 0]
-            logsumexp[first:stop] = inside_logsumexp[:, 0]
+        logsumexp = query_flat.new_empty(n, L, dtype=torch.promote_types(query_flat.dtype, torch.float32))
+        for (start, end), (run_output, run_logsumexp) in zip(runs, results):
+            output[start:end] = run_output[:, 0]
+            logsumexp[start:end] = run_logsumexp[:, 0]
     assert set(range(first)) | set(range(stop, n)) <= set(bias.biased), "edge windows are biased"
     for offset in range(0, len(bias.biased), chunk):
         blocks = torch.tensor(bias.biased[offset : offset + chunk], device=query_flat.device)  # [m]

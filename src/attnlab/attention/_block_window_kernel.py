@@ -173,8 +173,8 @@ def _add_to_windows(target: Tensor, window_grad: Tensor, start: int, spread: int
     per_offset = window_grad.view(count, spread, -1, D)  # [c, 2w + 1, L, D]
     last = spread - 1
     target[start + last : start + last + count] = per_offset[:, last]  # their first contribution
-    for offset in range(last):
-        target[start + offset : start + offset + count] += per_offset[:, offset]
+    for offset in range(last):  # add_, not +=: a subscripted += copies the slice onto itself
+        target[start + offset : start + offset + count].add_(per_offset[:, offset])
 
 
 class _BlockBias:
@@ -485,8 +485,8 @@ class _BlockWindowAttention(torch.autograd.Function):
         bias = _BlockBias(window_bias, global_bias, H, N)
 
         grad_flat = _flat_blocks(grad_output, N, L)  # [n, L, Dv]
-        # The softmax backward's row term: dS = P * (dP - rowsum(dO * O)).
-        row_term = torch.linalg.vecdot(grad_flat, output).unsqueeze(-1)  # [n, L, 1]
+        # The softmax backward's row term: dS = P * (dP - rowsum(dO * O)), filled chunk by chunk.
+        row_term = output.new_empty(n, L, 1)
         # P = exp(S - lse) from the forward's log-sum-exp: no softmax pass. Rows without
         # any key take lse = +inf, so that their probabilities are exp(-inf) = 0.
         logsumexp = logsumexp.masked_fill(logsumexp == _NEG_INF, float("inf")).unsqueeze(-1)  # [n, L, 1]
@@ -504,6 +504,8 @@ class _BlockWindowAttention(torch.autograd.Function):
         window_grad = query_flat.new_empty(chunk, W, max(D, Dv))
         for start, stop in _chunks(n, chunk, keys.first, keys.stop):
             count = stop - start
+            grad_out = grad_flat[start:stop]  # [c, L, Dv]
+            torch.linalg.vecdot(grad_out, output[start:stop], out=row_term[start:stop, :, 0])
             queries = query_flat[start:stop]  # [c, L, D]
             key_windows = keys.windows(start, stop)  # [c, W, D]
             value_windows = values.windows(start, stop)  # [c, W, Dv]
@@ -520,7 +522,6 @@ class _BlockWindowAttention(torch.autograd.Function):
             probs.exp_()  # [c, L, W]
             if biased:
                 probs[biased] = probs[biased].mul_(allowed)
-            grad_out = grad_flat[start:stop]  # [c, L, Dv]
 
             value_grad = window_grad[:count, :, :Dv]
             torch.bmm(probs.transpose(1, 2), grad_out, out=value_grad)  # [c, W, Dv] = P^T dO

@@ -272,55 +272,66 @@ def _chunks(count: int, chunk: int, first: int, stop: int) -> list[tuple[int, in
     return bounds
 
 
+def _runs(blocks: list[int]) -> list[tuple[int, int]]:
+    """``[start, stop)`` runs of consecutive blocks in sorted ``blocks``."""
+    runs: list[tuple[int, int]] = []
+    for block in blocks:
+        if runs and runs[-1][1] == block:
+            runs[-1] = (runs[-1][0], block + 1)
+        else:
+            runs.append((block, block + 1))
+    return runs
+
+
 def _fused_window_attention(
-    flash, query_flat: Tensor, keys: _Windows, values: _Windows, bias: _BlockBias, scale: float, chunk: int
+    flash, query_flat: Tensor, keys: _Windows, values: _Windows, bias: _BlockBias, scale: float
 ) -> tuple[Tensor, Tensor]:
     """Every block over its window keys alone with torch's fused kernel: ``[n, L, Dv]``, ``[n, L]``.
 
-    Each run of consecutive blocks whose windows need no bias goes in one call without a
-    mask (the fastest kernel); the other blocks in calls with their window bias as the
-    mask.
+    One call per run of consecutive blocks: without a mask where their windows need no
+    bias (the fastest kernel), else with the window bias as the mask. Windows are read
+    in place; only the blocks at the batch edges, which have no view, are copied.
     """
     n, L, _ = query_flat.shape
     first, stop = max(keys.first, 0), min(keys.stop, n)
-    runs, run_start = [], first  # [start, stop) of unbiased blocks with window views
-    for block in bias.between(bias.biased, first, stop) + [stop]:
+    assert set(range(first)) | set(range(stop, n)) <= set(bias.biased), "edge windows are biased"
+    biased = bias.between(bias.biased, first, stop)
+    unbiased, run_start = [], first
+    for block in biased + [stop]:
         if block > run_start:
-            runs.append((run_start, block))
+            unbiased.append((run_start, block))
         run_start = block + 1
-    results = [
-        flash(
-            query_flat[start:end, None],
-            keys.view(start, end)[:, None],
-            values.view(start, end)[:, None],
-            0.0,
-            False,
-            scale=scale,
-        )  # [m, 1, L, Dv], [m, 1, L]
-        for start, end in runs
-    ]
-    if runs == [(0, n)]:
-        output, logsumexp = results[0][0][:, 0], results[0][1][:, 0]
+
+    def window_bias(blocks) -> Tensor:
+        return bias.window_bias[bias.rows[blocks]][:, None, None, :]  # [m, 1, 1, W]
+
+    results = []  # (blocks, output [m, 1, L, Dv], logsumexp [m, 1, L])
+    for start, end in unbiased:
+        results.append((slice(start, end), *flash(
+            query_flat[start:end, None], keys.view(start, end)[:, None], values.view(start, end)[:, None],
+            0.0, False, scale=scale,
+        )))
+    for start, end in _runs(biased):
+        results.append((slice(start, end), *flash(
+            query_flat[start:end, None], keys.view(start, end)[:, None], values.view(start, end)[:, None],
+            0.0, False, attn_mask=window_bias(slice(start, end)), scale=scale,
+        )))
+    edges = [block for block in bias.biased if not first <= block < stop]
+    if edges:
+        blocks = torch.tensor(edges, device=query_flat.device)  # [m]
+        results.append((blocks, *flash(
+            query_flat[blocks, None], keys.gather(blocks)[:, None], values.gather(blocks)[:, None],
+            0.0, False, attn_mask=window_bias(blocks), scale=scale,
+        )))
+
+    if len(results) == 1 and results[0][0] == slice(0, n):
+        output, logsumexp = results[0][1][:, 0], results[0][2][:, 0]
     else:
         output = query_flat.new_empty(n, L, values.D)
         logsumexp = query_flat.new_empty(n, L, dtype=torch.promote_types(query_flat.dtype, torch.float32))
-        for (start, end), (run_output, run_logsumexp) in zip(runs, results):
-            output[start:end] = run_output[:, 0]
-            logsumexp[start:end] = run_logsumexp[:, 0]
-    assert set(range(first)) | set(range(stop, n)) <= set(bias.biased), "edge windows are biased"
-    for offset in range(0, len(bias.biased), chunk):
-        blocks = torch.tensor(bias.biased[offset : offset + chunk], device=query_flat.device)  # [m]
-        masked, masked_logsumexp = flash(
-            query_flat[blocks, None],
-            keys.gather(blocks)[:, None],
-            values.gather(blocks)[:, None],
-            0.0,
-            False,
-            attn_mask=bias.window_bias[bias.rows[blocks]][:, None, None, :],  # [m, 1, 1, W]
-            scale=scale,
-        )  # [m, 1, L, Dv], [m, 1, L]
-        output[blocks] = masked[:, 0]
-        logsumexp[blocks] = masked_logsumexp[:, 0].to(logsumexp.dtype)
+        for blocks, block_output, block_logsumexp in results:
+            output[blocks] = block_output[:, 0]
+            logsumexp[blocks] = block_logsumexp[:, 0]
     if bias.no_window_key.numel():
         output[bias.no_window_key] = 0
         logsumexp[bias.no_window_key] = _NEG_INF  # the kernel reports 0 for such rows
@@ -419,7 +430,7 @@ class _BlockWindowAttention(torch.autograd.Function):
         flash = _flash_with_logsumexp(query)
         if flash is not None:
             # The windows through the fused kernel, then the global keys merged in exactly.
-            output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale, chunk)
+            output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
             if G:
                 logsumexp = _merge_global_keys(
                     output.view(B * H, N * L, Dv),

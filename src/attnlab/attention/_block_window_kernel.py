@@ -234,8 +234,8 @@ def _probabilities(
 
     Returns:
         probabilities ``[c, L, W]`` (``scores``), ``[c, L, G]`` (or ``None``) and the
-        log-sum-exp ``[c, L]`` (float32 at least; ``-inf`` and zero probabilities for rows
-        without any key).
+        log-sum-exp ``[c, L]`` (in float32 at least; ``-inf``, and zero probabilities, in
+        rows without any key).
     """
     torch.baddbmm(scores, queries, key_windows.transpose(1, 2), beta=0, alpha=scale, out=scores)
     if window_bias is not None:
@@ -249,7 +249,8 @@ def _probabilities(
     total = scores.sub_(top).exp_().sum(dim=-1, keepdim=True)  # [c, L, 1]
     if global_scores is not None:
         total += global_scores.sub_(top).exp_().sum(dim=-1, keepdim=True)
-    logsumexp = (top.float() + total.float().log()).squeeze(-1)  # [c, L]; log 0 = -inf
+    precision = torch.promote_types(scores.dtype, torch.float32)
+    logsumexp = (top.to(precision) + total.to(precision).log()).squeeze(-1)  # [c, L]; log 0 = -inf
     total.masked_fill_(total == 0, 1.0)
     scores.div_(total)
     if global_scores is not None:

@@ -14,16 +14,23 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-Without global keys, the forward attends every block whose window view exists in one
-``F.scaled_dot_product_attention`` call without a mask (torch's fused kernel beats
-GEMM + softmax + GEMM, most of all in bfloat16) and then recomputes only the blocks with
-a bias, exactly: ``baddbmm`` -> bias -> softmax -> ``bmm``. With global keys every block
-takes that route, with the ``G`` global keys as a second, small score matrix in the
-same softmax. The backward runs in chunks of ``c`` blocks whose ``[c, L, W]`` scores
-are reused from chunk to chunk (fresh large buffers cost page faults); it recomputes a
-chunk's probabilities rather than keeping all ``[n, L, W]`` of them, then
-``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs. Memory is ``O(T * D)`` plus one
-chunk.
+The forward attends each run of consecutive blocks in one call of torch's fused CPU
+kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
+log-sum-exp): without a mask where the window needs no bias, else with the window bias
+as the mask (all windows are read in place; only the batch-edge windows are copied).
+The ``G`` global keys are then merged in exactly: with ``lse = logaddexp(lse_window,
+lse_global)``, the output is ``exp(lse_window - lse) * out_window + exp(S_global - lse)
+@ V_global``, one small ``[T, G]`` score matrix per head (``-inf`` where a global key is
+already in the window or is masked). The global tokens' own rows attend every key and
+replace their block rows. Where that kernel is missing (other devices) every block
+takes GEMM -> bias -> softmax -> GEMM in chunks instead.
+
+The backward runs in chunks of ``c`` blocks whose ``[c, L, W]`` buffers are reused from
+chunk to chunk (fresh large buffers cost page faults). It recomputes a chunk's
+probabilities as ``P = exp(S - lse)`` from the forward's log-sum-exp (no softmax pass;
+global keys and masks included, as in the forward), then
+``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs; the global keys' and global rows'
+parts are small GEMMs over whole heads. Memory is ``O(T * D)`` plus one chunk.
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ import bisect
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["block_window_attention"]
@@ -178,22 +184,20 @@ def _add_to_windows(target: Tensor, window_grad: Tensor, start: int, spread: int
 
 
 class _BlockBias:
-    """Which blocks need their bias, which have no key at all, and the bias of each.
+    """Which blocks need their window bias, which have no window key, and the bias of each.
 
     Flat block ``i`` of ``[B, H, N]`` takes bias row ``(i // (H * N)) * N + i % N``: the
     heads share the key mask.
     """
 
-    def __init__(self, window_bias: Tensor, global_bias: Tensor, heads: int, blocks: int) -> None:
-        self.window_bias, self.global_bias = window_bias, global_bias
+    def __init__(self, window_bias: Tensor, heads: int, blocks: int) -> None:
+        self.window_bias = window_bias
         sequences = window_bias.shape[0] // blocks  # B
         rows = torch.arange(window_bias.shape[0], device=window_bias.device)
         self.rows = rows.view(sequences, 1, blocks).expand(sequences, heads, blocks).reshape(-1)  # [n]
         needs_bias = (window_bias != 0).any(dim=1)[self.rows]  # [n]
         has_window_key = (window_bias != _NEG_INF).any(dim=1)  # [B * N]
-        has_key = has_window_key | (global_bias != _NEG_INF).any(dim=1)  # [B * N]
         self.biased = needs_bias.nonzero().squeeze(1).tolist()  # sorted flat block indices
-        self.empty = (~has_key[self.rows]).nonzero().squeeze(1).tolist()
         self.no_window_key = (~has_window_key[self.rows]).nonzero().squeeze(1)  # [m] long
 
     @staticmethod
@@ -423,7 +427,7 @@ class _BlockWindowAttention(torch.autograd.Function):
         query_flat = _flat_blocks(query, N, L)  # [n, L, D]
         keys = _Windows.of(key, N, L, w)
         values = _Windows.of(value, N, L, w)
-        bias = _BlockBias(window_bias, global_bias, H, N)
+        bias = _BlockBias(window_bias, H, N)
         global_keys = key[:, :, global_index].reshape(B * H, G, D)  # [B * H, G, D]
         global_values = value[:, :, global_index].reshape(B * H, G, Dv)  # [B * H, G, Dv]
         chunk = _chunk_size(L, W, n)
@@ -494,7 +498,7 @@ class _BlockWindowAttention(torch.autograd.Function):
         W, spread = (2 * w + 1) * L, 2 * w + 1
         keys = _Windows(key_source, key_shift, n, w)
         values = _Windows(value_source, value_shift, n, w)
-        bias = _BlockBias(window_bias, global_bias, H, N)
+        bias = _BlockBias(window_bias, H, N)
 
         grad_flat = _flat_blocks(grad_output, N, L)  # [n, L, Dv]
         # The softmax backward's row term: dS = P * (dP - rowsum(dO * O)), filled chunk by chunk.

@@ -247,7 +247,9 @@ def _probabilities(
     top = scores.amax(dim=-1, keepdim=True)  # [c, L, 1]
     global_scores = None
     if global_keys is not None:
-        global_scores = torch.baddbmm(global_bias[:, None, :], queries, global_keys.transpose(1, 2), alpha=scale)
+        global_scores = torch.baddbmm(
+            global_bias[:, None, :], queries, global_keys.transpose(1, 2), alpha=scale
+        )  # [c, L, G]
         top = torch.maximum(top, global_scores.amax(dim=-1, keepdim=True))
     top.nan_to_num_(neginf=0.0)  # rows with no key: exp(-inf - 0) = 0 below
     total = scores.sub_(top).exp_().sum(dim=-1, keepdim=True)  # [c, L, 1]
@@ -417,7 +419,9 @@ def _global_row_probabilities(
 
 class _BlockWindowAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, window_bias, global_bias, global_index, key_bias, block_size, window, scale):
+    def forward(
+        ctx, query, key, value, window_bias, global_bias, global_index, key_bias, block_size, window, scale
+    ):
         B, H, T, D = query.shape
         Dv = value.shape[-1]
         L, w = block_size, window
@@ -574,7 +578,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             global_scores_grad = torch.bmm(grad_out, global_values.transpose(1, 2))  # [B * H, N * L, G]
             global_scores_grad.sub_(row_term.view(B * H, N * L, 1)).mul_(global_probs)
             grad_query.view(B * H, N * L, D).baddbmm_(global_scores_grad, global_keys, alpha=scale)
-            grad_global_keys = torch.bmm(global_scores_grad.transpose(1, 2), queries).mul_(scale)  # [B * H, G, D]
+            grad_global_keys = torch.bmm(global_scores_grad.transpose(1, 2), queries).mul_(scale)  # [BH, G, D]
             grad_key.index_add_(2, global_index, grad_global_keys.view(B, H, G, D))  # buffers of our own
             grad_value.index_add_(2, global_index, grad_global_values.view(B, H, G, Dv))
             # The global tokens' rows over every key.

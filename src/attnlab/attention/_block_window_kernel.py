@@ -578,7 +578,8 @@ class _BlockWindowAttention(torch.autograd.Function):
             global_scores_grad = torch.bmm(grad_out, global_values.transpose(1, 2))  # [B * H, N * L, G]
             global_scores_grad.sub_(row_term.view(B * H, N * L, 1)).mul_(global_probs)
             grad_query.view(B * H, N * L, D).baddbmm_(global_scores_grad, global_keys, alpha=scale)
-            grad_global_keys = torch.bmm(global_scores_grad.transpose(1, 2), queries).mul_(scale)  # [BH, G, D]
+            # [B * H, G, D]
+            grad_global_keys = torch.bmm(global_scores_grad.transpose(1, 2), queries).mul_(scale)
             grad_key.index_add_(2, global_index, grad_global_keys.view(B, H, G, D))  # buffers of our own
             grad_value.index_add_(2, global_index, grad_global_values.view(B, H, G, Dv))
             # The global tokens' rows over every key.

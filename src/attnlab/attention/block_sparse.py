@@ -18,7 +18,7 @@ attends the ``W`` keys of its window, read as a strided *view* of the keys (noth
 size ``T x T`` is built, and keys are not copied ``2 * window + 1`` times). A
 ``[B * N, K]`` additive bias removes padding, keys of the neighbouring sequence in the
 batch, and duplicates of global keys already in the window; global tokens' own rows are
-recomputed densely (``G`` rows over all ``T`` keys) and written over their block rows.
+computed densely (``G`` rows over all ``T`` keys) and replace their block rows.
 
 Two paths compute the blocks. The default one (:mod:`._block_window_kernel`) runs batched
 GEMMs over chunks of blocks with its own backward, and pays for the bias only in the
@@ -312,33 +312,33 @@ def block_sparse_attention(
     bias, key_positions = _block_bias(key_bias, N, L, window, global_index)  # [B * N, K], [N, K]
     key_positions = key_positions.masked_fill(key_positions >= T, -1)
 
+    global_weights = query.new_zeros(B, H, 0, T)
     if need_weights or dropout_p > 0:
         # The reference path: it returns the probabilities and applies dropout to them.
         output, block_weights = _attend_block_windows(
             query, key, value, bias, N, L, window, global_index, dropout_p, scale, need_weights
         )  # [B, H, T, Dv], [B * N, H, L, K] | None
+        if global_index.numel():
+            global_out, global_weights = attention(
+                query[:, :, global_index],
+                key,
+                value,
+                attn_bias=key_bias[:, None, None, :T],  # [B, 1, 1, T]
+                dropout_p=dropout_p,
+                scale=scale,
+                need_weights=need_weights,
+            )  # [B, H, G, Dv], [B, H, G, T] | None
+            output = output.index_copy(2, global_index, global_out)
     else:
         W = (2 * window + 1) * L
         output = block_window_attention(
-            query, key, value, bias[:, :W], bias[:, W:], global_index,
+            query, key, value, bias[:, :W], bias[:, W:], global_index, key_bias,
             block_size=L, window=window, scale=scale,
-        )  # [B, H, T, Dv]
+        )  # [B, H, T, Dv], the global tokens' rows included
         block_weights = None
     row_has_key = (bias > _NEG_INF).any(dim=1)  # [B * N]
     row_has_key = row_has_key.view(B, N, 1).expand(B, N, L).reshape(B, N * L)[:, :T]  # [B, T]
-
-    global_weights = query.new_zeros(B, H, 0, T)
     if global_index.numel():
-        global_out, global_weights = attention(
-            query[:, :, global_index],
-            key,
-            value,
-            attn_bias=key_bias[:, None, None, :T],  # [B, 1, 1, T]
-            dropout_p=dropout_p,
-            scale=scale,
-            need_weights=need_weights,
-        )  # [B, H, G, Dv], [B, H, G, T] | None
-        output = output.index_copy(2, global_index, global_out)
         row_has_key = row_has_key.clone()
         row_has_key[:, global_index] = (key_bias[:, :T] > _NEG_INF).any(dim=1, keepdim=True)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention.block_sparse import BlockSparseWeights, block_sparse_attention
+from attnlab.attention.block_sparse import BlockSparseWeights, block_sparse_attention, block_sparse_mask
 from attnlab.attention.sparse import SparseAttention
 
 
@@ -477,3 +477,100 @@ def test_fast_kernel_matches_the_reference_path(
         results.append((out.detach(), *(leaf.grad for leaf in leaves)))
     for fast, reference in zip(*results):
         torch.testing.assert_close(fast, reference, atol=1e-12, rtol=1e-10)
+
+
+def dense_block_sparse_reference(q, k, v, valid, block_size, window, global_positions):
+    """Masked softmax attention over the full ``[T, T]`` pattern; rows without a key give 0."""
+    T = q.shape[2]
+    allowed = block_sparse_mask(T, block_size, window, global_positions)[None, None]  # [1, 1, T, T]
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :]  # [B, 1, T, T]
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    has_key = allowed.any(dim=-1, keepdim=True)
+    probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * allowed
+    return probs @ v
+
+
+MERGED_CASES = [
+    # (batch, length, block, window, globals, real tokens per sequence)
+    (1, 512, 32, 1, (0, 256), (461,)),  # padding at the end, globals inside some windows
+    (2, 250, 16, 2, (3, 100, 249), (250, 190)),  # not whole blocks
+    (2, 96, 32, 1, (50,), (96, 0)),  # a sequence with no key at all
+    (1, 300, 8, 0, (7, 8, 299), None),  # globals only, no padding
+    (3, 128, 16, 3, (), (128, 64, 5)),  # windows wider than the sequence, no globals
+]
+
+
+def _merged_inputs(batch, length, lengths, hole=False):
+    torch.manual_seed(1)
+    q, k, v, upstream = (torch.randn(batch, 2, length, 8, dtype=torch.float64) for _ in range(4))
+    valid = None
+    if lengths is not None:
+        valid = torch.arange(length)[None] < torch.tensor(lengths)[:, None]  # [B, T]
+        if hole:
+            valid[:, length // 3 : length // 3 + 5] = False  # keys removed in the middle too
+    return q, k, v, upstream, valid
+
+
+@pytest.mark.parametrize("hole", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("batch, length, block, window, globals_, lengths", MERGED_CASES)
+def test_window_and_global_softmax_merge_is_exact(
+    monkeypatch, batch, length, block, window, globals_, lengths, hole, fused
+) -> None:
+    # The windows through the fused kernel (or, without it, GEMM + softmax), the global
+    # keys merged through the log-sum-exp, the backward from the saved log-sum-exp:
+    # outputs and gradients against dense float64 attention over the same pattern.
+    import attnlab.attention._block_window_kernel as kernel
+
+    if not fused:
+        monkeypatch.setattr(kernel, "_flash_with_logsumexp", lambda query: None)
+    monkeypatch.setattr(kernel, "_CHUNK_ELEMENTS", 3 * block * (2 * window + 1) * block)  # several chunks
+    q, k, v, upstream, valid = _merged_inputs(batch, length, lengths, hole)
+    outputs = []
+    for fast in (True, False):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        if fast:
+            out = block_sparse_attention(
+                *leaves, valid, block_size=block, window=window, global_positions=globals_
+            ).output
+        else:
+            out = dense_block_sparse_reference(*leaves, valid, block, window, globals_)
+        (out * upstream).sum().backward()
+        outputs.append((out.detach(), *(leaf.grad for leaf in leaves)))
+    for name, fast, reference in zip(("output", "dq", "dk", "dv"), *outputs):
+        assert torch.isfinite(fast).all(), name
+        torch.testing.assert_close(fast, reference, atol=1e-12, rtol=1e-10, msg=name)
+
+
+def test_merged_route_gradcheck() -> None:
+    q, k, v, _, valid = _merged_inputs(2, 40, (40, 27), hole=True)
+    leaves = [x[:, :, :, :4].clone().requires_grad_(True) for x in (q, k, v)]
+
+    def function(q, k, v):
+        return block_sparse_attention(q, k, v, valid, block_size=8, window=1, global_positions=(2, 30)).output
+
+    assert torch.autograd.gradcheck(function, leaves, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+def test_end_padding_and_globals_keep_most_blocks_on_the_unmasked_fused_call() -> None:
+    # Padding at the sequence end biases only the last blocks' windows; global keys are
+    # merged afterwards and do not send any block to a masked call.
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    blocks = {"masked": 0, "unmasked": 0}
+
+    class CountFusedCalls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is flash:
+                blocks["masked" if kwargs.get("attn_mask") is not None else "unmasked"] += args[0].shape[0]
+            return func(*args, **kwargs)
+
+    T, L = 4096, 64
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    valid = torch.arange(T)[None] < T - T // 10
+    with torch.no_grad(), CountFusedCalls():
+        block_sparse_attention(q, k, v, valid, block_size=L, window=1, global_positions=(0, T // 2))
+    total = 2 * T // L
+    assert blocks["masked"] + blocks["unmasked"] == total
+    assert blocks["masked"] <= 0.15 * total, blocks

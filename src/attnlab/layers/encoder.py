@@ -28,7 +28,7 @@ from .ffn import PositionWiseFFN
 from ..outputs import LayerAttentions, ModelOutput
 from .positional import LearnedPositionalEmbedding, PaddingOffsetPositionalEmbedding, PositionalEncoding
 
-__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput"]
+__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput", "find_encoder"]
 
 
 class EncoderLayerOutput(NamedTuple):
@@ -543,3 +543,15 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             LayerAttentions(attentions) if output_attentions else None,
         )
         return output.to_tuple() if return_dict is False else output
+
+
+def find_encoder(model: nn.Module, attributes: tuple[str, ...] = ("encoder",)) -> Optional[TransformerEncoder]:
+    """``model`` itself if it is a :class:`TransformerEncoder`, else the first of its
+    ``attributes`` that holds one (``None`` when none does)."""
+    if isinstance(model, TransformerEncoder):
+        return model
+    for name in attributes:
+        encoder = getattr(model, name, None)
+        if isinstance(encoder, TransformerEncoder):
+            return encoder
+    return None

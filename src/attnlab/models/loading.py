@@ -26,7 +26,7 @@ from torch import nn
 
 from .._files import read_json
 from ..data.tokenizer import Tokenizer
-from ..layers.encoder import TransformerEncoder
+from ..layers.encoder import TransformerEncoder, find_encoder
 from .decoder.causal_lm import DecoderForCausalLM
 from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
 from .decoder.saving import check_decoder_weights, save_decoder_pretrained
@@ -136,15 +136,8 @@ def _decoder_tokenizer(model: DecoderForCausalLM, backend: Any) -> Optional[Toke
     return Tokenizer(backend, padding_side="left", pad_token=pad_token)
 
 
-def _encoder_of(model: nn.Module) -> Optional[TransformerEncoder]:
-    if isinstance(model, TransformerEncoder):
-        return model
-    encoder = getattr(model, "encoder", None) or getattr(model, "text_encoder", None)
-    return encoder if isinstance(encoder, TransformerEncoder) else None
-
-
 def _tokenizer_options(model: nn.Module) -> dict[str, Any]:
-    encoder = _encoder_of(model)
+    encoder = find_encoder(model, ("encoder", "text_encoder"))
     if encoder is None:
         return {}
     config = encoder.config
@@ -164,7 +157,7 @@ def load_as(cls: type, path_or_name: PathLike, *, device=None) -> nn.Module:
     model = load(path_or_name, device=device).model
     if isinstance(model, cls):
         return model
-    encoder = _encoder_of(model)
+    encoder = find_encoder(model, ("encoder", "text_encoder"))
     if cls is TransformerEncoder and encoder is not None:
         return encoder
     raise TypeError(

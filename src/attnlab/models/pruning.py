@@ -19,16 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.multihead import MultiHeadAttention
-from ..layers.encoder import TransformerEncoder
+from ..layers.encoder import TransformerEncoder, find_encoder
 
 __all__ = ["prune_heads", "unpruned_state_dict"]
 
 
 def _encoder(model: nn.Module) -> TransformerEncoder:
-    if isinstance(model, TransformerEncoder):
-        return model
-    encoder = getattr(model, "encoder", None)
-    if isinstance(encoder, TransformerEncoder):
+    encoder = find_encoder(model)
+    if encoder is not None:
         return encoder
     raise TypeError(
         f"prune_heads takes an attnlab TransformerEncoder or a model with one as .encoder, "

@@ -16,17 +16,15 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ...layers.encoder import TransformerEncoder
+from ...layers.encoder import TransformerEncoder, find_encoder
 
 __all__ = ["encoder_of", "pooling_of", "query_weights", "logits_of", "resolve_target"]
 
 
 def encoder_of(model: nn.Module) -> TransformerEncoder:
     """The :class:`~attnlab.TransformerEncoder` inside ``model`` (or ``model`` itself)."""
-    if isinstance(model, TransformerEncoder):
-        return model
-    encoder = getattr(model, "encoder", None)
-    if isinstance(encoder, TransformerEncoder):
+    encoder = find_encoder(model)
+    if encoder is not None:
         return encoder
     raise TypeError(
         f"{type(model).__name__} has no attnlab TransformerEncoder (as .encoder); attribution "

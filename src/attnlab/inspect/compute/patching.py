@@ -203,6 +203,15 @@ def patch_layers(
     return _record_and_patch(model, source_ids, target_ids, sites, label)
 
 
+def _sweep_label(model: nn.Module, target_ids: Tensor, label: Optional[Union[int, str]]) -> Union[int, str]:
+    """The label a sweep explains: the given one, else the target run's prediction (fixed
+    once, so that every patched run is read at the same logit)."""
+    if label is not None:
+        return label
+    with _eval(model):
+        return int(_run(model, target_ids).argmax(-1)[0])
+
+
 def head_patching_sweep(
     model: nn.Module,
     source_ids: Tensor,
@@ -222,9 +231,7 @@ def head_patching_sweep(
     modules = find_attention_modules(model)
     counts = [_heads_of(module, name)[1] for name, module in modules.items()]
     result = torch.full((len(counts), max(counts)), float("nan"))
-    if label is None:
-        with _eval(model):
-            label = int(_run(model, target_ids).argmax(-1)[0])
+    label = _sweep_label(model, target_ids, label)
     for row, (name, count) in enumerate(zip(modules, counts)):
         for head in range(count):
             patched = patch_heads(model, source_ids, target_ids, {name: [head]}, label=label)
@@ -242,9 +249,7 @@ def layer_patching_sweep(
 ) -> Tensor:
     """Patch each layer's output alone; ``[L]`` changes in the target logit."""
     count = len(encoder_of(model).layers)
-    if label is None:
-        with _eval(model):
-            label = int(_run(model, target_ids).argmax(-1)[0])
+    label = _sweep_label(model, target_ids, label)
     values = []
     for index in range(count):
         patched = patch_layers(model, source_ids, target_ids, [index], label=label)

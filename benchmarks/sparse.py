@@ -100,6 +100,15 @@ def _block_mask_for_flex(T: int, block: int, window: int):
     )
 
 
+def _random_inputs(T: int, args: argparse.Namespace):
+    """Seeded ``q, k, v`` and an output gradient, each ``[1, H, T, D]`` in ``--dtype``."""
+    import torch
+
+    torch.manual_seed(0)
+    shape, dtype = (1, args.heads, T, args.head_dim), getattr(torch, args.dtype)
+    return tuple(torch.randn(shape, dtype=dtype) for _ in range(4))
+
+
 def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(SOURCE))
     import torch
@@ -107,11 +116,9 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
 
     from attnlab.attention.block_sparse import block_sparse_attention, block_sparse_mask
 
-    torch.manual_seed(0)
     B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
     dtype = getattr(torch, args.dtype)
-    q, k, v = (torch.randn(B, H, T, D, dtype=dtype) for _ in range(3))
-    grad_out = torch.randn(B, H, T, D, dtype=dtype)
+    q, k, v, grad_out = _random_inputs(T, args)
     once = method.startswith("dense") and T >= 16384
     repeats, warm_up = (1, False) if once else (args.repeats, True)
     result: dict = {"method": method, "T": T}
@@ -188,11 +195,9 @@ def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
 
     from attnlab.attention.block_sparse import block_sparse_attention
 
-    torch.manual_seed(0)
     B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
     dtype = getattr(torch, args.dtype)
-    q, k, v = (torch.randn(B, H, T, D, dtype=dtype) for _ in range(3))
-    grad_out = torch.randn(B, H, T, D, dtype=dtype)
+    q, k, v, grad_out = _random_inputs(T, args)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     valid = torch.arange(T)[None] < T - T // 10  # the last tenth is padding
     global_positions = (0, T // 2)

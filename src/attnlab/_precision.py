@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._packed_weights import packed_linear
+
 __all__ = ["cpu_has_native_bf16", "bf16_is_emulated", "linear", "Linear"]
 
 
@@ -109,7 +111,12 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same ``state_dict``) that calls :func:`linear`."""
+    """``nn.Linear`` (same parameters, same ``state_dict``) that calls :func:`linear`, or
+    MKL's packed product inside :func:`attnlab._packed_weights.packed_for_rows`."""
 
     def forward(self, x: Tensor) -> Tensor:
+        if "_packed_weight" in self.__dict__:
+            out = packed_linear(self, x)
+            if out is not None:
+                return out
         return linear(x, self.weight, self.bias)

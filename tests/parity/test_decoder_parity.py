@@ -176,3 +176,50 @@ def test_sampling_is_reproducible_with_a_seed(pair):
     other = model.generate(ids, mask, seed=8, **options).sequences
     assert first.tolist() == again.tolist()
     assert first.tolist() != other.tolist()
+
+
+def _has_cxx() -> bool:
+    import shutil
+
+    return any(shutil.which(name) for name in ("c++", "g++", "clang++"))
+
+
+needs_cxx = pytest.mark.skipif(not _has_cxx(), reason="torch.compile on CPU needs a C++ compiler")
+
+
+@needs_cxx
+def test_compiled_generation_equals_hf_and_records_the_full_forwards_weights(pair):
+    hf, model = pair
+    ids, mask = _batch(left_padding=True)
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                           eos_token_id=-1, pad_token_id=0)
+    generated = model.generate(ids, mask, max_new_tokens=20, eos_token_id=-1, output_attentions=True,
+                               compile=True)
+    assert generated.sequences.tolist() == expected.tolist()
+    with torch.no_grad():
+        full = model(generated.sequences, generated.attention_mask, output_attentions=True)
+    rows = generated.attention_mask[:, None, :].expand(-1, full.attentions[0].shape[1], -1)
+    for got, want in zip(generated.attention_maps(), full.attentions):
+        torch.testing.assert_close(got[rows], want[rows], atol=TOLERANCE, rtol=0)
+
+
+@needs_cxx
+@pytest.mark.parametrize("left_padding", [False, True], ids=["no-padding", "left-padding"])
+def test_compiled_generation_without_capture_equals_eager(pair, left_padding, request):
+    if request.node.callspec.params["pair"] not in ("gpt2", "llama", "mistral"):
+        pytest.skip("the step without capture is the same graph less the weights: three families suffice")
+    _, model = pair
+    ids, mask = _batch(left_padding)
+    eager = model.generate(ids, mask, max_new_tokens=20, eos_token_id=EOS, pad_token_id=0)
+    compiled = model.generate(ids, mask, max_new_tokens=20, eos_token_id=EOS, pad_token_id=0, compile=True)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+
+
+@pytest.mark.parametrize("left_padding", [False, True], ids=["no-padding", "left-padding"])
+def test_generation_with_packed_weights_equals_hf_generate(pair, left_padding):
+    hf, model = pair
+    ids, mask = _batch(left_padding)
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                           eos_token_id=EOS, pad_token_id=0)
+    ours = model.generate(ids, mask, max_new_tokens=20, eos_token_id=EOS, pad_token_id=0, pack_weights=True)
+    assert ours.sequences.tolist() == expected.tolist()

@@ -86,6 +86,14 @@ class KVCache:
         end = self._lengths[layer]
         return keys[:, :, :end], self._values[layer][:, :, :end]
 
+    def storage(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``layer``'s whole allocated keys and values ``[B, K, capacity, D]``, cached or not
+        (for code that writes the next slots itself)."""
+        keys = self._keys[layer]
+        if keys is None:
+            raise ValueError(f"layer {layer} of the cache has no storage yet: run a forward pass with it first")
+        return keys, self._values[layer]
+
     def memory_bytes(self) -> int:
         """Bytes held by the allocated storage."""
         return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values) if t is not None)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..._precision import Linear
 from ..._pretrained_io import PretrainedIO
 from ...attention.masks import keep_mask
 from ...layers.decoder_config import DecoderConfig
@@ -74,7 +75,7 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         self.layers = nn.ModuleList(build_decoder_layer(config, index, **factory)
                                     for index in range(config.num_layers))
         self.norm = build_norm(config, **factory)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, **factory)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False, **factory)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         # the HuggingFace config.json it was opened from, kept for save_pretrained(layout="huggingface")

@@ -6,14 +6,17 @@ so far, ``H`` heads, ``V`` vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..._packed_weights import packed_for_rows
 from ...attention.masks import keep_mask
 from ...outputs import LayerAttentions, ModelOutput
+from .compiled_decoding import CompiledDecoding, compiled_capacity
 
 __all__ = ["GenerationOutput", "generate", "next_token_scores"]
 
@@ -115,6 +118,8 @@ def generate(
     pad_token_id: Optional[int] = None,
     seed: Optional[int] = None,
     output_attentions: bool = False,
+    pack_weights: Optional[bool] = None,
+    compile: bool = False,
 ) -> GenerationOutput:
     """Continue each prompt by ``max_new_tokens`` tokens, one cached forward per token.
 
@@ -138,11 +143,24 @@ def generate(
         output_attentions: record every new token's per-layer, per-head weights from the
             cached forward itself (see :class:`GenerationOutput`); the reference kernel
             then runs instead of the fused one.
+        pack_weights: multiply the weights by the decoding steps' ``B`` rows through MKL's
+            packed product (:func:`attnlab._packed_weights.packed_for_rows`; copies of about
+            2.8x the float32 weights' bytes, up to 2 GiB, for the length of the call).
+            Default: from batch 4 on, where it is faster, unless ``compile``; ``False``
+            saves the memory.
+        compile: run the decoding steps as one graph compiled by ``torch.compile``
+            (:mod:`attnlab.models.decoder.compiled_decoding`): steps take about the time of
+            their matrix products, after a compilation of seconds to a minute on the first
+            call for a batch size and length (torch keeps it on disk for later processes).
+            Needs the C++ compiler ``torch.compile`` uses on CPUs.
 
     Returns:
         :class:`GenerationOutput`.
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
+    if compile and pack_weights:
+        raise ValueError("pack_weights=True and compile=True do not combine: the compiled step uses the weights "
+                         "as they are; drop one of the two")
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}")
     config = model.config
@@ -164,36 +182,49 @@ def generate(
     generator = None
     if do_sample and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    cache = model.new_cache(capacity=T + max_new_tokens + 1)
+    capacity = T + max_new_tokens + 1
+    cache = model.new_cache(capacity=compiled_capacity(capacity) if compile else capacity)
     recorded: list = []
     out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions,
                 logits_to_keep=1)
+    logits, attentions = out.logits, out.attentions  # [B, 1, V], per layer [B, H, T, T]
     if output_attentions:
-        recorded.append(out.attentions)
+        recorded.append(attentions)
+    compiled = CompiledDecoding(model, cache, keep, output_attentions) if compile else None
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1].float()  # [B, V]
-        if do_sample:
-            probabilities = next_token_scores(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
-            token = torch.multinomial(probabilities, 1, generator=generator)[:, 0]  # [B]
-        else:
-            token = logits.argmax(-1)  # [B]
-        if eos is not None:
-            token = torch.where(finished, torch.full_like(token, pad if pad is not None else eos), token)
-            finished = finished | (token == eos)
-        sequences = torch.cat((sequences, token[:, None]), dim=1)  # [B, S]
-        if keep is not None:
-            keep = torch.cat((keep, keep.new_ones(B, 1)), dim=1)  # [B, S]
-        last = step == max_new_tokens - 1 or bool(finished.all())
-        if last and not output_attentions:
-            break
-        # With capture on, the last token also goes through the model, to record its own row.
-        out = model(token[:, None], keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions)
-        if output_attentions:
-            recorded.append(out.attentions)
-        if last:
-            break
+    # Decoding steps multiply every weight by B rows: from 4 rows on, MKL's packed product is
+    # much faster than the plain one (see attnlab._packed_weights).
+    # (The compiled step multiplies by the weights as they are: torch.compile cannot take the packed copies.)
+    packing = pack_weights if pack_weights is not None else B >= 4 and not compile
+    with packed_for_rows(model, B) if packing and max_new_tokens > 1 else contextlib.nullcontext():
+        for step in range(max_new_tokens):
+            logits = logits[:, -1].float()  # [B, V]
+            if do_sample:
+                scores = next_token_scores(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                token = torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]  # [B]
+            else:
+                token = logits.argmax(-1)  # [B]
+            if eos is not None:
+                token = torch.where(finished, torch.full_like(token, pad if pad is not None else eos), token)
+                finished = finished | (token == eos)
+            sequences = torch.cat((sequences, token[:, None]), dim=1)  # [B, S]
+            if keep is not None:
+                keep = torch.cat((keep, keep.new_ones(B, 1)), dim=1)  # [B, S]
+            last = step == max_new_tokens - 1 or bool(finished.all())
+            if last and not output_attentions:
+                break
+            # With capture on, the last token also goes through the model, to record its own row.
+            if compiled is not None:
+                logits, attentions = compiled(token)  # [B, 1, V], per layer [B, H, 1, S]
+            else:
+                out = model(token[:, None], keep, past_key_values=cache, use_cache=True,
+                            output_attentions=output_attentions)
+                logits, attentions = out.logits, out.attentions
+            if output_attentions:
+                recorded.append(attentions)
+            if last:
+                break
     full_keep = keep if keep is not None else torch.ones_like(sequences, dtype=torch.bool)
     return GenerationOutput(sequences=sequences, attention_mask=full_keep, prompt_length=T,
                             attentions=tuple(recorded) if output_attentions else None)

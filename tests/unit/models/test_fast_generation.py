@@ -1,0 +1,107 @@
+"""Faster generation: products through MKL's packed weights (``attnlab._packed_weights``) and
+compiled decoding steps (``generate(..., compile=True)``)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab._packed_weights import mkl_packing_available, packed_for_rows
+from attnlab._precision import Linear
+from attnlab.layers.decoder_config import DecoderConfig
+from attnlab.models.decoder import DecoderForCausalLM
+from attnlab.models.decoder import compiled_decoding
+
+needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed GEMM")
+
+
+def _layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Linear(24, 40), torch.nn.GELU(), Linear(40, 24, bias=False))
+
+
+@needs_mkl
+def test_packed_product_equals_the_plain_one_for_its_row_count_only():
+    model = _layers()
+    x = torch.randn(4, 1, 24)
+    other = torch.randn(3, 24)
+    with torch.no_grad():
+        expected, expected_other = model(x), model(other)
+        with packed_for_rows(model, 4) as packed:
+            assert packed == 2
+            got = model(x)
+            got_other = model(other)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert torch.equal(got_other, expected_other)  # other row counts take the plain product
+    assert all("_packed_weight" not in layer.__dict__ for layer in model)  # copies dropped on exit
+
+
+@needs_mkl
+def test_budget_and_gradients_keep_the_plain_product():
+    model = _layers()
+    with packed_for_rows(model, 2, budget=0) as packed:
+        assert packed == 0
+    x = torch.randn(2, 24, requires_grad=True)
+    with packed_for_rows(model, 2):
+        y = model(x)  # gradients on: the packed operator has no backward
+        y.sum().backward()
+    assert torch.equal(y, F.linear(F.gelu(F.linear(x, model[0].weight, model[0].bias)), model[2].weight))
+    assert x.grad is not None
+
+
+@needs_mkl
+def test_packed_copies_are_dropped_when_the_block_raises():
+    model = _layers()
+    with pytest.raises(KeyError), packed_for_rows(model, 2):
+        raise KeyError("inside")
+    assert all("_packed_weight" not in layer.__dict__ for layer in model)
+
+
+def _tiny_decoder():
+    torch.manual_seed(0)
+    return DecoderForCausalLM(DecoderConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=4, d_ff=32,
+                                            num_kv_heads=2)).eval()
+
+
+def test_compile_and_pack_weights_do_not_combine():
+    with pytest.raises(ValueError, match="pack_weights=True and compile=True"):
+        _tiny_decoder().generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, compile=True, pack_weights=True)
+
+
+def test_a_failed_compilation_says_so_in_one_line(monkeypatch):
+    def failing():
+        def step(*args):
+            raise RuntimeError("no C++ compiler found\nlong details")
+        return step
+
+    monkeypatch.setattr(compiled_decoding, "_compiled_step", failing)
+    with pytest.raises(RuntimeError) as caught:
+        _tiny_decoder().generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, eos_token_id=-1, compile=True)
+    message = str(caught.value)
+    assert message.startswith("compile=True could not compile the decoding step (no C++ compiler found)")
+    assert "\n" not in message
+
+
+@pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
+    """Regression: free slots of the cache are attended with weight 0, and 0 * NaN from
+    uninitialised storage turned whole rows into NaN."""
+    from attnlab.layers.kv_cache import KVCache
+
+    grow = KVCache._grow
+
+    def grow_with_nan(stored, new, room, length):
+        grown = grow(stored, new, room, length)
+        return grown.fill_(float("nan")) if stored is None else grown
+
+    model = _tiny_decoder()
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    eager = model.generate(ids, mask, max_new_tokens=6, eos_token_id=-1)
+    monkeypatch.setattr(KVCache, "_grow", staticmethod(grow_with_nan))
+    compiled = model.generate(ids, mask, max_new_tokens=6, eos_token_id=-1, compile=True)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()

@@ -9,6 +9,11 @@ interleaved so that machine noise hits both alike. Two comparisons:
 * attnlab ``generate(output_attentions=True)``    vs  HF ``"eager"`` with ``output_attentions=True``
   (both keep every new token's per-layer, per-head weights)
 
+each for attnlab's default steps and for ``compile=True`` (steps compiled by
+``torch.compile``; the first call for a batch size and length compiles, and its time is
+printed apart; the timed calls come after it). HuggingFace runs its default (uncompiled)
+``generate``.
+
 Throughput is new tokens per second over the whole batch. With capture, the bytes of the
 recorded weights and the process's peak resident memory are printed too, and the floor of
 a decoding step: the time of one matrix product with every weight matrix (each step reads
@@ -23,6 +28,8 @@ Run (one heavy job at a time on a shared machine; minutes on a few CPU cores)::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import platform
 import resource
 import tempfile
 import time
@@ -32,6 +39,8 @@ from typing import Callable
 import torch
 
 import attnlab
+from attnlab._packed_weights import packed_for_rows
+from attnlab._precision import Linear
 
 
 def build_models(directory: Path, quick: bool):
@@ -50,27 +59,39 @@ def build_models(directory: Path, quick: bool):
     return hf, ours, sizes["vocab_size"]
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what ``platform`` says, and torch's vector capability."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
+
+
 def timed(function: Callable[[], object]) -> float:
     start = time.perf_counter()
     function()
     return time.perf_counter() - start
 
 
-def weight_pass(model, batch: int, repeats: int) -> tuple[float, int]:
-    """One matrix product of ``batch`` rows with every weight matrix but the input
-    embedding: what one decoding step cannot go below (each step reads every weight once).
-    Returns the seconds (best of ``repeats``) and the bytes of those weights."""
-    weights = [p for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name]
-    inputs = {width: torch.randn(batch, width) for width in {w.shape[1] for w in weights}}
+def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, int]:
+    """One product of ``batch`` rows with every weight matrix but the input embedding, through
+    the model's own layers (``packed``: inside ``packed_for_rows``, as ``generate`` runs its
+    steps from batch 4 on): what one decoding step cannot go below (each step reads every
+    weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
+    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    inputs = {width: torch.randn(batch, width) for width in {layer.in_features for layer in layers}}
 
     def one_pass() -> None:
-        for weight in weights:
-            torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+        for layer in layers:
+            layer(inputs[layer.in_features])
 
-    with torch.no_grad():
+    with torch.no_grad(), packed_for_rows(model, batch) if packed else contextlib.nullcontext():
         one_pass()
         seconds = min(timed(one_pass) for _ in range(max(repeats, 3)))
-    return seconds, sum(weight.numel() * weight.element_size() for weight in weights)
+    return seconds, sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
 
 
 def recorded_bytes(output) -> int:
@@ -92,29 +113,48 @@ def main(argv=None) -> int:
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as directory:
         hf, ours, vocab = build_models(Path(directory), args.quick)
-    print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}; {torch.get_num_threads()} threads")
-    print("| batch | attnlab tok/s | HF sdpa tok/s | ratio | attnlab+weights tok/s | HF eager+attn tok/s | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}; {torch.get_num_threads()} threads; "
+          f"CPU: {cpu_name()}")
+    print("| batch | attnlab | tok/s | HF | tok/s | ratio |")
+    print("|---|---|---|---|---|---|")
     for batch in args.batches:
         ids = torch.randint(3, vocab, (batch, prompt))
         hf_options = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        runs: dict[str, list[float]] = {key: [] for key in ("ours", "sdpa", "ours_w", "eager_w")}
+        ours_options = dict(max_new_tokens=new, eos_token_id=-1)
+        cases: dict[str, Callable[[], object]] = {
+            "generate": lambda: ours.generate(ids, **ours_options),
+            "compile=True": lambda: ours.generate(ids, compile=True, **ours_options),
+            "sdpa": lambda: hf["sdpa"].generate(ids, **hf_options),
+            "+weights": lambda: ours.generate(ids, output_attentions=True, **ours_options),
+            "+weights compile=True": lambda: ours.generate(ids, output_attentions=True, compile=True,
+                                                           **ours_options),
+            "eager+attentions": lambda: hf["eager"].generate(ids, output_attentions=True,
+                                                             return_dict_in_generate=True, **hf_options),
+        }
         with torch.no_grad():
             ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1)  # warm-up: first calls pay set-up
             hf["sdpa"].generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
+            # compile=True pays its compilation on the first call for a batch size and length
+            compile_seconds = {key: timed(cases[key]) for key in ("compile=True", "+weights compile=True")}
+            runs: dict[str, list[float]] = {key: [] for key in cases}
             for _ in range(repeats):
-                runs["ours"].append(timed(lambda: ours.generate(ids, max_new_tokens=new, eos_token_id=-1)))
-                runs["sdpa"].append(timed(lambda: hf["sdpa"].generate(ids, **hf_options)))
-                runs["ours_w"].append(timed(lambda: ours.generate(ids, max_new_tokens=new, eos_token_id=-1,
-                                                                   output_attentions=True)))
-                runs["eager_w"].append(timed(lambda: hf["eager"].generate(
-                    ids, output_attentions=True, return_dict_in_generate=True, **hf_options)))
+                for key, case in cases.items():
+                    runs[key].append(timed(case))
         rate = {key: batch * new / min(values) for key, values in runs.items()}
-        print(f"| {batch} | {rate['ours']:.1f} | {rate['sdpa']:.1f} | {rate['ours'] / rate['sdpa']:.2f}x | "
-              f"{rate['ours_w']:.1f} | {rate['eager_w']:.1f} | {rate['ours_w'] / rate['eager_w']:.2f}x |")
-        floor, size = weight_pass(ours, batch, repeats)
-        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB "
-              f"of weights (a decoding step's floor) takes {floor * 1e3:.1f} ms: at most {batch / floor:.1f} tok/s")
+        for ours_key, hf_key, hf_label in (("generate", "sdpa", "generate, sdpa"),
+                                           ("compile=True", "sdpa", "generate, sdpa"),
+                                           ("+weights", "eager+attentions", "eager + output_attentions"),
+                                           ("+weights compile=True", "eager+attentions",
+                                            "eager + output_attentions")):
+            print(f"| {batch} | {ours_key} | {rate[ours_key]:.1f} | {hf_label} | {rate[hf_key]:.1f} | "
+                  f"{rate[ours_key] / rate[hf_key]:.2f}x |")
+        print(f"  batch {batch}: first compile=True calls (compiling included): "
+              + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
+        packed = batch >= 4
+        floor, size = weight_pass(ours, batch, repeats, packed)
+        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights "
+              f"({'MKL packed, as generate runs from batch 4 on' if packed else 'plain products'}; a decoding "
+              f"step's floor) takes {floor * 1e3:.1f} ms: at most {batch / floor:.1f} tok/s")
         captured = ours.generate(ids, max_new_tokens=new, eos_token_id=-1, output_attentions=True)
         print(f"  batch {batch}: recorded weights {recorded_bytes(captured) / 2**20:.2f} MiB; process peak "
               f"resident memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (same seed, same text)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the decoding steps with torch.compile: faster steps after a "
+                             "compilation of seconds to a minute (worth it for long generations)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
 
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     generation = generate_text(
         resolved.model, resolved.tokenizer, prompt, max_new_tokens=args.max_new_tokens, report_dir=args.report,
         max_tokens=args.max_tokens, model_name=args.model, do_sample=args.sample, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile,
     )
     print(generation.text)
     for path in generation.files:

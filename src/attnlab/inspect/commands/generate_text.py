@@ -71,7 +71,8 @@ def generate_text(
         report_dir: where to write the report; ``None`` writes nothing and records nothing.
         max_tokens: the report pools positions beyond this many.
         model_name: shown in the report.
-        **sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` of ``generate``.
+        **sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` and
+            ``compile`` of ``generate``.
 
     Raises:
         ValueError: the model cannot generate, or the prompt gives no token.

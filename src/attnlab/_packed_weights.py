@@ -55,8 +55,9 @@ def packed_linear(module: nn.Module, x: Tensor) -> Tensor | None:
 
 @contextlib.contextmanager
 def packed_for_rows(model: nn.Module, rows: int, *, budget: int = PACKED_BYTES_BUDGET) -> Iterator[int]:
-    """Inside the block, ``model``'s attnlab ``Linear`` layers multiply ``rows``-row inputs
-    by weights MKL reordered for that row count; other inputs take the plain product.
+    """Inside the block, ``model``'s attnlab ``Linear`` layers (``takes_packed_weights``)
+    multiply ``rows``-row inputs by weights MKL reordered for that row count; other inputs
+    take the plain product.
 
     Only float32 CPU weights are repacked, largest first, while the copies stay within
     ``budget`` bytes; on a build without MKL nothing is. The copies are dropped on exit.
@@ -65,10 +66,8 @@ def packed_for_rows(model: nn.Module, rows: int, *, budget: int = PACKED_BYTES_B
     Yields:
         How many layers were repacked.
     """
-    from ._precision import Linear
-
     layers = [module for module in model.modules()
-              if isinstance(module, Linear) and module.weight.dtype == torch.float32
+              if getattr(module, "takes_packed_weights", False) and module.weight.dtype == torch.float32
               and module.weight.device.type == "cpu"]
     packed: list[nn.Module] = []
     try:

@@ -114,6 +114,8 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same ``state_dict``) that calls :func:`linear`, or
     MKL's packed product inside :func:`attnlab._packed_weights.packed_for_rows`."""
 
+    takes_packed_weights = True
+
     def forward(self, x: Tensor) -> Tensor:
         if "_packed_weight" in self.__dict__:
             out = packed_linear(self, x)

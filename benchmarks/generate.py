@@ -152,9 +152,10 @@ def main(argv=None) -> int:
               + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
         packed = batch >= 4
         floor, size = weight_pass(ours, batch, repeats, packed)
-        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights "
-              f"({'MKL packed, as generate runs from batch 4 on' if packed else 'plain products'}; a decoding "
-              f"step's floor) takes {floor * 1e3:.1f} ms: at most {batch / floor:.1f} tok/s")
+        how = "MKL packed, as generate runs from batch 4 on" if packed else "plain products"
+        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights ({how}; a decoding "
+              f"step's floor, up to noise) takes {floor * 1e3:.1f} ms: {batch / floor:.1f} tok/s if a step "
+              f"did nothing else")
         captured = ours.generate(ids, max_new_tokens=new, eos_token_id=-1, output_attentions=True)
         print(f"  batch {batch}: recorded weights {recorded_bytes(captured) / 2**20:.2f} MiB; process peak "
               f"resident memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")

@@ -64,7 +64,8 @@ def cpu_name() -> str:
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
-            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+        name = names[0] if names else name
     except OSError:
         pass
     return f"{name}, {torch.backends.cpu.get_cpu_capability()}"

@@ -144,5 +144,6 @@ class CompiledDecoding:
         self.positions = self.positions + 1
         attentions = None
         if self.need_weights:
-            attentions = LayerAttentions([layer[:, :, None, : slot + 1] for layer in weights])
+            # copies of the S used slots, so that the recorded rows do not hold all C
+            attentions = LayerAttentions([layer[:, :, None, : slot + 1].contiguous() for layer in weights])
         return logits[:, None], attentions

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from attnlab._packed_weights import mkl_packing_available, packed_for_rows
 from attnlab._precision import Linear
 from attnlab.layers.decoder_config import DecoderConfig
-from attnlab.models.decoder import DecoderForCausalLM
-from attnlab.models.decoder import compiled_decoding
+from attnlab.models.decoder import DecoderForCausalLM, compiled_decoding
 
 needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed GEMM")
 

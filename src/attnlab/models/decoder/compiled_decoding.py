@@ -23,7 +23,6 @@ slots, ``D`` head dim, ``E`` model dim, ``V`` vocabulary.
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -97,7 +96,7 @@ class CompiledDecoding:
         need_weights: record each step's per-layer, per-head weights.
     """
 
-    def __init__(self, model, cache: KVCache, keep: Optional[Tensor], need_weights: bool) -> None:
+    def __init__(self, model, cache: KVCache, keep: Tensor | None, need_weights: bool) -> None:
         self.model = model
         self.keys, self.values = zip(*(cache.storage(layer) for layer in range(cache.num_layers)))
         B, _, capacity, _ = self.keys[0].shape
@@ -115,7 +114,7 @@ class CompiledDecoding:
         self.need_weights = need_weights
         self.compiled = False
 
-    def __call__(self, tokens: Tensor) -> tuple[Tensor, Optional[LayerAttentions]]:
+    def __call__(self, tokens: Tensor) -> tuple[Tensor, LayerAttentions | None]:
         """Tokens ``[B]`` -> next-token logits ``[B, 1, V]`` and, with weights on, each
         layer's ``[B, H, 1, S]`` weights over the positions so far."""
         slot = self.length

@@ -372,8 +372,10 @@ def _merge_global_keys(
     """
     BH, NL, _ = query_flat.shape
     B, N, G = global_bias.shape
-    global_scores = torch.bmm(query_flat, global_keys.transpose(1, 2)).mul_(scale)  # [B * H, N * L, G]
-    global_scores.view(B, BH // B, N, NL // N, G).add_(global_bias[:, None, :, None, :])
+    # In the log-sum-exp's dtype (float32 for bfloat16 inputs) from here: the steps below
+    # meet that log-sum-exp, and mixed-dtype steps take slow paths.
+    global_scores = torch.bmm(query_flat, global_keys.transpose(1, 2)).to(logsumexp.dtype).mul_(scale)
+    global_scores.view(B, BH // B, N, NL // N, G).add_(global_bias[:, None, :, None, :])  # [B * H, N * L, G]
     window_logsumexp = logsumexp.unsqueeze(-1)  # [B * H, N * L, 1]
     total = torch.logaddexp(window_logsumexp, global_scores.logsumexp(dim=-1, keepdim=True))
     safe_total = total.masked_fill(total == _NEG_INF, float("inf"))  # no key: weights exp(-inf) = 0

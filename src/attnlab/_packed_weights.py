@@ -8,7 +8,7 @@ packed GEMM (the ``mkl._mkl_linear`` operator torch's compiler uses for frozen w
 given the weights reordered once for that row count, takes 27-30 ms for the same pass,
 with the same numbers up to float32 rounding order. At 1 and 2 rows it gains nothing.
 
-The repacked copies take about 2.8 times the weights' bytes, so they exist only inside
+The repacked copies take 2 to 3 times the weights' bytes (2.8 for the shapes above), so they exist only inside
 :func:`packed_for_rows` (``generate`` opens it for its decoding steps) and only up to a
 byte budget; layers past the budget keep the plain product.
 """
@@ -72,11 +72,14 @@ def packed_for_rows(model: nn.Module, rows: int, *, budget: int = PACKED_BYTES_B
     packed: list[nn.Module] = []
     try:
         if mkl_packing_available():
-            spent = 0
+            spent, sizes = 0, {}  # packed bytes by weight shape, so that no copy is made only to be dropped
             for module in sorted(layers, key=lambda layer: -layer.weight.numel()):
+                shape = tuple(module.weight.shape)
+                if shape in sizes and spent + sizes[shape] > budget:
+                    continue
                 with torch.no_grad():
                     weight = torch.ops.mkl._mkl_reorder_linear_weight(module.weight, rows)
-                size = weight.numel() * weight.element_size()
+                size = sizes[shape] = weight.numel() * weight.element_size()
                 if spent + size > budget:
                     continue
                 spent += size

@@ -117,7 +117,7 @@ class Linear(nn.Linear):
     takes_packed_weights = True
 
     def forward(self, x: Tensor) -> Tensor:
-        if "_packed_weight" in self.__dict__:
+        if "_packed_weight" in self.__dict__ and not torch.compiler.is_compiling():  # inductor cannot take it
             out = packed_linear(self, x)
             if out is not None:
                 return out

@@ -15,6 +15,25 @@ from attnlab.layers.decoder_config import DecoderConfig
 from attnlab.models.decoder import DecoderForCausalLM, compiled_decoding
 
 needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed GEMM")
+needs_cxx = pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
+                               reason="torch.compile on CPU needs a C++ compiler")
+
+
+@pytest.fixture
+def packed_products(monkeypatch):
+    """Counts the products that went through the packed weights."""
+    import attnlab._precision as precision
+
+    counted = {"packed": 0}
+    real = precision.packed_linear
+
+    def counting(module, x):
+        out = real(module, x)
+        counted["packed"] += out is not None
+        return out
+
+    monkeypatch.setattr(precision, "packed_linear", counting)
+    return counted
 
 
 def _layers():
@@ -23,7 +42,7 @@ def _layers():
 
 
 @needs_mkl
-def test_packed_product_equals_the_plain_one_for_its_row_count_only():
+def test_packed_product_equals_the_plain_one_for_its_row_count_only(packed_products):
     model = _layers()
     x = torch.randn(4, 1, 24)
     other = torch.randn(3, 24)
@@ -32,7 +51,9 @@ def test_packed_product_equals_the_plain_one_for_its_row_count_only():
         with packed_for_rows(model, 4) as packed:
             assert packed == 2
             got = model(x)
+            assert packed_products["packed"] == 2
             got_other = model(other)
+            assert packed_products["packed"] == 2
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert torch.equal(got_other, expected_other)  # other row counts take the plain product
     assert all("_packed_weight" not in layer.__dict__ for layer in model)  # copies dropped on exit
@@ -80,12 +101,11 @@ def test_a_failed_compilation_says_so_in_one_line(monkeypatch):
     with pytest.raises(RuntimeError) as caught:
         _tiny_decoder().generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, eos_token_id=-1, compile=True)
     message = str(caught.value)
-    assert message.startswith("compile=True could not compile the decoding step (no C++ compiler found)")
+    assert message.startswith("compile=True: the first compiled decoding step failed (no C++ compiler found)")
     assert "\n" not in message
 
 
-@pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
-                    reason="torch.compile on CPU needs a C++ compiler")
+@needs_cxx
 def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
     """Regression: free slots of the cache are attended with weight 0, and 0 * NaN from
     uninitialised storage turned whole rows into NaN."""
@@ -103,4 +123,40 @@ def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
     eager = model.generate(ids, mask, max_new_tokens=6, eos_token_id=-1)
     monkeypatch.setattr(KVCache, "_grow", staticmethod(grow_with_nan))
     compiled = model.generate(ids, mask, max_new_tokens=6, eos_token_id=-1, compile=True)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+
+
+@needs_mkl
+def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_tokens(packed_products):
+    model = _tiny_decoder()
+    ids = torch.randint(1, 50, (4, 5))
+    plain = model.generate(ids, max_new_tokens=16, eos_token_id=-1, pack_weights=False)
+    assert packed_products["packed"] == 0
+    packed = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
+    assert packed_products["packed"] > 0
+    assert packed.sequences.tolist() == plain.sequences.tolist()
+
+
+def test_compile_refuses_a_model_with_hooks():
+    from attnlab.inspect.compute.heads import mask_heads
+
+    model = _tiny_decoder()
+    ids = torch.tensor([[1, 2, 3]])
+    with mask_heads(model, torch.ones(2, 4)), pytest.raises(ValueError, match="does not run module hooks"):
+        model.generate(ids, max_new_tokens=2, compile=True)
+    handle = model.layers[1].feed_forward.register_forward_pre_hook(lambda module, args: None)
+    with pytest.raises(ValueError, match="layers.1.feed_forward has forward hooks"):
+        model.generate(ids, max_new_tokens=2, compile=True)
+    handle.remove()
+
+
+@needs_cxx
+def test_a_compiled_model_generates_with_packed_weights_on(packed_products):
+    """Regression: inside model.compile() the packed operator broke inductor's lowering;
+    the plain product runs there."""
+    model = _tiny_decoder()
+    ids = torch.randint(1, 50, (4, 5))
+    eager = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
+    model.compile()
+    compiled = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
     assert compiled.sequences.tolist() == eager.sequences.tolist()

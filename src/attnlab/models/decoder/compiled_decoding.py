@@ -12,9 +12,12 @@ The step reuses the model's own modules (embeddings, norms, projections, feed-fo
 nets, rotary angles); only attention is written here: the new key and value go into slot
 ``s`` of the cache, the query attends to every slot with a mask (real tokens up to ``s``,
 within the sliding window), so every step has the same shapes and compiles once per batch
-size and cache size (rounded up to :data:`CAPACITY_STEP`). Compiling costs seconds to a
-minute on the first call (torch keeps compiled code on disk for later processes), so it
-pays for long generations or repeated ones.
+size, cache size (rounded up to :data:`CAPACITY_STEP`) and weight capture. Compiling costs
+seconds to a minute on the first call (torch keeps compiled code on disk for later
+processes), so it pays for long generations or repeated ones. Past torch's limit of
+compiled variants of one function (8) the step runs uncompiled, correct but slower.
+Module hooks would not run inside the step, so models with hooks are refused
+(:func:`check_no_hooks`).
 
 Dimension letters: ``B`` batch, ``H`` query heads, ``K`` key/value heads, ``C`` cache
 slots, ``D`` head dim, ``E`` model dim, ``V`` vocabulary.
@@ -31,7 +34,7 @@ from ...layers.kv_cache import KVCache
 from ...layers.scaled_rotary import apply_rotary
 from ...outputs import LayerAttentions
 
-__all__ = ["CAPACITY_STEP", "CompiledDecoding", "compiled_capacity"]
+__all__ = ["CAPACITY_STEP", "CompiledDecoding", "check_no_hooks", "compiled_capacity"]
 
 CAPACITY_STEP = 256
 """Cache sizes are rounded up to a multiple of this, so that calls of similar lengths share
@@ -41,6 +44,22 @@ one compiled step."""
 def compiled_capacity(length: int) -> int:
     """The cache size a compiled generation of ``length`` positions uses."""
     return -(-length // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def check_no_hooks(model) -> None:
+    """Refuse a model whose modules have forward hooks: compiled steps call submodules
+    directly, so hooks on the model, its layers or their attention would not run."""
+    from torch.nn.modules import module as module_globals
+
+    if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
+        raise ValueError("compile=True does not run module hooks, and global forward hooks are set: "
+                         "generate without compile=True")
+    for name, module in model.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            raise ValueError(
+                f"compile=True does not run module hooks, and {name or 'the model'} has forward hooks "
+                "(mask_heads, capture_attention or your own): generate without compile=True"
+            )
 
 
 def _decode_step(model, tokens: Tensor, positions: Tensor, slot: Tensor, allowed: Tensor,
@@ -135,7 +154,7 @@ class CompiledDecoding:
                 raise
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise RuntimeError(
-                f"compile=True could not compile the decoding step ({first_line}); "
+                f"compile=True: the first compiled decoding step failed ({first_line}); "
                 "generate without compile=True"
             ) from error
         self.compiled = True

@@ -16,7 +16,7 @@ from torch import Tensor
 from ..._packed_weights import packed_for_rows
 from ...attention.masks import keep_mask
 from ...outputs import LayerAttentions, ModelOutput
-from .compiled_decoding import CompiledDecoding, compiled_capacity
+from .compiled_decoding import CompiledDecoding, check_no_hooks, compiled_capacity
 
 __all__ = ["GenerationOutput", "generate", "next_token_scores"]
 
@@ -144,23 +144,28 @@ def generate(
             cached forward itself (see :class:`GenerationOutput`); the reference kernel
             then runs instead of the fused one.
         pack_weights: multiply the weights by the decoding steps' ``B`` rows through MKL's
-            packed product (:func:`attnlab._packed_weights.packed_for_rows`; copies of about
-            2.8x the float32 weights' bytes, up to 2 GiB, for the length of the call).
-            Default: from batch 4 on, where it is faster, unless ``compile``; ``False``
-            saves the memory.
+            packed product (:func:`attnlab._packed_weights.packed_for_rows`; copies of 2-3x
+            the float32 weights' bytes, up to 2 GiB, for the length of the call).
+            Default: from batch 4 and 16 new tokens on, where it is faster, unless
+            ``compile``; ``False`` saves the memory.
         compile: run the decoding steps as one graph compiled by ``torch.compile``
             (:mod:`attnlab.models.decoder.compiled_decoding`): steps take about the time of
             their matrix products, after a compilation of seconds to a minute on the first
-            call for a batch size and length (torch keeps it on disk for later processes).
-            Needs the C++ compiler ``torch.compile`` uses on CPUs.
+            call for each batch size, length (in steps of 256) and ``output_attentions``
+            (torch keeps them on disk for later processes; past 8 of them in one process it
+            runs the step uncompiled, slower). Needs the C++ compiler ``torch.compile`` uses
+            on CPUs. The steps do not go through the modules' ``forward``: a model with
+            forward hooks (``mask_heads``, ``capture_attention``, your own) is refused.
 
     Returns:
         :class:`GenerationOutput`.
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
+    if compile:
+        check_no_hooks(model)
     if compile and pack_weights:
-        raise ValueError("pack_weights=True and compile=True do not combine: the compiled step uses the weights "
-                         "as they are; drop one of the two")
+        raise ValueError("pack_weights=True and compile=True do not combine: the compiled step uses the "
+                         "weights as they are; drop one of the two")
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}")
     config = model.config
@@ -196,7 +201,8 @@ def generate(
     # Decoding steps multiply every weight by B rows: from 4 rows on, MKL's packed product is
     # much faster than the plain one (see attnlab._packed_weights).
     # (The compiled step multiplies by the weights as they are: torch.compile cannot take the packed copies.)
-    packing = pack_weights if pack_weights is not None else B >= 4 and not compile
+    # Repacking costs about what a few steps save: not worth it for a handful of tokens.
+    packing = pack_weights if pack_weights is not None else B >= 4 and max_new_tokens >= 16 and not compile
     with packed_for_rows(model, B) if packing and max_new_tokens > 1 else contextlib.nullcontext():
         for step in range(max_new_tokens):
             logits = logits[:, -1].float()  # [B, V]

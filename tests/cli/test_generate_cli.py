@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -58,8 +57,7 @@ def test_sampling_with_a_seed_is_reproducible_from_the_command_line(llama_dir, c
     assert capsys.readouterr().out == first
 
 
-@pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
-                    reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.needs_cxx
 def test_compile_flag_prints_what_the_eager_steps_print(llama_dir, capsys):
     argv = ["generate", "--model", str(llama_dir), "--prompt", "the dog ran", "--max-new-tokens", "6"]
     assert main(argv) == 0

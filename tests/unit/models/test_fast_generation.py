@@ -3,8 +3,6 @@ compiled decoding steps (``generate(..., compile=True)``)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +13,6 @@ from attnlab.layers.decoder_config import DecoderConfig
 from attnlab.models.decoder import DecoderForCausalLM, compiled_decoding
 
 needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed GEMM")
-needs_cxx = pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
-                               reason="torch.compile on CPU needs a C++ compiler")
 
 
 @pytest.fixture
@@ -105,7 +101,7 @@ def test_a_failed_compilation_says_so_in_one_line(monkeypatch):
     assert "\n" not in message
 
 
-@needs_cxx
+@pytest.mark.needs_cxx
 def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
     """Regression: free slots of the cache are attended with weight 0, and 0 * NaN from
     uninitialised storage turned whole rows into NaN."""
@@ -150,7 +146,7 @@ def test_compile_refuses_a_model_with_hooks():
     handle.remove()
 
 
-@needs_cxx
+@pytest.mark.needs_cxx
 def test_a_compiled_model_generates_with_packed_weights_on(packed_products):
     """Regression: inside model.compile() the packed operator broke inductor's lowering;
     the plain product runs there."""

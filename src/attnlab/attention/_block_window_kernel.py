@@ -41,6 +41,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._block_window_native import native_window_attention
+
 __all__ = ["block_window_attention"]
 
 _NEG_INF = float("-inf")
@@ -440,8 +442,19 @@ class _BlockWindowAttention(torch.autograd.Function):
         global_values = value[:, :, global_index].reshape(B * H, G, Dv)  # [B * H, G, Dv]
         chunk = _chunk_size(L, W, n)
 
-        flash = _flash_with_logsumexp(query)
-        if flash is not None:
+        flash = _flash_with_logsumexp(query) if Dv == D else None  # it takes one head dim
+        native = native_window_attention(query, Dv, L, G > 0, scale)
+        global_rows = None  # the global tokens' rows: output [B * H, G, Dv], log-sum-exp [B * H, G]
+        if native is not None:
+            # bfloat16 with AMX: windows, global keys and global rows in one kernel of our own.
+            global_queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
+            output, logsumexp, *global_rows = native(
+                query_flat, keys.source, values.source, keys.shift, 2 * w + 1, H, N,
+                window_bias.float().contiguous(), (window_bias != 0).any(dim=1),
+                global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
+                global_queries, key_bias.float().contiguous(), scale,
+            )  # [n, L, Dv], [n, L], [B * H, G, Dv], [B * H, G]
+        elif flash is not None:
             # The windows through the fused kernel, then the global keys merged in exactly.
             output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
             if G:
@@ -478,12 +491,13 @@ class _BlockWindowAttention(torch.autograd.Function):
         row_logsumexp = logsumexp.new_empty(B, H, 0)
         if G:
             # The global tokens' queries attend every key: [B, H, G, N * L] scores.
-            row_probs, row_logsumexp = _global_row_probabilities(
-                query_flat, keys.sequence(B, H), global_index, key_bias, scale
-            )  # [B * H, G, N * L], [B, H, G]
-            output.view(B, H, N * L, Dv)[:, :, global_index] = torch.bmm(
-                row_probs, values.sequence(B, H)
-            ).view(B, H, G, Dv)
+            if global_rows is None:
+                row_probs, row_logsumexp = _global_row_probabilities(
+                    query_flat, keys.sequence(B, H), global_index, key_bias, scale
+                )  # [B * H, G, N * L], [B, H, G]
+                global_rows = (torch.bmm(row_probs, values.sequence(B, H)), row_logsumexp)
+            row_output, row_logsumexp = global_rows[0].view(B, H, G, Dv), global_rows[1].view(B, H, G)
+            output.view(B, H, N * L, Dv)[:, :, global_index] = row_output
             # Their block rows are replaced: probability 0 there (lse = +inf) in the backward.
             logsumexp.view(B, H, N * L)[:, :, global_index] = float("inf")
 

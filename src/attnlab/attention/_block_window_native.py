@@ -1,0 +1,132 @@
+"""attnlab's own bfloat16 forward of block-sparse attention, built on first use.
+
+The kernel (``_block_window_native.cpp``) needs a CPU with AMX (torch's batch-reduce
+GEMM takes its operands in the AMX layout), a C++ compiler and ninja; it is compiled
+once per machine into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``). Before its first use on given block and head sizes it is
+checked against torch's fused kernel on a small input. Where any of this fails, the
+block-sparse kernel takes torch's fused attention instead (slower on bfloat16, same
+answer), and says why once.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["native_window_attention", "build"]
+
+_SOURCE = Path(__file__).with_name("_block_window_native.cpp")
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
+_ALIGN = 32  # block size and head dims must be multiples of this
+
+
+def _has_amx() -> bool:
+    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(supported and supported()) and torch.backends.mkldnn.is_available()
+
+
+@functools.cache
+def build() -> Callable[..., tuple[Tensor, Tensor]]:
+    """Compile (or load from the cache) the kernel; its ``forward`` operator.
+
+    Raises:
+        RuntimeError: the CPU has no AMX, or the build failed (the message says why).
+    """
+    if not _has_amx():
+        raise RuntimeError("this CPU has no AMX tiles (or torch was built without oneDNN)")
+    from torch.utils.cpp_extension import load
+
+    try:
+        load(
+            name="attnlab_block_window",
+            sources=[str(_SOURCE)],
+            extra_cflags=_FLAGS,
+            extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP inlined into this library
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as error:  # no compiler, no ninja, a compile error
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RuntimeError(f"could not build {_SOURCE.name}: {first_line[:200]}") from error
+    return torch.ops.attnlab_block_window.forward
+
+
+@functools.cache
+def _why_unavailable() -> Optional[str]:
+    try:
+        build()
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+@functools.cache
+def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
+    """The kernel against float32 attention on one head of 4 blocks of these sizes."""
+    generator = torch.Generator().manual_seed(0)
+    L, D, Dv, N, G = block_size, head_dim, value_dim, 4, 2 if with_globals else 0
+    query, key = (torch.randn(N, L, D, generator=generator).bfloat16() for _ in range(2))
+    value = torch.randn(N, L, Dv, generator=generator).bfloat16()
+    global_index = torch.tensor([1, N * L - 2])[:G]
+    global_keys = key.view(1, N * L, D)[:, global_index]  # [1, G, D]
+    global_values = value.view(1, N * L, Dv)[:, global_index]
+    global_queries = query.view(1, N * L, D)[:, global_index]
+    key_bias = torch.zeros(1, N * L)
+    key_bias[0, -L // 2 :] = float("-inf")  # padding
+    own = key_bias.view(N, L)
+    window_bias = torch.cat([own.roll(1, dims=0), own, own.roll(-1, dims=0)], dim=1)  # [N, W]: i - 1, i, i + 1
+    window_bias[0, :L] = window_bias[-1, 2 * L :] = float("-inf")  # no neighbour there
+    in_window = (global_index[None, :] // L - torch.arange(N)[:, None]).abs() <= 1  # [N, G]
+    global_bias = key_bias[:, global_index].expand(N, G).masked_fill(in_window, float("-inf"))
+    scale = D**-0.5
+    output, logsumexp, row_output, row_logsumexp = build()(
+        query, key, value, -1, 3, 1, N, window_bias, window_bias.ne(0).any(1), global_keys,
+        global_values, global_bias.contiguous(), global_queries, key_bias, scale,
+    )
+    # The same pattern as one dense [N * L, N * L] bias.
+    block = torch.arange(N * L) // L
+    dense_bias = key_bias.expand(N * L, N * L).masked_fill((block[:, None] - block[None, :]).abs() > 1, float("-inf"))
+    dense_bias[:, global_index] = key_bias[0, global_index]
+    dense_bias[global_index] = key_bias
+    scores = (query.view(N * L, D).float() @ key.view(N * L, D).float().T) * scale + dense_bias
+    expected = torch.softmax(scores, dim=-1) @ value.view(N * L, Dv).float()  # [N * L, Dv]
+    expected_logsumexp = scores.logsumexp(dim=-1)
+    output, logsumexp = output.view(N * L, Dv), logsumexp.view(N * L)
+    output[global_index], logsumexp[global_index] = row_output[0], row_logsumexp[0]
+    return bool(
+        torch.allclose(output.float(), expected, atol=2e-2, rtol=2e-2)
+        and torch.allclose(logsumexp, expected_logsumexp, atol=1e-3, rtol=1e-4)
+    )
+
+
+def native_window_attention(query: Tensor, value_dim: int, block_size: int, has_globals: bool, scale: float):
+    """The kernel's ``forward`` where it serves these inputs, else ``None``.
+
+    It serves bfloat16 CPU tensors whose block size and head dims are multiples of 32,
+    with a positive scale, where it could be built and passed its check.
+    """
+    if query.device.type != "cpu" or query.dtype != torch.bfloat16 or scale <= 0:
+        return None
+    if block_size % _ALIGN or query.shape[-1] % _ALIGN or value_dim % _ALIGN:
+        return None
+    reason = _why_unavailable()
+    if reason is not None:
+        _warn_once(f"attnlab's bfloat16 block-sparse kernel is not available ({reason}); "
+                   "using torch's fused attention, which is slower")
+        return None
+    if not _passes_check(block_size, query.shape[-1], value_dim, has_globals):
+        _warn_once(f"attnlab's bfloat16 block-sparse kernel disagreed with torch on block size "
+                   f"{block_size}, head dims {query.shape[-1]}/{value_dim}; using torch's fused attention")
+        return None
+    return build()
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -202,7 +202,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
               biased.scalar_type() == at::kBool, "block_window_forward: float32 biases, bool rows");
   const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
   const int64_t S = key_source.size(0), Dv = value_source.size(2), G = global_keys.size(1);
-  const int64_t W = spread * L, Gp = round_up(G, kAlign), width = W + Gp;
+  const int64_t W = spread * L, Gp = round_up(G, kAlign);
   TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0 && scale > 0,
               "block_window_forward: block size and head dims must be multiples of 32");
   TORCH_CHECK(window_bias.size(1) == W && global_bias.size(1) == G && n % blocks == 0 &&
@@ -249,95 +249,120 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
   const float c = static_cast<float>(scale) * kLog2e;  // scores in base 2
 
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    const int64_t packed_blocks = kChunk + spread - 1;
+    const int64_t packed_blocks = kChunk + spread - 1, packed_columns = packed_blocks * L;
+    const int64_t chunk_rows = kChunk * L, own_offset = (spread - 1) / 2;  // a block's own keys in its window
     std::vector<BFloat16> packed_keys(packed_blocks * L * D), packed_values(packed_blocks * L * Dv);
-    std::vector<float> scores(L * width), accumulator(L * Dv), row_bias(width), inverse(L);
-    std::vector<BFloat16> probs(L * width), row_probs(G * L);
-    std::vector<float> row_scores(G * L), own_key_bias(L);
+    std::vector<float> scores(L * W), window_row_bias(W), global_row_bias(Gp);
+    std::vector<BFloat16> probs(L * W);
+    // Per chunk: the global keys' scores and probabilities, the weighted values, 1 / sum per row.
+    std::vector<float> global_scores(chunk_rows * Gp), accumulator(chunk_rows * Dv), inverse(chunk_rows);
+    std::vector<BFloat16> global_probs(chunk_rows * Gp);
+    // The global rows over the chunk's own keys.
+    std::vector<float> row_scores(G * chunk_rows), own_key_bias(chunk_rows);
+    std::vector<BFloat16> row_probs(G * chunk_rows);
+    const int64_t slot_base = at::get_thread_num() * heads_total * G;
+
     for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
       const int64_t chunk_end = std::min(end, chunk + kChunk);
       for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {
         const int64_t source = chunk + shift + t;
         const bool inside = source >= 0 && source < S;
-        pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, L, packed_keys.data() + t * L * D);
+        pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, packed_columns,
+                  packed_keys.data() + t * L * 2);  // columns t L .. of [D / 2, packed_columns, 2]
         pack_values(inside ? v + source * L * Dv : v, L, inside ? L : 0, Dv, packed_values.data() + t * L * Dv);
       }
+      // The chunk's blocks by head: [segment, segment_end) share head `segment / blocks`.
+      std::vector<int64_t> segments{chunk};
+      for (int64_t i = chunk + 1; i < chunk_end; ++i) {
+        if (i % blocks == 0) segments.push_back(i);
+      }
+      segments.push_back(chunk_end);
+      if (G) {  // every query of the chunk against its head's global keys
+        for (size_t a = 0; a + 1 < segments.size(); ++a) {
+          const int64_t from = segments[a], rows = (segments[a + 1] - from) * L;
+          at::native::cpublas::brgemm(rows, Gp, D, D, Gp, Gp, false, q + from * L * D,
+                                      global_k + (from / blocks) * D * Gp,
+                                      global_scores.data() + (from - chunk) * L * Gp);
+        }
+      }
+
       for (int64_t i = chunk; i < chunk_end; ++i) {
         const int64_t first = i - chunk;  // the window's first packed block
-        const int64_t head = i / blocks;
-        const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
-        const BFloat16* q_block = q + i * L * D;
-        for (int64_t b = 0; b < spread; ++b) {
-          at::native::cpublas::brgemm(L, L, D, D, L, width, false, q_block,
-                                      packed_keys.data() + (first + b) * L * D, scores.data() + b * L);
-        }
-        if (G) {
-          at::native::cpublas::brgemm(L, Gp, D, D, Gp, width, false, q_block, global_k + head * D * Gp,
-                                      scores.data() + W);
-        }
+        const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;  // its bias row
+        at::native::cpublas::brgemm(L, W, D, D, packed_columns, W, false, q + i * L * D,
+                                    packed_keys.data() + first * L * 2, scores.data());
         // Biases in base 2, like the scores: the window's only where it has any, the global
         // keys' always (their padding columns are -inf).
         const bool window_biased = biased_data[row];
         if (window_biased) {
-          const float* window_row = window_bias_data + row * W;
-          for (int64_t x = 0; x < W; ++x) row_bias[x] = window_row[x] * kLog2e;
+          const float* bias = window_bias_data + row * W;
+          for (int64_t x = 0; x < W; ++x) window_row_bias[x] = bias[x] * kLog2e;
         }
         for (int64_t g = 0; g < Gp; ++g) {
-          row_bias[W + g] = g < G ? global_bias_data[row * G + g] * kLog2e : -INFINITY;
+          global_row_bias[g] = g < G ? global_bias_data[row * G + g] * kLog2e : -INFINITY;
         }
         const float window_c = window_biased ? 1.0f : c;  // biased scores are scaled in place
         for (int64_t r = 0; r < L; ++r) {
-          float* line = scores.data() + r * width;
-          BFloat16* p = probs.data() + r * width;
-          float top = window_biased ? add_bias_row(line, row_bias.data(), W, c) : row_max(line, W) * c;
-          if (G) top = std::max(top, add_bias_row(line + W, row_bias.data() + W, Gp, c));
+          const int64_t at = first * L + r;  // row of the chunk
+          float* line = scores.data() + r * W;
+          float* global_line = global_scores.data() + at * Gp;
+          BFloat16* p = probs.data() + r * W;
+          BFloat16* global_p = global_probs.data() + at * Gp;
+          float top = window_biased ? add_bias_row(line, window_row_bias.data(), W, c) : row_max(line, W) * c;
+          if (G) top = std::max(top, add_bias_row(global_line, global_row_bias.data(), Gp, c));
           float sum = 0.0f;
           if (top != -INFINITY) {
             sum = exp2_row(line, W, window_c, top, p);
-            if (G) sum += exp2_row(line + W, Gp, 1.0f, top, p + W);
+            if (G) sum += exp2_row(global_line, Gp, 1.0f, top, global_p);
           }
           if (sum == 0.0f) {  // no key: probabilities, output and weight 0
-            std::memset(p, 0, width * sizeof(BFloat16));
+            std::memset(p, 0, W * sizeof(BFloat16));
+            if (G) std::memset(global_p, 0, Gp * sizeof(BFloat16));
             lse[i * L + r] = -INFINITY;
-            inverse[r] = 0.0f;
+            inverse[at] = 0.0f;
           } else {
             lse[i * L + r] = (top + std::log2(sum)) * kLn2;
-            inverse[r] = 1.0f / sum;
+            inverse[at] = 1.0f / sum;
           }
         }
-        at::native::cpublas::brgemm(L, Dv, W, width, Dv, Dv, false, probs.data(),
-                                    packed_values.data() + first * L * Dv, accumulator.data());
-        if (G) {
-          at::native::cpublas::brgemm(L, Dv, Gp, width, Dv, Dv, true, probs.data() + W,
-                                      global_v + head * Gp * Dv, accumulator.data());
-        }
-        for (int64_t r = 0; r < L; ++r) {
-          scale_row(accumulator.data() + r * Dv, Dv, inverse[r], out + (i * L + r) * Dv);
-        }
-        if (G) {  // the global rows over this block's own keys
-          const int64_t own = first + (spread - 1) / 2;  // its packed key block
-          const int64_t slot = at::get_thread_num() * heads_total * G + head * G;
-          at::native::cpublas::brgemm(G, L, D, D, L, L, false, global_q + head * G * D,
-                                      packed_keys.data() + own * L * D, row_scores.data());
-          const float* bias = key_bias_data + (i / (heads * blocks)) * blocks * L + (i % blocks) * L;
-          for (int64_t x = 0; x < L; ++x) own_key_bias[x] = bias[x] * kLog2e;
-          for (int64_t g = 0; g < G; ++g) {
-            float* line = row_scores.data() + g * L;
-            BFloat16* p = row_probs.data() + g * L;
-            const float top = std::max(row_top[slot + g], add_bias_row(line, own_key_bias.data(), L, c));
-            if (top == -INFINITY) {  // no key so far
-              std::memset(p, 0, L * sizeof(BFloat16));
-              continue;
-            }
-            const float factor = std::exp2(row_top[slot + g] - top);  // 0 from -inf
-            row_sum[slot + g] = row_sum[slot + g] * factor + exp2_row(line, L, 1.0f, top, p);
-            row_top[slot + g] = top;
-            float* values_row = row_values.data() + (slot + g) * Dv;
-            for (int64_t d = 0; d < Dv; ++d) values_row[d] *= factor;
+        at::native::cpublas::brgemm(L, Dv, W, W, Dv, Dv, false, probs.data(),
+                                    packed_values.data() + first * L * Dv, accumulator.data() + first * L * Dv);
+      }
+
+      for (size_t a = 0; G && a + 1 < segments.size(); ++a) {  // + the global keys' values
+        const int64_t from = segments[a], rows = (segments[a + 1] - from) * L;
+        at::native::cpublas::brgemm(rows, Dv, Gp, Gp, Dv, Dv, true, global_probs.data() + (from - chunk) * L * Gp,
+                                    global_v + (from / blocks) * Gp * Dv,
+                                    accumulator.data() + (from - chunk) * L * Dv);
+      }
+      for (int64_t at = 0; at < (chunk_end - chunk) * L; ++at) {
+        scale_row(accumulator.data() + at * Dv, Dv, inverse[at], out + (chunk * L + at) * Dv);
+      }
+
+      for (size_t a = 0; G && a + 1 < segments.size(); ++a) {  // the global rows over the chunk's own keys
+        const int64_t from = segments[a], columns = (segments[a + 1] - from) * L, head = from / blocks;
+        const int64_t slot = slot_base + head * G;
+        const int64_t own = from - chunk + own_offset;  // packed block of block `from`'s own keys
+        at::native::cpublas::brgemm(G, columns, D, D, packed_columns, columns, false, global_q + head * G * D,
+                                    packed_keys.data() + own * L * 2, row_scores.data());
+        const float* bias = key_bias_data + (from / (heads * blocks)) * blocks * L + (from % blocks) * L;
+        for (int64_t x = 0; x < columns; ++x) own_key_bias[x] = bias[x] * kLog2e;
+        for (int64_t g = 0; g < G; ++g) {
+          float* line = row_scores.data() + g * columns;
+          BFloat16* p = row_probs.data() + g * columns;
+          const float top = std::max(row_top[slot + g], add_bias_row(line, own_key_bias.data(), columns, c));
+          if (top == -INFINITY) {  // no key so far
+            std::memset(p, 0, columns * sizeof(BFloat16));
+            continue;
           }
-          at::native::cpublas::brgemm(G, Dv, L, L, Dv, Dv, true, row_probs.data(),
-                                      packed_values.data() + own * L * Dv, row_values.data() + slot * Dv);
+          const float factor = std::exp2(row_top[slot + g] - top);  // 0 from -inf
+          row_sum[slot + g] = row_sum[slot + g] * factor + exp2_row(line, columns, 1.0f, top, p);
+          row_top[slot + g] = top;
+          float* values_row = row_values.data() + (slot + g) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) values_row[d] *= factor;
         }
+        at::native::cpublas::brgemm(G, Dv, columns, columns, Dv, Dv, true, row_probs.data(),
+                                    packed_values.data() + own * L * Dv, row_values.data() + slot * Dv);
       }
     }
     at::native::cpublas::brgemm_release();

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["native_window_attention", "build"]
+__all__ = ["native_window_attention", "build", "status"]
 
 _SOURCE = Path(__file__).with_name("_block_window_native.cpp")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
@@ -55,6 +55,11 @@ def build() -> Callable[..., tuple[Tensor, Tensor]]:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise RuntimeError(f"could not build {_SOURCE.name}: {first_line[:200]}") from error
     return torch.ops.attnlab_block_window.forward
+
+
+def status() -> str:
+    """``"ready"``, or why the kernel is not available on this machine (builds it if needed)."""
+    return _why_unavailable() or "ready"
 
 
 @functools.cache

@@ -1,0 +1,246 @@
+"""attnlab's bfloat16 block-sparse kernel (AMX CPUs) against float64 and torch's fused path.
+
+The kernel is built on first use; where the CPU has no AMX or nothing can compile it,
+the tests that need it are skipped and the fallback tests still run.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import attnlab.attention._block_window_kernel as kernel
+import attnlab.attention._block_window_native as native
+from attnlab.attention.block_sparse import block_sparse_attention, block_sparse_mask
+
+
+def _native_available() -> bool:
+    return native._why_unavailable() is None
+
+
+needs_native = pytest.mark.skipif(
+    not _native_available(), reason="the native bfloat16 kernel needs an AMX CPU and a C++ compiler"
+)
+
+
+def dense_reference(q, k, v, valid, block_size, window, global_positions):
+    """Masked softmax attention over the full ``[T, T]`` pattern in float64; rows without a key give 0."""
+    q, k, v = (x.double() for x in (q, k, v))
+    T = q.shape[2]
+    allowed = block_sparse_mask(T, block_size, window, global_positions)[None, None]  # [1, 1, T, T]
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :]  # [B, 1, T, T]
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    has_key = allowed.any(dim=-1, keepdim=True)
+    probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * allowed
+    return probs @ v
+
+
+CASES = [
+    # (batch, heads, length, D, Dv, block, window, globals, real tokens per sequence)
+    (1, 2, 512, 64, 64, 64, 1, (0, 256), (461,)),  # padding at the end, globals inside some windows
+    (2, 2, 250, 32, 64, 32, 2, (3, 100, 249), (250, 190)),  # not whole blocks, D != Dv
+    (2, 2, 256, 64, 32, 32, 1, (50,), (256, 0)),  # a sequence with no key at all
+    (1, 3, 384, 32, 32, 32, 0, (7, 8, 299), None),  # globals only, no padding
+    (3, 1, 128, 32, 32, 32, 3, (), (128, 64, 5)),  # windows wider than the sequence
+    (1, 2, 1024, 64, 64, 128, 1, (), None),  # the benchmark's shape, smaller: no bias at all
+    (2, 2, 2304, 32, 32, 32, 1, (5, 2000), (2304, 1500)),  # several chunks per thread, heads inside chunks
+]
+
+
+def _inputs(batch, heads, length, D, Dv, lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(batch, heads, length, D, generator=generator).bfloat16() for _ in range(2))
+    v = torch.randn(batch, heads, length, Dv, generator=generator).bfloat16()
+    upstream = torch.randn(batch, heads, length, Dv, generator=generator).bfloat16()
+    valid = None
+    if lengths is not None:
+        valid = torch.arange(length)[None] < torch.tensor(lengths)[:, None]  # [B, T]
+        valid[:, length // 3 : length // 3 + 5] = False  # keys removed in the middle too
+    return q, k, v, upstream, valid
+
+
+def _count_native_calls(monkeypatch) -> list[bool]:
+    calls: list[bool] = []
+    original = kernel.native_window_attention
+
+    def spy(*args):
+        op = original(*args)
+        calls.append(op is not None)
+        return op
+
+    monkeypatch.setattr(kernel, "native_window_attention", spy)
+    return calls
+
+
+@needs_native
+@pytest.mark.parametrize("batch, heads, length, D, Dv, block, window, globals_, lengths", CASES)
+def test_native_kernel_matches_float64_and_feeds_the_backward_like_torchs_path(
+    monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
+) -> None:
+    # Against float64 on the same bfloat16-rounded inputs: the forward within 1 % of the
+    # largest value (measured: under 0.5 %); the gradients, which attnlab's bfloat16
+    # backward computes from the forward's output and log-sum-exp, no further from float64
+    # than those from torch's fused path (or, where that cannot serve, the GEMM path).
+    calls = _count_native_calls(monkeypatch)
+    q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths)
+    kwargs = {"block_size": block, "window": window, "global_positions": globals_}
+    results = []
+    for use_native in (True, False):
+        if not use_native:
+            monkeypatch.setattr(kernel, "native_window_attention", lambda *args: None)
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out = block_sparse_attention(*leaves, valid, **kwargs).output
+        (out * upstream).sum().backward()
+        results.append([x.double() for x in (out.detach(), *(leaf.grad for leaf in leaves))])
+    assert calls == [True]
+    leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
+    out = dense_reference(*leaves, valid, block, window, globals_)
+    (out * upstream.double()).sum().backward()
+    reference = [out.detach(), *(leaf.grad for leaf in leaves)]
+    assert ((results[0][0] - reference[0]).abs().max() / reference[0].abs().max()) < 1e-2
+    for name, mine, torchs, exact in zip(("output", "dq", "dk", "dv"), *results, reference):
+        assert torch.isfinite(mine).all(), name
+        scale = exact.abs().max().clamp(min=1e-3)
+        mine_error, torchs_error = (mine - exact).abs().max() / scale, (torchs - exact).abs().max() / scale
+        assert mine_error <= max(1.25 * torchs_error, 5e-3), (name, mine_error, torchs_error)
+
+
+@needs_native
+@pytest.mark.parametrize("batch, heads, length, D, Dv, block, window, globals_, lengths",
+                         [case for case in CASES if case[3] == case[4]])
+def test_native_kernel_agrees_with_torch_fused_path(
+    monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
+) -> None:
+    q, k, v, _, valid = _inputs(batch, heads, length, D, Dv, lengths, seed=1)
+    kwargs = {"block_size": block, "window": window, "global_positions": globals_}
+    with torch.no_grad():
+        mine = block_sparse_attention(q, k, v, valid, **kwargs).output
+        monkeypatch.setattr(kernel, "native_window_attention", lambda *args: None)
+        torchs = block_sparse_attention(q, k, v, valid, **kwargs).output
+    reference = dense_reference(q, k, v, valid, block, window, globals_)
+    scale = reference.abs().max()
+    assert (mine.double() - torchs.double()).abs().max() / scale < 2e-2
+    # and the kernel is at least as close to float64 as torch's path (one rounding less)
+    assert (mine.double() - reference).abs().max() <= 1.5 * (torchs.double() - reference).abs().max()
+
+
+@needs_native
+def test_native_kernel_serves_only_what_it_supports(monkeypatch) -> None:
+    calls = _count_native_calls(monkeypatch)
+    x = torch.randn(1, 2, 256, 32)
+    for dtype, D, block in ((torch.float32, 32, 64), (torch.bfloat16, 16, 64), (torch.bfloat16, 32, 48),
+                            (torch.bfloat16, 32, 64)):
+        q = x[..., :D].to(dtype)
+        with torch.no_grad():
+            block_sparse_attention(q, q, q, block_size=block, window=1)
+    assert calls == [False, False, False, True]  # float32, head dim 16, block 48: torch's path
+
+
+def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch) -> None:
+    # A kernel whose answer is wrong on this machine is caught before use: the layer falls
+    # back to torch's path (correct answer) and warns once.
+    def wrong_kernel(*args):
+        output, logsumexp, rows, row_logsumexp = _reference_kernel(*args)
+        return output + 1, logsumexp, rows, row_logsumexp
+
+    monkeypatch.setattr(native, "build", lambda: wrong_kernel)
+    monkeypatch.setattr(native, "_why_unavailable", lambda: None)
+    monkeypatch.setattr(native, "_has_amx", lambda: True)
+    native._passes_check.cache_clear()
+    native._warn_once.cache_clear()
+    try:
+        q, k, v, _, valid = _inputs(1, 2, 256, 32, 32, (200,))
+        with pytest.warns(RuntimeWarning, match="disagreed with torch"):
+            out = block_sparse_attention(q, k, v, valid, block_size=32, window=1).output
+        reference = dense_reference(q, k, v, valid, 32, 1, ())
+        assert (out.double() - reference).abs().max() / reference.abs().max() < 2e-2
+    finally:
+        native._passes_check.cache_clear()
+        native._warn_once.cache_clear()
+
+
+def test_the_check_accepts_a_correct_kernel(monkeypatch) -> None:
+    # The check's own reference: a plain-torch kernel with the same contract passes it, so
+    # a rejection means a wrong answer, not a wrong check.
+    monkeypatch.setattr(native, "build", lambda: _reference_kernel)
+    native._passes_check.cache_clear()
+    try:
+        assert native._passes_check(64, 32, 64, True)
+        assert native._passes_check(32, 32, 32, False)
+    finally:
+        native._passes_check.cache_clear()
+
+
+def test_without_the_kernel_bfloat16_takes_torchs_path_and_says_why_once(monkeypatch) -> None:
+    monkeypatch.setattr(native, "_why_unavailable", lambda: "no C++ compiler")
+    native._warn_once.cache_clear()
+    try:
+        q, k, v, _, _ = _inputs(1, 2, 256, 32, 32, None)
+        with pytest.warns(RuntimeWarning, match="not available \\(no C\\+\\+ compiler\\)"):
+            out = block_sparse_attention(q, k, v, block_size=32, window=1).output
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process, not per call
+            block_sparse_attention(q, k, v, block_size=32, window=1)
+        reference = dense_reference(q, k, v, None, 32, 1, ())
+        assert (out.double() - reference).abs().max() / reference.abs().max() < 2e-2
+    finally:
+        native._warn_once.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_value_head_dim_other_than_key_head_dim(dtype) -> None:
+    # Regression: torch's fused kernel takes one head dim; values of another width sent
+    # the forward there and failed ("Q/K/V should have the same head size").
+    generator = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(2, 2, 200, 8, generator=generator, dtype=dtype) for _ in range(2))
+    v = torch.randn(2, 2, 200, 12, generator=generator, dtype=dtype)
+    valid = torch.arange(200)[None] < torch.tensor([200, 150])[:, None]
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out = block_sparse_attention(*leaves, valid, block_size=16, window=1, global_positions=(3, 120)).output
+    out.sum().backward()
+    reference_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v)]
+    reference = dense_reference(*reference_leaves, valid, 16, 1, (3, 120))
+    reference.sum().backward()
+    tolerance = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-9}
+    torch.testing.assert_close(out.double(), reference, **tolerance)
+    for leaf, reference_leaf in zip(leaves, reference_leaves):
+        torch.testing.assert_close(leaf.grad.double(), reference_leaf.grad, **tolerance)
+
+
+def _reference_kernel(
+    query, key_source, value_source, shift, spread, heads, blocks, window_bias, biased,
+    global_keys, global_values, global_bias, global_queries, key_bias, scale,
+):
+    """The native operator's contract in plain float32 torch (slow; for the check's tests)."""
+    n, L, D = query.shape
+    Dv, G, W = value_source.shape[-1], global_keys.shape[1], spread * L
+    flat_keys = key_source.float().reshape(-1, D)
+    flat_values = value_source.float().reshape(-1, Dv)
+    columns = (torch.arange(n)[:, None] + shift) * L + torch.arange(W)  # [n, W] source rows
+    inside = (columns >= 0) & (columns < flat_keys.shape[0])
+    columns = columns.clamp(0, flat_keys.shape[0] - 1)
+    keys, values = flat_keys[columns], flat_values[columns]  # [n, W, D], [n, W, Dv]
+    head = torch.arange(n) // blocks
+    row = (torch.arange(n) // (heads * blocks)) * blocks + torch.arange(n) % blocks
+    bias = window_bias[row].masked_fill(~inside, float("-inf"))  # [n, W]
+    keys = torch.cat([keys, global_keys.float()[head]], dim=1)
+    values = torch.cat([values, global_values.float()[head]], dim=1)
+    bias = torch.cat([bias, global_bias[row]], dim=1)[:, None, :]  # [n, 1, W + G]
+    scores = torch.baddbmm(bias, query.float(), keys.transpose(1, 2), alpha=scale)
+    logsumexp = scores.logsumexp(dim=-1)
+    output = torch.softmax(scores.nan_to_num(neginf=-1e30), dim=-1) @ values
+    output = output.masked_fill(logsumexp[..., None] == float("-inf"), 0)
+    # The global rows over every key of their head.
+    B = key_bias.shape[0]
+    own = shift + spread // 2  # source block of block 0's own keys
+    every_key = key_source.float()[own : own + n].reshape(B * heads, -1, D)  # [B H, N L, D]
+    every_value = value_source.float()[own : own + n].reshape(B * heads, -1, Dv)
+    row_scores = torch.bmm(global_queries.float(), every_key.transpose(1, 2)) * scale
+    row_scores = row_scores + key_bias.repeat_interleave(heads, dim=0)[:, None, :]
+    row_logsumexp = row_scores.logsumexp(dim=-1)
+    rows = torch.softmax(row_scores.nan_to_num(neginf=-1e30), dim=-1) @ every_value
+    return output.bfloat16(), logsumexp, rows.bfloat16(), row_logsumexp

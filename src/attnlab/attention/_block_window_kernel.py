@@ -14,7 +14,10 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-The forward attends each run of consecutive blocks in one call of torch's fused CPU
+In bfloat16 on CPUs with AMX the forward is attnlab's own kernel
+(``_block_window_native.cpp``: windows, global keys and the global tokens' rows in one
+pass; see ``_block_window_native.py``). Otherwise it attends each run of consecutive
+blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
 as the mask (all windows are read in place; only the batch-edge windows are copied).

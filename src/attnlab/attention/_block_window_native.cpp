@@ -6,13 +6,17 @@
 // Why a kernel of our own: torch's fused CPU attention splits a 128-query block into 32-row
 // pieces and repacks each block's keys for every window that holds them, so on bfloat16
 // its matrix products run far below the AMX units' speed. Here every query block is one
-// 128-row product per key block, each key and value block is packed once per few windows
-// (VNNI layout, into a buffer that stays in cache), and the softmax is one pass in base 2.
+// 128-row product over its whole window, each key and value block is packed once per few
+// windows (VNNI layout, into a buffer that stays in cache), and the softmax is one pass in
+// base 2.
 //
 // Each thread walks a contiguous range of query blocks in chunks of kChunk: it packs the
 // key and value blocks the chunk's windows cover (kChunk + spread - 1 of them), then for
-// each block: S = Q K^T over the window (and the global keys), the softmax into bfloat16
-// probabilities P with the log-sum-exp, O = P V. Key blocks outside the source tensor are
+// each block: S = Q K^T over the window (one GEMM), the softmax into bfloat16
+// probabilities P with the log-sum-exp, O = P V (one GEMM). The global keys are one GEMM
+// per chunk and head on each side (their scores join each row's softmax), and the global
+// tokens' own rows, which attend every key, keep a running softmax per thread over the
+// chunks' own key blocks, merged at the end. Key blocks outside the source tensor are
 // packed as zeros; the window bias removes them, as it removes every key a block may not
 // attend.
 
@@ -194,7 +198,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
               value_source.scalar_type() == at::kBFloat16, "block_window_forward: bfloat16 inputs only");
   TORCH_CHECK(query.is_contiguous() && key_source.is_contiguous() && value_source.is_contiguous() &&
               window_bias.is_contiguous() && biased.is_contiguous() && global_keys.is_contiguous() &&
-              global_values.is_contiguous() && global_bias.is_contiguous() && global_queries.is_contiguous() &&
+              global_values.is_contiguous() && global_bias.is_contiguous() &&
+              global_queries.is_contiguous() &&
               key_bias.is_contiguous(),
               "block_window_forward: contiguous inputs only");
   TORCH_CHECK(window_bias.scalar_type() == at::kFloat && global_bias.scalar_type() == at::kFloat &&
@@ -269,7 +274,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
         const bool inside = source >= 0 && source < S;
         pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, packed_columns,
                   packed_keys.data() + t * L * 2);  // columns t L .. of [D / 2, packed_columns, 2]
-        pack_values(inside ? v + source * L * Dv : v, L, inside ? L : 0, Dv, packed_values.data() + t * L * Dv);
+        pack_values(inside ? v + source * L * Dv : v, L, inside ? L : 0, Dv,
+                    packed_values.data() + t * L * Dv);
       }
       // The chunk's blocks by head: [segment, segment_end) share head `segment / blocks`.
       std::vector<int64_t> segments{chunk};
@@ -326,12 +332,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
           }
         }
         at::native::cpublas::brgemm(L, Dv, W, W, Dv, Dv, false, probs.data(),
-                                    packed_values.data() + first * L * Dv, accumulator.data() + first * L * Dv);
+                                    packed_values.data() + first * L * Dv,
+                                    accumulator.data() + first * L * Dv);
       }
 
       for (size_t a = 0; G && a + 1 < segments.size(); ++a) {  // + the global keys' values
         const int64_t from = segments[a], rows = (segments[a + 1] - from) * L;
-        at::native::cpublas::brgemm(rows, Dv, Gp, Gp, Dv, Dv, true, global_probs.data() + (from - chunk) * L * Gp,
+        at::native::cpublas::brgemm(rows, Dv, Gp, Gp, Dv, Dv, true,
+                                    global_probs.data() + (from - chunk) * L * Gp,
                                     global_v + (from / blocks) * Gp * Dv,
                                     accumulator.data() + (from - chunk) * L * Dv);
       }
@@ -397,6 +405,7 @@ TORCH_LIBRARY(attnlab_block_window, m) {
   m.def(
       "forward(Tensor query, Tensor key_source, Tensor value_source, int shift, int spread, int heads, "
       "int blocks, Tensor window_bias, Tensor biased, Tensor global_keys, Tensor global_values, "
-      "Tensor global_bias, Tensor global_queries, Tensor key_bias, float scale) -> (Tensor, Tensor, Tensor, Tensor)",
+      "Tensor global_bias, Tensor global_queries, Tensor key_bias, float scale) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
       &block_window_forward);
 }

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["native_window_attention", "build", "status"]
+__all__ = ["build", "native_window_attention", "status"]
 
 _SOURCE = Path(__file__).with_name("_block_window_native.cpp")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
@@ -63,7 +63,7 @@ def status() -> str:
 
 
 @functools.cache
-def _why_unavailable() -> Optional[str]:
+def _why_unavailable() -> str | None:
     try:
         build()
     except RuntimeError as error:
@@ -85,7 +85,8 @@ def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: 
     key_bias = torch.zeros(1, N * L)
     key_bias[0, -L // 2 :] = float("-inf")  # padding
     own = key_bias.view(N, L)
-    window_bias = torch.cat([own.roll(1, dims=0), own, own.roll(-1, dims=0)], dim=1)  # [N, W]: i - 1, i, i + 1
+    # [N, W]: the keys of blocks i - 1, i, i + 1
+    window_bias = torch.cat([own.roll(1, dims=0), own, own.roll(-1, dims=0)], dim=1)
     window_bias[0, :L] = window_bias[-1, 2 * L :] = float("-inf")  # no neighbour there
     in_window = (global_index[None, :] // L - torch.arange(N)[:, None]).abs() <= 1  # [N, G]
     global_bias = key_bias[:, global_index].expand(N, G).masked_fill(in_window, float("-inf"))
@@ -96,7 +97,8 @@ def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: 
     )
     # The same pattern as one dense [N * L, N * L] bias.
     block = torch.arange(N * L) // L
-    dense_bias = key_bias.expand(N * L, N * L).masked_fill((block[:, None] - block[None, :]).abs() > 1, float("-inf"))
+    far = (block[:, None] - block[None, :]).abs() > 1  # [N L, N L]
+    dense_bias = key_bias.expand(N * L, N * L).masked_fill(far, float("-inf"))
     dense_bias[:, global_index] = key_bias[0, global_index]
     dense_bias[global_index] = key_bias
     scores = (query.view(N * L, D).float() @ key.view(N * L, D).float().T) * scale + dense_bias

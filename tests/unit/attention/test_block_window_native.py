@@ -217,7 +217,7 @@ def _reference_kernel(
 ):
     """The native operator's contract in plain float32 torch (slow; for the check's tests)."""
     n, L, D = query.shape
-    Dv, G, W = value_source.shape[-1], global_keys.shape[1], spread * L
+    Dv, W = value_source.shape[-1], spread * L
     flat_keys = key_source.float().reshape(-1, D)
     flat_values = value_source.float().reshape(-1, Dv)
     columns = (torch.arange(n)[:, None] + shift) * L + torch.arange(W)  # [n, W] source rows

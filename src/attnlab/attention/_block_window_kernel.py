@@ -305,7 +305,7 @@ def _fused_window_attention(
     in place; only the blocks at the batch edges, which have no view, are copied.
     """
     n, L, _ = query_flat.shape
-    first, stop = max(keys.first, 0), min(keys.stop, n)
+    first, stop = max(keys.first, values.first, 0), min(keys.stop, values.stop, n)  # both read in place
     assert set(range(first)) | set(range(stop, n)) <= set(bias.biased), "edge windows are biased"
     biased = bias.between(bias.biased, first, stop)
     unbiased, run_start = [], first
@@ -452,7 +452,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             # bfloat16 with AMX: windows, global keys and global rows in one kernel of our own.
             global_queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
             output, logsumexp, *global_rows = native(
-                query_flat, keys.source, values.source, keys.shift, 2 * w + 1, H, N,
+                query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
                 window_bias.float().contiguous(), (window_bias != 0).any(dim=1),
                 global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
                 global_queries, key_bias.float().contiguous(), scale,

@@ -43,6 +43,12 @@ constexpr int64_t kAlign = 32;  // columns and rows come in multiples of this
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// A bias in base 2: -inf stays -inf, a finite one stays finite (a mask of the dtype's
+// lowest value, as HuggingFace builds them, must not become -inf).
+inline float base2_bias(float bias) {
+  return bias == -INFINITY ? bias : std::max(bias * kLog2e, std::numeric_limits<float>::lowest());
+}
+
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // 2^t for t <= 0 (-inf included); 0 where the result would be subnormal.
@@ -181,8 +187,9 @@ void pack_values(const BFloat16* values, int64_t rows, int64_t valid, int64_t Dv
 std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
     const Tensor& query,  // [n, L, D]
     const Tensor& key_source,  // [S, L, D]: window i is source blocks i + shift .. + spread
-    const Tensor& value_source,  // [S, L, Dv]
+    const Tensor& value_source,  // [Sv, L, Dv]: window i is source blocks i + value_shift ..
     int64_t shift,
+    int64_t value_shift,
     int64_t spread,
     int64_t heads,  // H: block i is block i % N of head i / N; its bias row (i / (H N)) N + i % N
     int64_t blocks,  // N
@@ -206,10 +213,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
               key_bias.scalar_type() == at::kFloat && global_queries.scalar_type() == at::kBFloat16 &&
               biased.scalar_type() == at::kBool, "block_window_forward: float32 biases, bool rows");
   const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
-  const int64_t S = key_source.size(0), Dv = value_source.size(2), G = global_keys.size(1);
+  const int64_t S = key_source.size(0), Sv = value_source.size(0), Dv = value_source.size(2);
+  const int64_t G = global_keys.size(1);
   const int64_t W = spread * L, Gp = round_up(G, kAlign);
   TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0 && scale > 0,
               "block_window_forward: block size and head dims must be multiples of 32");
+  TORCH_CHECK(key_source.size(1) == L && key_source.size(2) == D && value_source.size(1) == L &&
+              global_keys.size(0) == n / blocks && global_keys.size(2) == D &&
+              global_values.size(0) == n / blocks && global_values.size(1) == G &&
+              global_values.size(2) == Dv && global_queries.size(0) == n / blocks &&
+              global_queries.size(2) == D && key_bias.size(0) * heads * blocks == n,
+              "block_window_forward: key, value and global shapes do not match the queries");
   TORCH_CHECK(window_bias.size(1) == W && global_bias.size(1) == G && n % blocks == 0 &&
               global_queries.size(1) == G && key_bias.size(1) == blocks * L,
               "block_window_forward: bias shapes do not match");
@@ -235,9 +249,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
   // The global rows: each thread keeps a running softmax (max, sum, weighted values) per
   // head and global row over the key blocks it meets (block i's own keys, once each),
   // merged after the parallel loop.
-  const int64_t slots = at::get_num_threads();
-  std::vector<float> row_top(slots * heads_total * G, -INFINITY), row_sum(slots * heads_total * G, 0.0f);
-  std::vector<float> row_values(slots * heads_total * G * Dv, 0.0f);
+  // Each thread's state covers only the heads of its blocks ([first_head, first_head + heads)).
+  struct RowState {
+    int64_t first_head = 0, heads = 0;
+    std::vector<float> top, sum, values;  // [heads, G], [heads, G], [heads, G, Dv]
+  };
+  std::vector<RowState> row_states(at::get_num_threads());
   const BFloat16* global_q = global_queries.data_ptr<BFloat16>();
   const float* key_bias_data = key_bias.data_ptr<float>();
 
@@ -265,16 +282,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
     // The global rows over the chunk's own keys.
     std::vector<float> row_scores(G * chunk_rows), own_key_bias(chunk_rows);
     std::vector<BFloat16> row_probs(G * chunk_rows);
-    const int64_t slot_base = at::get_thread_num() * heads_total * G;
+    RowState& state = row_states[at::get_thread_num()];
+    if (G) {
+      state.first_head = begin / blocks;
+      state.heads = (end - 1) / blocks - state.first_head + 1;
+      state.top.assign(state.heads * G, -INFINITY);
+      state.sum.assign(state.heads * G, 0.0f);
+      state.values.assign(state.heads * G * Dv, 0.0f);
+    }
+    float* row_top = state.top.data();
+    float* row_sum = state.sum.data();
+    float* row_values = state.values.data();
 
     for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
       const int64_t chunk_end = std::min(end, chunk + kChunk);
       for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {
-        const int64_t source = chunk + shift + t;
+        const int64_t source = chunk + shift + t, value_source_block = chunk + value_shift + t;
         const bool inside = source >= 0 && source < S;
+        const bool value_inside = value_source_block >= 0 && value_source_block < Sv;
         pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, packed_columns,
                   packed_keys.data() + t * L * 2);  // columns t L .. of [D / 2, packed_columns, 2]
-        pack_values(inside ? v + source * L * Dv : v, L, inside ? L : 0, Dv,
+        pack_values(value_inside ? v + value_source_block * L * Dv : v, L, value_inside ? L : 0, Dv,
                     packed_values.data() + t * L * Dv);
       }
       // The chunk's blocks by head: [segment, segment_end) share head `segment / blocks`.
@@ -302,10 +330,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
         const bool window_biased = biased_data[row];
         if (window_biased) {
           const float* bias = window_bias_data + row * W;
-          for (int64_t x = 0; x < W; ++x) window_row_bias[x] = bias[x] * kLog2e;
+          for (int64_t x = 0; x < W; ++x) window_row_bias[x] = base2_bias(bias[x]);
         }
         for (int64_t g = 0; g < Gp; ++g) {
-          global_row_bias[g] = g < G ? global_bias_data[row * G + g] * kLog2e : -INFINITY;
+          global_row_bias[g] = g < G ? base2_bias(global_bias_data[row * G + g]) : -INFINITY;
         }
         const float window_c = window_biased ? 1.0f : c;  // biased scores are scaled in place
         for (int64_t r = 0; r < L; ++r) {
@@ -349,12 +377,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
 
       for (size_t a = 0; G && a + 1 < segments.size(); ++a) {  // the global rows over the chunk's own keys
         const int64_t from = segments[a], columns = (segments[a + 1] - from) * L, head = from / blocks;
-        const int64_t slot = slot_base + head * G;
+        const int64_t slot = (head - state.first_head) * G;
         const int64_t own = from - chunk + own_offset;  // packed block of block `from`'s own keys
         at::native::cpublas::brgemm(G, columns, D, D, packed_columns, columns, false, global_q + head * G * D,
                                     packed_keys.data() + own * L * 2, row_scores.data());
         const float* bias = key_bias_data + (from / (heads * blocks)) * blocks * L + (from % blocks) * L;
-        for (int64_t x = 0; x < columns; ++x) own_key_bias[x] = bias[x] * kLog2e;
+        for (int64_t x = 0; x < columns; ++x) own_key_bias[x] = base2_bias(bias[x]);
         for (int64_t g = 0; g < G; ++g) {
           float* line = row_scores.data() + g * columns;
           BFloat16* p = row_probs.data() + g * columns;
@@ -366,11 +394,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
           const float factor = std::exp2(row_top[slot + g] - top);  // 0 from -inf
           row_sum[slot + g] = row_sum[slot + g] * factor + exp2_row(line, columns, 1.0f, top, p);
           row_top[slot + g] = top;
-          float* values_row = row_values.data() + (slot + g) * Dv;
+          float* values_row = row_values + (slot + g) * Dv;
           for (int64_t d = 0; d < Dv; ++d) values_row[d] *= factor;
         }
         at::native::cpublas::brgemm(G, Dv, columns, columns, Dv, Dv, true, row_probs.data(),
-                                    packed_values.data() + own * L * Dv, row_values.data() + slot * Dv);
+                                    packed_values.data() + own * L * Dv, row_values + slot * Dv);
       }
     }
     at::native::cpublas::brgemm_release();
@@ -382,16 +410,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
   float* global_lse = global_logsumexp.data_ptr<float>();
   std::vector<float> merged(Dv);
   for (int64_t row = 0; row < heads_total * G; ++row) {
+    const int64_t head = row / G, g = row % G;
     float top = -INFINITY, sum = 0.0f;
-    for (int64_t t = 0; t < slots; ++t) top = std::max(top, row_top[t * heads_total * G + row]);
-    std::fill(merged.begin(), merged.end(), 0.0f);
-    if (top != -INFINITY) {
-      for (int64_t t = 0; t < slots; ++t) {
-        const int64_t at = t * heads_total * G + row;
-        const float factor = std::exp2(row_top[at] - top);
-        sum += row_sum[at] * factor;
-        for (int64_t d = 0; d < Dv; ++d) merged[d] += row_values[at * Dv + d] * factor;
+    for (const RowState& state : row_states) {
+      if (head >= state.first_head && head < state.first_head + state.heads) {
+        top = std::max(top, state.top[(head - state.first_head) * G + g]);
       }
+    }
+    std::fill(merged.begin(), merged.end(), 0.0f);
+    for (const RowState& state : row_states) {
+      if (top == -INFINITY || head < state.first_head || head >= state.first_head + state.heads) continue;
+      const int64_t at = (head - state.first_head) * G + g;
+      const float factor = std::exp2(state.top[at] - top);  // 0 from -inf
+      sum += state.sum[at] * factor;
+      for (int64_t d = 0; d < Dv; ++d) merged[d] += state.values[at * Dv + d] * factor;
     }
     global_lse[row] = sum == 0.0f ? -INFINITY : (top + std::log2(sum)) * kLn2;  // no key: output 0
     scale_row(merged.data(), Dv, sum == 0.0f ? 0.0f : 1.0f / sum, global_out + row * Dv);
@@ -403,7 +435,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
 
 TORCH_LIBRARY(attnlab_block_window, m) {
   m.def(
-      "forward(Tensor query, Tensor key_source, Tensor value_source, int shift, int spread, int heads, "
+      "forward(Tensor query, Tensor key_source, Tensor value_source, int shift, int value_shift, int spread, "
+      "int heads, "
       "int blocks, Tensor window_bias, Tensor biased, Tensor global_keys, Tensor global_values, "
       "Tensor global_bias, Tensor global_queries, Tensor key_bias, float scale) "
       "-> (Tensor, Tensor, Tensor, Tensor)",

@@ -1,12 +1,14 @@
 """attnlab's own bfloat16 forward of block-sparse attention, built on first use.
 
-The kernel (``_block_window_native.cpp``) needs a CPU with AMX (torch's batch-reduce
-GEMM takes its operands in the AMX layout), a C++ compiler and ninja; it is compiled
-once per machine into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``). Before its first use on given block and head sizes it is
-checked against torch's fused kernel on a small input. Where any of this fails, the
-block-sparse kernel takes torch's fused attention instead (slower on bfloat16, same
-answer), and says why once.
+The kernel (``_block_window_native.cpp``) serves CPUs with AMX (torch's batch-reduce
+GEMM takes its operands in the AMX layout) while oneDNN is enabled; it needs a C++
+compiler and ninja, and is compiled once per machine into torch's extension cache
+(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; the Makefile builds it
+at install). Before its first use on given block and head sizes it is checked against
+float32 attention on a small input. Elsewhere the block-sparse kernel takes torch's fused
+attention (slower on bfloat16, same answer): silently on CPUs without AMX, where that is
+the normal path, and with one warning where the kernel should serve but could not be
+built or failed its check.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ def _has_amx() -> bool:
 
 
 @functools.cache
-def build() -> Callable[..., tuple[Tensor, Tensor]]:
+def build() -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
     """Compile (or load from the cache) the kernel; its ``forward`` operator.
+
+    The operator returns the blocks' output ``[n, L, Dv]`` and log-sum-exp ``[n, L]``,
+    and the global tokens' rows ``[B * H, G, Dv]`` with their log-sum-exp ``[B * H, G]``.
 
     Raises:
         RuntimeError: the CPU has no AMX, or the build failed (the message says why).
@@ -74,6 +79,13 @@ def _why_unavailable() -> str | None:
 @functools.cache
 def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
     """The kernel against float32 attention on one head of 4 blocks of these sizes."""
+    try:
+        return _check(block_size, head_dim, value_dim, with_globals)
+    except RuntimeError:  # the kernel refused to run here
+        return False
+
+
+def _check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
     generator = torch.Generator().manual_seed(0)
     L, D, Dv, N, G = block_size, head_dim, value_dim, 4, 2 if with_globals else 0
     query, key = (torch.randn(N, L, D, generator=generator).bfloat16() for _ in range(2))
@@ -92,7 +104,7 @@ def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: 
     global_bias = key_bias[:, global_index].expand(N, G).masked_fill(in_window, float("-inf"))
     scale = D**-0.5
     output, logsumexp, row_output, row_logsumexp = build()(
-        query, key, value, -1, 3, 1, N, window_bias, window_bias.ne(0).any(1), global_keys,
+        query, key, value, -1, -1, 3, 1, N, window_bias, window_bias.ne(0).any(1), global_keys,
         global_values, global_bias.contiguous(), global_queries, key_bias, scale,
     )
     # The same pattern as one dense [N * L, N * L] bias.
@@ -121,6 +133,8 @@ def native_window_attention(query: Tensor, value_dim: int, block_size: int, has_
     if query.device.type != "cpu" or query.dtype != torch.bfloat16 or scale <= 0:
         return None
     if block_size % _ALIGN or query.shape[-1] % _ALIGN or value_dim % _ALIGN:
+        return None
+    if not _has_amx() or not torch.backends.mkldnn.enabled:  # torch's path is the normal one
         return None
     reason = _why_unavailable()
     if reason is not None:

@@ -140,6 +140,78 @@ def test_native_kernel_serves_only_what_it_supports(monkeypatch) -> None:
     assert calls == [False, False, False, True]  # float32, head dim 16, block 48: torch's path
 
 
+@needs_native
+@pytest.mark.parametrize("contiguous_key", [True, False])
+def test_keys_and_values_of_different_layouts(monkeypatch, contiguous_key) -> None:
+    # Regression: a contiguous input is read in place (its windows start one window
+    # before its first block), another one is copied with zero blocks around it; values
+    # were read with the keys' offset (wrong output, or reads past the value buffer).
+    calls = _count_native_calls(monkeypatch)
+    q, k, v, _, _ = _inputs(1, 2, 256, 32, 32, None)
+    if contiguous_key:
+        v = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, another layout
+    else:
+        k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with torch.no_grad():
+        out = block_sparse_attention(q, k, v, block_size=32, window=2, global_positions=(9,)).output
+    reference = dense_reference(q, k, v, None, 32, 2, (9,))
+    assert calls == [True]
+    assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 3])
+def test_global_rows_merge_across_any_number_of_threads(threads) -> None:
+    # Each thread keeps its own running softmax for the global rows; the merge must not
+    # depend on how the blocks were split (one thread: no merge; three: uneven ranges
+    # that cut heads and batches).
+    q, k, v, _, valid = _inputs(2, 3, 640, 32, 64, (640, 300))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            out = block_sparse_attention(q, k, v, valid, block_size=32, window=1, global_positions=(0, 333)).output
+    finally:
+        torch.set_num_threads(before)
+    reference = dense_reference(q, k, v, valid, 32, 1, (0, 333))
+    assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
+
+
+@needs_native
+def test_finite_mask_values_stay_finite() -> None:
+    # A mask of the dtype's lowest value (HuggingFace's convention) is a large finite bias:
+    # scaled into base 2 it must not become -inf, or rows whose every key carries it
+    # would get 0 where softmax gives their average.
+    n, L, D = 4, 32, 32
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, L, D, generator=generator).bfloat16() for _ in range(3))
+    window_bias = torch.zeros(n, 3 * L)
+    window_bias[:, :L] = window_bias[:, 2 * L :] = float("-inf")  # each block alone
+    window_bias[1] = torch.finfo(torch.bfloat16).min  # block 1: its window's keys all masked, finitely
+    empty, no_bias = q.new_zeros(1, 0, D), torch.zeros(n, 0)
+    output, logsumexp, _, _ = native.build()(
+        q, k, v, -1, -1, 3, 1, n, window_bias, window_bias.ne(0).any(1), empty, empty, no_bias,
+        empty, torch.zeros(1, n * L), D**-0.5,
+    )
+    expected = v[0:3].float().reshape(3 * L, D).mean(dim=0)  # equal scores: the average over its window
+    torch.testing.assert_close(output[1].float(), expected.expand(L, D), atol=2e-2, rtol=2e-2)
+    assert torch.isfinite(logsumexp).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torchs_fused_path_with_keys_and_values_of_different_layouts(monkeypatch, dtype) -> None:
+    # Regression: padded keys and values read in place failed an assertion in torch's
+    # fused path (its blocks read in place were those of the keys alone).
+    monkeypatch.setattr(kernel, "native_window_attention", lambda *args: None)
+    q, k, v, _, _ = _inputs(1, 2, 256, 32, 32, None)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with torch.no_grad():
+        out = block_sparse_attention(q, k, v, block_size=32, window=2, global_positions=(9,)).output
+    reference = dense_reference(q, k, v, None, 32, 2, (9,))
+    assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
+
+
 def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch) -> None:
     # A kernel whose answer is wrong on this machine is caught before use: the layer falls
     # back to torch's path (correct answer) and warns once.
@@ -176,6 +248,7 @@ def test_the_check_accepts_a_correct_kernel(monkeypatch) -> None:
 
 
 def test_without_the_kernel_bfloat16_takes_torchs_path_and_says_why_once(monkeypatch) -> None:
+    monkeypatch.setattr(native, "_has_amx", lambda: True)  # where it should serve
     monkeypatch.setattr(native, "_why_unavailable", lambda: "no C++ compiler")
     native._warn_once.cache_clear()
     try:
@@ -212,7 +285,7 @@ def test_value_head_dim_other_than_key_head_dim(dtype) -> None:
 
 
 def _reference_kernel(
-    query, key_source, value_source, shift, spread, heads, blocks, window_bias, biased,
+    query, key_source, value_source, shift, value_shift, spread, heads, blocks, window_bias, biased,
     global_keys, global_values, global_bias, global_queries, key_bias, scale,
 ):
     """The native operator's contract in plain float32 torch (slow; for the check's tests)."""
@@ -221,9 +294,10 @@ def _reference_kernel(
     flat_keys = key_source.float().reshape(-1, D)
     flat_values = value_source.float().reshape(-1, Dv)
     columns = (torch.arange(n)[:, None] + shift) * L + torch.arange(W)  # [n, W] source rows
+    value_columns = columns + (value_shift - shift) * L
     inside = (columns >= 0) & (columns < flat_keys.shape[0])
-    columns = columns.clamp(0, flat_keys.shape[0] - 1)
-    keys, values = flat_keys[columns], flat_values[columns]  # [n, W, D], [n, W, Dv]
+    keys = flat_keys[columns.clamp(0, flat_keys.shape[0] - 1)]  # [n, W, D]
+    values = flat_values[value_columns.clamp(0, flat_values.shape[0] - 1)]  # [n, W, Dv]
     head = torch.arange(n) // blocks
     row = (torch.arange(n) // (heads * blocks)) * blocks + torch.arange(n) % blocks
     bias = window_bias[row].masked_fill(~inside, float("-inf"))  # [n, W]
@@ -236,11 +310,12 @@ def _reference_kernel(
     output = output.masked_fill(logsumexp[..., None] == float("-inf"), 0)
     # The global rows over every key of their head.
     B = key_bias.shape[0]
-    own = shift + spread // 2  # source block of block 0's own keys
+    own, own_value = shift + spread // 2, value_shift + spread // 2  # source block of block 0's own keys
     every_key = key_source.float()[own : own + n].reshape(B * heads, -1, D)  # [B H, N L, D]
-    every_value = value_source.float()[own : own + n].reshape(B * heads, -1, Dv)
+    every_value = value_source.float()[own_value : own_value + n].reshape(B * heads, -1, Dv)
     row_scores = torch.bmm(global_queries.float(), every_key.transpose(1, 2)) * scale
     row_scores = row_scores + key_bias.repeat_interleave(heads, dim=0)[:, None, :]
     row_logsumexp = row_scores.logsumexp(dim=-1)
     rows = torch.softmax(row_scores.nan_to_num(neginf=-1e30), dim=-1) @ every_value
+    rows = rows.masked_fill(row_logsumexp[..., None] == float("-inf"), 0)  # no key: 0
     return output.bfloat16(), logsumexp, rows.bfloat16(), row_logsumexp

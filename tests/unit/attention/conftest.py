@@ -49,6 +49,33 @@ def golden_attention(
     return weights @ v, weights
 
 
+def golden_block_sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    valid: Tensor | None,
+    block_size: int,
+    window: int,
+    global_positions: tuple[int, ...],
+) -> Tensor:
+    """float64 block-sparse attention as dense attention over its ``[T, T]`` pattern.
+
+    A query attends the keys of its block and of ``window`` blocks on each side, and
+    every global token; a global token's query attends every key. ``valid`` ``[B, T]``
+    (True = a real key) removes keys. Rows without a key give 0.
+    """
+    T = query.shape[2]
+    block = torch.arange(T) // block_size
+    allowed = (block[:, None] - block[None, :]).abs() <= window  # [T, T]
+    inside = [position for position in global_positions if position < T]
+    allowed[inside, :] = True
+    allowed[:, inside] = True
+    allowed = allowed[None, None]  # [1, 1, T, T]
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :]  # [B, 1, T, T]
+    return golden_attention(query, key, value, allowed)[0]
+
+
 def max_error(candidate: Tensor, golden: Tensor) -> float:
     if not golden.numel():
         return 0.0
@@ -83,6 +110,7 @@ def golden() -> SimpleNamespace:
     """The golden attention and the tolerance helpers, for tests in this folder."""
     return SimpleNamespace(
         attention=golden_attention,
+        block_sparse=golden_block_sparse_attention,
         max_error=max_error,
         bound=golden_bound,
         first_order_bound=first_order_bound,

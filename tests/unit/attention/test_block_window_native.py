@@ -6,7 +6,6 @@ the tests that need it are skipped and the fallback tests still run.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 import attnlab.attention._block_window_kernel as kernel
 import attnlab.attention._block_window_native as native
-from attnlab.attention.block_sparse import block_sparse_attention, block_sparse_mask
+from attnlab.attention.block_sparse import block_sparse_attention
 
 
 def _native_available() -> bool:
@@ -24,19 +23,6 @@ def _native_available() -> bool:
 needs_native = pytest.mark.skipif(
     not _native_available(), reason="the native bfloat16 kernel needs an AMX CPU and a C++ compiler"
 )
-
-
-def dense_reference(q, k, v, valid, block_size, window, global_positions):
-    """Masked softmax attention over the full ``[T, T]`` pattern in float64; rows without a key give 0."""
-    q, k, v = (x.double() for x in (q, k, v))
-    T = q.shape[2]
-    allowed = block_sparse_mask(T, block_size, window, global_positions)[None, None]  # [1, 1, T, T]
-    if valid is not None:
-        allowed = allowed & valid[:, None, None, :]  # [B, 1, T, T]
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
-    has_key = allowed.any(dim=-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * allowed
-    return probs @ v
 
 
 CASES = [
@@ -79,7 +65,7 @@ def _count_native_calls(monkeypatch) -> list[bool]:
 @needs_native
 @pytest.mark.parametrize("batch, heads, length, D, Dv, block, window, globals_, lengths", CASES)
 def test_native_kernel_matches_float64_and_feeds_the_backward_like_torchs_path(
-    monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
+    golden, monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
 ) -> None:
     # Against float64 on the same bfloat16-rounded inputs: the forward within 1 % of the
     # largest value (measured: under 0.5 %); the gradients, which attnlab's bfloat16
@@ -98,7 +84,7 @@ def test_native_kernel_matches_float64_and_feeds_the_backward_like_torchs_path(
         results.append([x.double() for x in (out.detach(), *(leaf.grad for leaf in leaves))])
     assert calls == [True]
     leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    out = dense_reference(*leaves, valid, block, window, globals_)
+    out = golden.block_sparse(*leaves, valid, block, window, globals_)
     (out * upstream.double()).sum().backward()
     reference = [out.detach(), *(leaf.grad for leaf in leaves)]
     assert ((results[0][0] - reference[0]).abs().max() / reference[0].abs().max()) < 1e-2
@@ -113,7 +99,7 @@ def test_native_kernel_matches_float64_and_feeds_the_backward_like_torchs_path(
 @pytest.mark.parametrize("batch, heads, length, D, Dv, block, window, globals_, lengths",
                          [case for case in CASES if case[3] == case[4]])
 def test_native_kernel_agrees_with_torch_fused_path(
-    monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
+    golden, monkeypatch, batch, heads, length, D, Dv, block, window, globals_, lengths
 ) -> None:
     q, k, v, _, valid = _inputs(batch, heads, length, D, Dv, lengths, seed=1)
     kwargs = {"block_size": block, "window": window, "global_positions": globals_}
@@ -121,7 +107,7 @@ def test_native_kernel_agrees_with_torch_fused_path(
         mine = block_sparse_attention(q, k, v, valid, **kwargs).output
         monkeypatch.setattr(kernel, "native_window_attention", lambda *args: None)
         torchs = block_sparse_attention(q, k, v, valid, **kwargs).output
-    reference = dense_reference(q, k, v, valid, block, window, globals_)
+    reference = golden.block_sparse(q, k, v, valid, block, window, globals_)
     scale = reference.abs().max()
     assert (mine.double() - torchs.double()).abs().max() / scale < 2e-2
     # and the kernel is at least as close to float64 as torch's path (one rounding less)
@@ -142,7 +128,7 @@ def test_native_kernel_serves_only_what_it_supports(monkeypatch) -> None:
 
 @needs_native
 @pytest.mark.parametrize("contiguous_key", [True, False])
-def test_keys_and_values_of_different_layouts(monkeypatch, contiguous_key) -> None:
+def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_key) -> None:
     # Regression: a contiguous input is read in place (its windows start one window
     # before its first block), another one is copied with zero blocks around it; values
     # were read with the keys' offset (wrong output, or reads past the value buffer).
@@ -154,14 +140,14 @@ def test_keys_and_values_of_different_layouts(monkeypatch, contiguous_key) -> No
         k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
     with torch.no_grad():
         out = block_sparse_attention(q, k, v, block_size=32, window=2, global_positions=(9,)).output
-    reference = dense_reference(q, k, v, None, 32, 2, (9,))
+    reference = golden.block_sparse(q, k, v, None, 32, 2, (9,))
     assert calls == [True]
     assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
 
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 3])
-def test_global_rows_merge_across_any_number_of_threads(threads) -> None:
+def test_global_rows_merge_across_any_number_of_threads(golden, threads) -> None:
     # Each thread keeps its own running softmax for the global rows; the merge must not
     # depend on how the blocks were split (one thread: no merge; three: uneven ranges
     # that cut heads and batches).
@@ -173,7 +159,7 @@ def test_global_rows_merge_across_any_number_of_threads(threads) -> None:
             out = block_sparse_attention(q, k, v, valid, block_size=32, window=1, global_positions=(0, 333)).output
     finally:
         torch.set_num_threads(before)
-    reference = dense_reference(q, k, v, valid, 32, 1, (0, 333))
+    reference = golden.block_sparse(q, k, v, valid, 32, 1, (0, 333))
     assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
 
 
@@ -199,7 +185,7 @@ def test_finite_mask_values_stay_finite() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_torchs_fused_path_with_keys_and_values_of_different_layouts(monkeypatch, dtype) -> None:
+def test_torchs_fused_path_with_keys_and_values_of_different_layouts(golden, monkeypatch, dtype) -> None:
     # Regression: padded keys and values read in place failed an assertion in torch's
     # fused path (its blocks read in place were those of the keys alone).
     monkeypatch.setattr(kernel, "native_window_attention", lambda *args: None)
@@ -208,11 +194,11 @@ def test_torchs_fused_path_with_keys_and_values_of_different_layouts(monkeypatch
     k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
     with torch.no_grad():
         out = block_sparse_attention(q, k, v, block_size=32, window=2, global_positions=(9,)).output
-    reference = dense_reference(q, k, v, None, 32, 2, (9,))
+    reference = golden.block_sparse(q, k, v, None, 32, 2, (9,))
     assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-2
 
 
-def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch) -> None:
+def test_a_kernel_that_fails_its_check_is_not_used(golden, monkeypatch) -> None:
     # A kernel whose answer is wrong on this machine is caught before use: the layer falls
     # back to torch's path (correct answer) and warns once.
     def wrong_kernel(*args):
@@ -228,7 +214,7 @@ def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch) -> None:
         q, k, v, _, valid = _inputs(1, 2, 256, 32, 32, (200,))
         with pytest.warns(RuntimeWarning, match="disagreed with torch"):
             out = block_sparse_attention(q, k, v, valid, block_size=32, window=1).output
-        reference = dense_reference(q, k, v, valid, 32, 1, ())
+        reference = golden.block_sparse(q, k, v, valid, 32, 1, ())
         assert (out.double() - reference).abs().max() / reference.abs().max() < 2e-2
     finally:
         native._passes_check.cache_clear()
@@ -247,7 +233,7 @@ def test_the_check_accepts_a_correct_kernel(monkeypatch) -> None:
         native._passes_check.cache_clear()
 
 
-def test_without_the_kernel_bfloat16_takes_torchs_path_and_says_why_once(monkeypatch) -> None:
+def test_without_the_kernel_bfloat16_takes_torchs_path_and_says_why_once(golden, monkeypatch) -> None:
     monkeypatch.setattr(native, "_has_amx", lambda: True)  # where it should serve
     monkeypatch.setattr(native, "_why_unavailable", lambda: "no C++ compiler")
     native._warn_once.cache_clear()
@@ -258,14 +244,14 @@ def test_without_the_kernel_bfloat16_takes_torchs_path_and_says_why_once(monkeyp
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once per process, not per call
             block_sparse_attention(q, k, v, block_size=32, window=1)
-        reference = dense_reference(q, k, v, None, 32, 1, ())
+        reference = golden.block_sparse(q, k, v, None, 32, 1, ())
         assert (out.double() - reference).abs().max() / reference.abs().max() < 2e-2
     finally:
         native._warn_once.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_value_head_dim_other_than_key_head_dim(dtype) -> None:
+def test_value_head_dim_other_than_key_head_dim(golden, dtype) -> None:
     # Regression: torch's fused kernel takes one head dim; values of another width sent
     # the forward there and failed ("Q/K/V should have the same head size").
     generator = torch.Generator().manual_seed(2)
@@ -276,7 +262,7 @@ def test_value_head_dim_other_than_key_head_dim(dtype) -> None:
     out = block_sparse_attention(*leaves, valid, block_size=16, window=1, global_positions=(3, 120)).output
     out.sum().backward()
     reference_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v)]
-    reference = dense_reference(*reference_leaves, valid, 16, 1, (3, 120))
+    reference = golden.block_sparse(*reference_leaves, valid, 16, 1, (3, 120))
     reference.sum().backward()
     tolerance = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-9}
     torch.testing.assert_close(out.double(), reference, **tolerance)

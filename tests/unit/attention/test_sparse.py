@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention.block_sparse import BlockSparseWeights, block_sparse_attention, block_sparse_mask
+from attnlab.attention.block_sparse import BlockSparseWeights, block_sparse_attention
 from attnlab.attention.sparse import SparseAttention
 
 
@@ -479,18 +479,6 @@ def test_fast_kernel_matches_the_reference_path(
         torch.testing.assert_close(fast, reference, atol=1e-12, rtol=1e-10)
 
 
-def dense_block_sparse_reference(q, k, v, valid, block_size, window, global_positions):
-    """Masked softmax attention over the full ``[T, T]`` pattern; rows without a key give 0."""
-    T = q.shape[2]
-    allowed = block_sparse_mask(T, block_size, window, global_positions)[None, None]  # [1, 1, T, T]
-    if valid is not None:
-        allowed = allowed & valid[:, None, None, :]  # [B, 1, T, T]
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
-    has_key = allowed.any(dim=-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * allowed
-    return probs @ v
-
-
 MERGED_CASES = [
     # (batch, length, block, window, globals, real tokens per sequence)
     (1, 512, 32, 1, (0, 256), (461,)),  # padding at the end, globals inside some windows
@@ -516,7 +504,7 @@ def _merged_inputs(batch, length, lengths, hole=False):
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("batch, length, block, window, globals_, lengths", MERGED_CASES)
 def test_window_and_global_softmax_merge_is_exact(
-    monkeypatch, batch, length, block, window, globals_, lengths, hole, fused
+    monkeypatch, golden, batch, length, block, window, globals_, lengths, hole, fused
 ) -> None:
     # The windows through the fused kernel (or, without it, GEMM + softmax), the global
     # keys merged through the log-sum-exp, the backward from the saved log-sum-exp:
@@ -535,7 +523,7 @@ def test_window_and_global_softmax_merge_is_exact(
                 *leaves, valid, block_size=block, window=window, global_positions=globals_
             ).output
         else:
-            out = dense_block_sparse_reference(*leaves, valid, block, window, globals_)
+            out = golden.block_sparse(*leaves, valid, block, window, globals_)
         (out * upstream).sum().backward()
         outputs.append((out.detach(), *(leaf.grad for leaf in leaves)))
     for name, fast, reference in zip(("output", "dq", "dk", "dv"), *outputs):
@@ -578,7 +566,7 @@ def test_end_padding_and_globals_keep_most_blocks_on_the_unmasked_fused_call() -
 
 @pytest.mark.parametrize("batch, length, block, window, globals_, lengths", MERGED_CASES)
 def test_bfloat16_kernel_stays_within_bfloat16_rounding_of_the_float64_reference(
-    monkeypatch, batch, length, block, window, globals_, lengths
+    monkeypatch, golden, batch, length, block, window, globals_, lengths
 ) -> None:
     # bfloat16 takes its own steps (the log-sum-exp rounded to bfloat16 in the backward,
     # the merge factor rounded to bfloat16): against dense float64 attention on the same
@@ -596,7 +584,7 @@ def test_bfloat16_kernel_stays_within_bfloat16_rounding_of_the_float64_reference
             out = block_sparse_attention(*leaves, valid, block_size=block, window=window,
                                          global_positions=globals_).output
         else:
-            out = dense_block_sparse_reference(*leaves, valid, block, window, globals_)
+            out = golden.block_sparse(*leaves, valid, block, window, globals_)
         (out * upstream.to(dtype)).sum().backward()
         outputs.append([x.double() for x in (out.detach(), *(leaf.grad for leaf in leaves))])
     for name, fast, reference in zip(("output", "dq", "dk", "dv"), *outputs):

@@ -200,7 +200,8 @@ class _BlockBias:
         sequences = window_bias.shape[0] // blocks  # B
         rows = torch.arange(window_bias.shape[0], device=window_bias.device)
         self.rows = rows.view(sequences, 1, blocks).expand(sequences, heads, blocks).reshape(-1)  # [n]
-        needs_bias = (window_bias != 0).any(dim=1)[self.rows]  # [n]
+        self.row_biased = (window_bias != 0).any(dim=1)  # [B * N]
+        needs_bias = self.row_biased[self.rows]  # [n]
         has_window_key = (window_bias != _NEG_INF).any(dim=1)  # [B * N]
         self.biased = needs_bias.nonzero().squeeze(1).tolist()  # sorted flat block indices
         self.no_window_key = (~has_window_key[self.rows]).nonzero().squeeze(1)  # [m] long
@@ -453,7 +454,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             global_queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
             output, logsumexp, *global_rows = native(
                 query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
-                window_bias.float().contiguous(), (window_bias != 0).any(dim=1),
+                window_bias.float().contiguous(), bias.row_biased,
                 global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
                 global_queries, key_bias.float().contiguous(), scale,
             )  # [n, L, Dv], [n, L], [B * H, G, Dv], [B * H, G]

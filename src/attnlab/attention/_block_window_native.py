@@ -1,27 +1,28 @@
-"""attnlab's own bfloat16 forward of block-sparse attention, built on first use.
+"""attnlab's own block-sparse attention kernel (forward and backward), built on first use.
 
-The kernel (``_block_window_native.cpp``) serves CPUs with AMX (torch's batch-reduce
-GEMM takes its operands in the AMX layout) while oneDNN is enabled; it needs a C++
-compiler and ninja, and is compiled once per machine into torch's extension cache
-(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; the Makefile builds it
-at install). Before its first use on given block and head sizes it is checked against
-float32 attention on a small input. Elsewhere the block-sparse kernel takes torch's fused
-attention (slower on bfloat16, same answer): silently on CPUs without AMX, where that is
-the normal path, and with one warning where the kernel should serve but could not be
-built or failed its check.
+The kernel (``_block_window_native.cpp``) serves bfloat16 and float32 on CPUs with AMX
+(torch's batch-reduce GEMM, which it is built on, takes bfloat16 operands in the AMX
+layout) while oneDNN is enabled; it needs a C++ compiler and ninja, and is compiled once
+per machine into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``; the Makefile builds it at install). Before its first use on
+given dtype, block and head sizes its forward and backward are checked against float64
+attention on a small input. Elsewhere the block-sparse kernel takes torch's fused
+attention and a backward in torch ops (slower, same answer): silently on CPUs without AMX,
+where that is the normal path, and with one warning where the kernel should serve but
+could not be built or failed its check.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["build", "native_window_attention", "status"]
+__all__ = ["build", "native_window_kernel", "status"]
 
 _SOURCE = Path(__file__).with_name("_block_window_native.cpp")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
@@ -34,11 +35,14 @@ def _has_amx() -> bool:
 
 
 @functools.cache
-def build() -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """Compile (or load from the cache) the kernel; its ``forward`` operator.
+def build() -> Any:
+    """Compile (or load from the cache) the kernel; its operators ``forward`` and ``backward``.
 
-    The operator returns the blocks' output ``[n, L, Dv]`` and log-sum-exp ``[n, L]``,
-    and the global tokens' rows ``[B * H, G, Dv]`` with their log-sum-exp ``[B * H, G]``.
+    ``forward`` returns the blocks' output ``[n, L, Dv]`` and log-sum-exp ``[n, L]``, and
+    the global tokens' rows ``[B * H, G, Dv]`` with their log-sum-exp ``[B * H, G]``.
+    ``backward`` returns the gradients of the window part: queries ``[n, L, D]``, key and
+    value blocks in sequence order ``[n, L, D]``, ``[n, L, Dv]``, and ``rowsum(dO * O)``
+    ``[n, L]`` in float32 (for the caller's global-key and global-row parts).
 
     Raises:
         RuntimeError: the CPU has no AMX, or the build failed (the message says why).
@@ -59,7 +63,7 @@ def build() -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
     except Exception as error:  # no compiler, no ninja, a compile error
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise RuntimeError(f"could not build {_SOURCE.name}: {first_line[:200]}") from error
-    return torch.ops.attnlab_block_window.forward
+    return torch.ops.attnlab_block_window
 
 
 def status() -> str:
@@ -77,19 +81,21 @@ def _why_unavailable() -> str | None:
 
 
 @functools.cache
-def _passes_check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
-    """The kernel against float32 attention on one head of 4 blocks of these sizes."""
+def _passes_check(
+    dtype: torch.dtype, block_size: int, head_dim: int, value_dim: int, with_globals: bool
+) -> bool:
+    """The kernel against float64 attention on one head of 4 blocks of these sizes."""
     try:
-        return _check(block_size, head_dim, value_dim, with_globals)
+        return _check(dtype, block_size, head_dim, value_dim, with_globals)
     except RuntimeError:  # the kernel refused to run here
         return False
 
 
-def _check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
+def _check(dtype: torch.dtype, block_size: int, head_dim: int, value_dim: int, with_globals: bool) -> bool:
     generator = torch.Generator().manual_seed(0)
     L, D, Dv, N, G = block_size, head_dim, value_dim, 4, 2 if with_globals else 0
-    query, key = (torch.randn(N, L, D, generator=generator).bfloat16() for _ in range(2))
-    value = torch.randn(N, L, Dv, generator=generator).bfloat16()
+    query, key = (torch.randn(N, L, D, generator=generator).to(dtype) for _ in range(2))
+    value, upstream = (torch.randn(N, L, Dv, generator=generator).to(dtype) for _ in range(2))
     global_index = torch.tensor([1, N * L - 2])[:G]
     global_keys = key.view(1, N * L, D)[:, global_index]  # [1, G, D]
     global_values = value.view(1, N * L, Dv)[:, global_index]
@@ -101,37 +107,63 @@ def _check(block_size: int, head_dim: int, value_dim: int, with_globals: bool) -
     # [N, W]: the keys of blocks i - 1, i, i + 1
     window_bias = torch.cat([own.roll(1, dims=0), own, own.roll(-1, dims=0)], dim=1)
     window_bias[0, :L] = window_bias[-1, 2 * L :] = float("-inf")  # no neighbour there
+    biased = window_bias.ne(0).any(1)
     in_window = (global_index[None, :] // L - torch.arange(N)[:, None]).abs() <= 1  # [N, G]
     global_bias = key_bias[:, global_index].expand(N, G).masked_fill(in_window, float("-inf")).contiguous()
     scale = D**-0.5
-    output, logsumexp, row_output, row_logsumexp = build()(
-        query, key, value, -1, -1, 3, 1, N, window_bias, window_bias.ne(0).any(1), global_keys,
+    kernel = build()
+    output, logsumexp, row_output, row_logsumexp = kernel.forward(
+        query, key, value, -1, -1, 3, 1, N, window_bias, biased, global_keys,
         global_values, global_bias, global_queries, key_bias, scale,
     )
     # The same pattern as one dense [N * L, N * L] bias.
     block = torch.arange(N * L) // L
     far = (block[:, None] - block[None, :]).abs() > 1  # [N L, N L]
-    dense_bias = key_bias.expand(N * L, N * L).masked_fill(far, float("-inf"))
-    dense_bias[:, global_index] = key_bias[0, global_index]
-    dense_bias[global_index] = key_bias
-    scores = (query.view(N * L, D).float() @ key.view(N * L, D).float().T) * scale + dense_bias
-    expected = torch.softmax(scores, dim=-1) @ value.view(N * L, Dv).float()  # [N * L, Dv]
-    expected_logsumexp = scores.logsumexp(dim=-1)
+    window_only = key_bias.expand(N * L, N * L).masked_fill(far, float("-inf")).double()
+    dense_bias = window_only.clone()
+    dense_bias[:, global_index] = key_bias[0, global_index].double()
+    dense_bias[global_index] = key_bias.double()
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4  # the probabilities are rounded to the dtype
+    # The float64 reference's output and gradients with this bias, written out (no autograd:
+    # the check also runs under torch.no_grad and inside autograd's own forward).
+    def reference(bias: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
+        q, k, v = (x.reshape(N * L, -1).double() for x in (query, key, value))
+        grad = upstream.view(N * L, Dv).double()
+        scores = q @ k.T * scale + bias
+        probs = torch.softmax(scores, dim=-1)  # every row has a key
+        scores_grad = probs * (grad @ v.T - (grad * (probs @ v)).sum(dim=-1, keepdim=True)) * scale
+        return probs @ v, scores.logsumexp(dim=-1), [scores_grad @ k, scores_grad.T @ q, probs.T @ grad]
+
+    def close(mine: Tensor, exact: Tensor) -> bool:
+        return bool(((mine.double() - exact).abs().max() / exact.abs().max().clamp(min=1e-6)) <= tolerance)
+
+    expected, expected_logsumexp, _ = reference(dense_bias)
     output, logsumexp = output.view(N * L, Dv), logsumexp.view(N * L)
     output[global_index], logsumexp[global_index] = row_output[0], row_logsumexp[0]
-    return bool(
-        torch.allclose(output.float(), expected, atol=2e-2, rtol=2e-2)
-        and torch.allclose(logsumexp, expected_logsumexp, atol=1e-3, rtol=1e-4)
+    logsumexp_close = torch.allclose(logsumexp.double(), expected_logsumexp, atol=1e-3, rtol=1e-4)
+    if not (close(output, expected) and logsumexp_close):
+        return False
+    # The backward on the windows alone (its part; the global keys' are torch ops).
+    empty, no_bias = query.new_zeros(1, 0, D), torch.zeros(N, 0)
+    output, logsumexp, _, _ = kernel.forward(
+        query, key, value, -1, -1, 3, 1, N, window_bias, biased, empty, value.new_zeros(1, 0, Dv), no_bias,
+        empty, key_bias, scale,
     )
+    gradients = kernel.backward(
+        query, key, value, -1, -1, 3, 1, N, window_bias, biased, upstream, output, logsumexp, scale
+    )
+    _, _, exact = reference(window_only)
+    return all(close(mine.reshape(N * L, -1), grad) for mine, grad in zip(gradients[:3], exact))
 
 
-def native_window_attention(query: Tensor, value_dim: int, block_size: int, has_globals: bool, scale: float):
-    """The kernel's ``forward`` where it serves these inputs, else ``None``.
+def native_window_kernel(query: Tensor, value_dim: int, block_size: int, has_globals: bool, scale: float):
+    """The kernel's operators (``forward``, ``backward``) where they serve these inputs, else ``None``.
 
-    It serves bfloat16 CPU tensors whose block size and head dims are multiples of 32,
-    with a positive scale, where it could be built and passed its check.
+    They serve bfloat16 and float32 CPU tensors whose block size and head dims are
+    multiples of 32, with a positive scale, where the kernel could be built and passed
+    its check.
     """
-    if query.device.type != "cpu" or query.dtype != torch.bfloat16 or scale <= 0:
+    if query.device.type != "cpu" or query.dtype not in (torch.bfloat16, torch.float32) or scale <= 0:
         return None
     if block_size % _ALIGN or query.shape[-1] % _ALIGN or value_dim % _ALIGN:
         return None
@@ -139,12 +171,13 @@ def native_window_attention(query: Tensor, value_dim: int, block_size: int, has_
         return None
     reason = _why_unavailable()
     if reason is not None:
-        _warn_once(f"attnlab's bfloat16 block-sparse kernel is not available ({reason}); "
+        _warn_once(f"attnlab's block-sparse kernel is not available ({reason}); "
                    "using torch's fused attention, which is slower")
         return None
-    if not _passes_check(block_size, query.shape[-1], value_dim, has_globals):
-        _warn_once(f"attnlab's bfloat16 block-sparse kernel disagreed with torch on block size "
-                   f"{block_size}, head dims {query.shape[-1]}/{value_dim}; using torch's fused attention")
+    if not _passes_check(query.dtype, block_size, query.shape[-1], value_dim, has_globals):
+        _warn_once(f"attnlab's block-sparse kernel disagreed with float64 attention ({query.dtype}, "
+                   f"block size {block_size}, head dims {query.shape[-1]}/{value_dim}); "
+                   "using torch's fused attention")
         return None
     return build()
 

@@ -614,25 +614,41 @@ class _BlockWindowAttention(torch.autograd.Function):
         # P = exp(S - lse) from the forward's log-sum-exp: no softmax pass. Rows without
         # any key take lse = +inf, so that their probabilities are exp(-inf) = 0.
         logsumexp = logsumexp.masked_fill(logsumexp == _NEG_INF, float("inf"))  # [n, L]
-        native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
-        if native is not None:
-            # The window part in the kernel of our own (AMX CPUs); the global parts below.
-            grad_query, grad_key_blocks, grad_value_blocks, row_term = native.backward(
-                query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
-                window_bias.float().contiguous(), bias.row_biased, grad_flat.contiguous(),
-                output.contiguous(), logsumexp, scale,
-            )  # [n, L, D], [n, L, D], [n, L, Dv], [n, L] float32
-            row_term = row_term.to(query_flat.dtype).unsqueeze(-1)  # [n, L, 1]
-        else:
-            grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
-                query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
-            )
 
         def sequence_layout(blocks: Tensor) -> Tensor:
             return blocks.view(B, H, N * L, -1)[:, :, :T]  # [B, H, T, D]
 
-        grad_key = sequence_layout(grad_key_blocks)
-        grad_value = sequence_layout(grad_value_blocks)
+        def global_rows(blocks: Tensor) -> Tensor:  # [n, L, D] -> the global tokens' rows [B * H, G, D]
+            return blocks.view(B, H, N * L, -1)[:, :, global_index].reshape(B * H, G, blocks.shape[-1])
+
+        native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
+        if native is not None:
+            # Everything in the kernel of our own (AMX CPUs). The global tokens' parts come
+            # back in float32 and join the sequence's gradients here.
+            global_grad, global_output = global_rows(grad_flat), global_rows(output)  # [B * H, G, Dv]
+            grad_query, grad_key_blocks, grad_value_blocks, *global_grads = native.backward(
+                query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
+                window_bias.float().contiguous(), bias.row_biased, grad_flat.contiguous(),
+                output.contiguous(), logsumexp, global_keys.contiguous(), global_values.contiguous(),
+                global_bias.float().contiguous(), global_rows(query_flat), global_grad,
+                torch.linalg.vecdot(global_grad.float(), global_output.float()),  # rowsum(dO * O): [B * H, G]
+                row_logsumexp.reshape(B * H, G).contiguous(), key_bias.float().contiguous(), scale,
+            )  # [n, L, D], [n, L, D], [n, L, Dv], and [B * H, G, D], [B * H, G, Dv], [B * H, G, D]
+            grad_key, grad_value = sequence_layout(grad_key_blocks), sequence_layout(grad_value_blocks)
+            if G:
+                global_key_grad, global_value_grad, global_query_grad = (
+                    x.to(query_flat.dtype).view(B, H, G, -1) for x in global_grads
+                )
+                grad_key.index_add_(2, global_index, global_key_grad)  # buffers of our own
+                grad_value.index_add_(2, global_index, global_value_grad)
+                grad_query.view(B, H, N * L, D)[:, :, global_index] = global_query_grad
+            return sequence_layout(grad_query), grad_key, grad_value, None, None, None, None, None, None, None
+
+        # Elsewhere in torch ops: the windows chunk by chunk, the global parts over whole heads.
+        grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
+            query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
+        )
+        grad_key, grad_value = sequence_layout(grad_key_blocks), sequence_layout(grad_value_blocks)
         if G:
             # Every query of head (b, h) against its G global keys at once: [B * H, N * L, G].
             queries = query_flat.view(B * H, N * L, D)

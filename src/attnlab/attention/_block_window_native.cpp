@@ -1,7 +1,7 @@
 // Block-sparse attention on CPUs with AMX, forward and backward, in bfloat16 and float32.
 //
 // Dimension letters as in _block_window_kernel.py: L block size, D (Dv) head dim of keys
-// (values), W = spread * L window keys, G global keys (Gp: G rounded up to 32), n blocks.
+// (values), W = spread * L window keys, G global keys (Gp: G rounded up to 16), n blocks.
 //
 // Why a kernel of our own: torch's fused CPU attention splits a 128-query block into 32-row
 // pieces and repacks each block's keys for every window that holds them, so its matrix
@@ -40,7 +40,8 @@ using at::BFloat16;
 using at::Tensor;
 
 constexpr int64_t kChunk = 16;  // query blocks per packing round
-constexpr int64_t kAlign = 32;  // columns and rows come in multiples of this
+constexpr int64_t kAlign = 32;  // block size and head dims come in multiples of this
+constexpr int64_t kGlobalAlign = 16;  // the global tokens are padded to a multiple of this
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -80,17 +81,23 @@ inline float row_max(const float* x, int64_t width) {
   return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
-// x <- x * c + bias (base-2 scores); returns their maximum.
+// x <- x * c + bias (base-2 scores); returns their maximum. width: a multiple of 16.
 inline float add_bias_row(float* x, const float* bias, int64_t width, float c) {
   const __m512 vc = _mm512_set1_ps(c);
   __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
-  for (int64_t i = 0; i < width; i += 32) {
+  int64_t i = 0;
+  for (; i + 32 <= width; i += 32) {
     const __m512 a = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vc, _mm512_loadu_ps(bias + i));
     const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), vc, _mm512_loadu_ps(bias + i + 16));
     _mm512_storeu_ps(x + i, a);
     _mm512_storeu_ps(x + i + 16, b);
     m0 = _mm512_max_ps(m0, a);
     m1 = _mm512_max_ps(m1, b);
+  }
+  if (i < width) {
+    const __m512 a = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vc, _mm512_loadu_ps(bias + i));
+    _mm512_storeu_ps(x + i, a);
+    m0 = _mm512_max_ps(m0, a);
   }
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
@@ -105,17 +112,31 @@ inline void store_pair(BFloat16* out, __m512 a, __m512 b) {
   _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
 
+// One vector of float32 into 16 consecutive elements.
+inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+
+inline void store16(BFloat16* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(x));
+}
+
 // p <- 2^(x * c - top) (rounded to p's type); returns the sum of the float32 values.
+// width: a multiple of 16.
 template <typename T>
 inline float exp2_row(const float* x, int64_t width, float c, float top, T* p) {
   const __m512 vc = _mm512_set1_ps(c), vtop = _mm512_set1_ps(top);
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-  for (int64_t i = 0; i < width; i += 32) {
+  int64_t i = 0;
+  for (; i + 32 <= width; i += 32) {
     const __m512 a = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
     const __m512 b = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 16), vc, vtop));
     s0 = _mm512_add_ps(s0, a);
     s1 = _mm512_add_ps(s1, b);
     store_pair(p + i, a, b);
+  }
+  if (i < width) {
+    const __m512 a = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
+    s0 = _mm512_add_ps(s0, a);
+    store16(p + i, a);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
@@ -178,6 +199,7 @@ void pack_keys(const T* keys, int64_t rows, int64_t valid, int64_t D, int64_t ld
 
 // Values [rows, Dv] -> the right operand of P V: in bfloat16 the VNNI layout [rows / 2, Dv, 2]
 // (rows interleaved in pairs), in float32 as they are. Rows from `valid` on are zeros.
+// rows: even; Dv: a multiple of 16.
 void pack_values(const float* values, int64_t rows, int64_t valid, int64_t Dv, float* packed) {
   const int64_t copied = std::min(rows, valid) * Dv;
   std::memcpy(packed, values, copied * sizeof(float));
@@ -195,11 +217,17 @@ void pack_values(const BFloat16* values, int64_t rows, int64_t valid, int64_t Dv
   for (int64_t r = 0; r < rows; r += 2) {
     const BFloat16* first = values + r * Dv;
     BFloat16* target = packed + r * Dv;
-    for (int64_t d = 0; d < Dv; d += 32) {
+    int64_t d = 0;
+    for (; d + 32 <= Dv; d += 32) {
       const __m512i a = r < valid ? _mm512_loadu_si512(first + d) : zero;
       const __m512i b = r + 1 < valid ? _mm512_loadu_si512(first + Dv + d) : zero;
       _mm512_storeu_si512(target + 2 * d, _mm512_permutex2var_epi16(a, low, b));
       _mm512_storeu_si512(target + 2 * d + 32, _mm512_permutex2var_epi16(a, high, b));
+    }
+    if (d < Dv) {  // the last 16 columns: their 32 interleaved elements
+      const __m512i a = r < valid ? _mm512_maskz_loadu_epi16(0xFFFF, first + d) : zero;
+      const __m512i b = r + 1 < valid ? _mm512_maskz_loadu_epi16(0xFFFF, first + Dv + d) : zero;
+      _mm512_storeu_si512(target + 2 * d, _mm512_permutex2var_epi16(a, low, b));
     }
   }
 }
@@ -240,9 +268,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
   const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
   const int64_t S = key_source.size(0), Sv = value_source.size(0), Dv = value_source.size(2);
   const int64_t G = global_keys.size(1);
-  const int64_t W = spread * L, Gp = round_up(G, kAlign);
-  TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0 && scale > 0,
+  const int64_t W = spread * L, Gp = round_up(G, kGlobalAlign);
+  TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0,
               "block_window_forward: block size and head dims must be multiples of 32");
+  TORCH_CHECK(scale > 0 && spread % 2 == 1, "block_window_forward: a positive scale and an odd spread only");
+  TORCH_CHECK(heads > 0 && blocks > 0 && n % (heads * blocks) == 0 && window_bias.size(0) == n / heads &&
+              biased.numel() == window_bias.size(0) && global_bias.size(0) == window_bias.size(0),
+              "block_window_forward: heads and blocks do not match the queries and biases");
   TORCH_CHECK(key_source.size(1) == L && key_source.size(2) == D && value_source.size(1) == L &&
               global_keys.size(0) == n / blocks && global_keys.size(2) == D &&
               global_values.size(0) == n / blocks && global_values.size(1) == G &&
@@ -327,7 +359,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
         const bool inside = source >= 0 && source < S;
         const bool value_inside = value_source_block >= 0 && value_source_block < Sv;
         pack_keys(inside ? k + source * L * D : k, L, inside ? L : 0, D, packed_columns,
-                  packed_keys.data() + t * L * per_unit);  // columns t L .. of [D / 2, packed_columns, 2]
+                  packed_keys.data() + t * L * per_unit);  // columns t L .. of the packed keys
         pack_values(value_inside ? v + value_source_block * L * Dv : v, L, value_inside ? L : 0, Dv,
                     packed_values.data() + t * L * Dv);
       }
@@ -458,6 +490,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
 }
 
 // Bfloat16 rows [D / 2, cols, 2] (VNNI pairs) -> [D, ld]: each pair of rows de-interleaved.
+// cols: a multiple of 16.
 void unpack_pairs(const BFloat16* packed, int64_t D, int64_t cols, int64_t ld, BFloat16* out) {
   alignas(64) int16_t even_index[32], odd_index[32];
   for (int i = 0; i < 32; ++i) {
@@ -467,10 +500,16 @@ void unpack_pairs(const BFloat16* packed, int64_t D, int64_t cols, int64_t ld, B
   const __m512i even = _mm512_load_si512(even_index), odd = _mm512_load_si512(odd_index);
   for (int64_t pair = 0; pair < D / 2; ++pair) {
     const BFloat16* source = packed + pair * cols * 2;
-    for (int64_t x = 0; x < cols; x += 32) {
+    int64_t x = 0;
+    for (; x + 32 <= cols; x += 32) {
       const __m512i a = _mm512_loadu_si512(source + 2 * x), b = _mm512_loadu_si512(source + 2 * x + 32);
       _mm512_storeu_si512(out + 2 * pair * ld + x, _mm512_permutex2var_epi16(a, even, b));
       _mm512_storeu_si512(out + (2 * pair + 1) * ld + x, _mm512_permutex2var_epi16(a, odd, b));
+    }
+    if (x < cols) {  // the last 16 columns: the low halves
+      const __m512i a = _mm512_loadu_si512(source + 2 * x), b = _mm512_setzero_si512();
+      _mm512_mask_storeu_epi16(out + 2 * pair * ld + x, 0xFFFF, _mm512_permutex2var_epi16(a, even, b));
+      _mm512_mask_storeu_epi16(out + (2 * pair + 1) * ld + x, 0xFFFF, _mm512_permutex2var_epi16(a, odd, b));
     }
   }
 }
@@ -495,12 +534,6 @@ const BFloat16* right_operand(const BFloat16* x, int64_t rows, int64_t cols, BFl
   return scratch;
 }
 
-inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
-
-inline void store16(BFloat16* out, __m512 x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(x));
-}
-
 // out [L, D] <- the transpose of x [D, L] (float32), rounded to out's type.
 template <typename T>
 void store_transposed(const float* x, int64_t D, int64_t L, T* out) {
@@ -514,17 +547,60 @@ void store_transposed(const float* x, int64_t D, int64_t L, T* out) {
   }
 }
 
-// The gradients of the window part of block-sparse attention, given the forward's output
-// and log-sum-exp (which include the global keys, so the window keys' probabilities here
-// are those of the whole softmax; the global keys' and global rows' own parts are left to
-// the caller). Everything is computed key-major, for a block i and its window keys:
+// The softmax backward on rows of P^T: for row x (one key) and column y (one query),
+// p = 2^(s c + bias[x] - lse2[y]) and ds = scale p (dp - term[y]), rounded to T. bias:
+// base 2, one per row (nullptr: none); lse2 in base 2, +inf where a query has no key or
+// is replaced (its probabilities are 0). width: a multiple of 16.
+template <typename T>
+void softmax_backward_rows(const float* scores, const float* probs_grad, int64_t rows, int64_t width,
+                           const float* bias, const float* lse2, const float* term, float c, float scale,
+                           T* probs, T* scores_grad) {
+  const __m512 vc = _mm512_set1_ps(c), vs = _mm512_set1_ps(scale);
+  for (int64_t x = 0; x < rows; ++x) {
+    const float b = bias ? bias[x] : 0.0f;
+    T* p_row = probs + x * width;
+    T* ds_row = scores_grad + x * width;
+    if (b == -INFINITY) {  // a key the rows may not attend
+      std::memset(p_row, 0, width * sizeof(T));
+      std::memset(ds_row, 0, width * sizeof(T));
+      continue;
+    }
+    const __m512 vb = _mm512_set1_ps(b);
+    const float* s_row = scores + x * width;
+    const float* dp_row = probs_grad + x * width;
+    for (int64_t y = 0; y < width; y += 16) {
+      const __m512 t = _mm512_sub_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s_row + y), vc, vb),
+                                     _mm512_loadu_ps(lse2 + y));
+      const __m512 p = exp2_nonpositive(t);
+      const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(p, vs),
+                                      _mm512_sub_ps(_mm512_loadu_ps(dp_row + y), _mm512_loadu_ps(term + y)));
+      store16(p_row + y, p);
+      store16(ds_row + y, ds);
+    }
+  }
+}
+
+// The global tokens' gradients summed by one thread over the heads of its blocks
+// ([first_head, first_head + heads)), merged after the parallel loop: their keys' and
+// values' [heads, Gp, D|Dv] and their rows' queries' (transposed) [heads, D, Gp], float32.
+struct GlobalGradients {
+  int64_t first_head = 0, heads = 0;
+  std::vector<float> keys, values, queries_t;
+};
+
+// The gradients of block-sparse attention, given the forward's output and log-sum-exp:
+// the window keys', the global keys' and the global tokens' rows' parts. Everything is
+// computed key-major; for block i and its window keys:
 //   S^T = K Q^T, P^T = 2^(S^T c + bias - lse), dP^T = V dO^T, dS^T = scale P^T (dP^T - rowsum(dO O)),
 //   dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T,
 // so that only the small [L, D] blocks of Q and dO are transposed, never a [W, L] matrix.
-// Window i adds to the key blocks i - w .. i + w: chunks of C >= 2 w query blocks run in two
-// phases (even chunks, then odd ones), so no two threads add to the same block at once.
+// The global keys are Gp more rows of the same products (their dK, dV summed per head);
+// the global tokens' rows, which attend every key, are Gp more queries of each block's own
+// keys (their dQ summed per head). Window i adds to the key blocks i - w .. i + w: chunks of
+// C >= 2 w query blocks run in two phases (even chunks, then odd ones), so no two threads add
+// to the same block at once.
 template <typename T>
-std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
     const Tensor& query,  // [n, L, D]
     const Tensor& key_source,  // [S, L, D]: window i is source blocks i + shift .. + spread
     const Tensor& value_source,  // [Sv, L, Dv]
@@ -538,33 +614,100 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
     const Tensor& grad_output,  // [n, L, Dv]
     const Tensor& output,  // [n, L, Dv]
     const Tensor& logsumexp,  // [n, L] float32: -inf where a row has no key, +inf where it is replaced
+    const Tensor& global_keys,  // [B H, G, D]
+    const Tensor& global_values,  // [B H, G, Dv]
+    const Tensor& global_bias,  // [B N, G] float32
+    const Tensor& global_queries,  // [B H, G, D]: the global tokens' queries
+    const Tensor& global_grad_output,  // [B H, G, Dv]: their rows' output gradient
+    const Tensor& global_row_term,  // [B H, G] float32: rowsum(dO O) of their rows
+    const Tensor& global_logsumexp,  // [B H, G] float32: their rows' log-sum-exp
+    const Tensor& key_bias,  // [B, N L] float32: every key's bias for them
     double scale) {
   constexpr auto dtype = c10::CppTypeToScalarType<T>::value;
   TORCH_CHECK(key_source.scalar_type() == dtype && value_source.scalar_type() == dtype &&
-              grad_output.scalar_type() == dtype && output.scalar_type() == dtype,
-              "block_window_backward: queries, keys, values and gradients of one dtype");
-  TORCH_CHECK(query.is_contiguous() && key_source.is_contiguous() && value_source.is_contiguous() &&
-              window_bias.is_contiguous() && biased.is_contiguous() && grad_output.is_contiguous() &&
-              output.is_contiguous() && logsumexp.is_contiguous(),
-              "block_window_backward: contiguous inputs only");
+              grad_output.scalar_type() == dtype && output.scalar_type() == dtype &&
+              global_keys.scalar_type() == dtype && global_values.scalar_type() == dtype &&
+              global_queries.scalar_type() == dtype && global_grad_output.scalar_type() == dtype,
+              "block_window_backward: queries, keys, values, global tokens and gradients of one dtype");
+  for (const Tensor* x : {&query, &key_source, &value_source, &window_bias, &biased, &grad_output, &output,
+                          &logsumexp, &global_keys, &global_values, &global_bias, &global_queries,
+                          &global_grad_output, &global_row_term, &global_logsumexp, &key_bias}) {
+    TORCH_CHECK(x->is_contiguous(), "block_window_backward: contiguous inputs only");
+  }
   TORCH_CHECK(window_bias.scalar_type() == at::kFloat && logsumexp.scalar_type() == at::kFloat &&
-              biased.scalar_type() == at::kBool, "block_window_backward: float32 biases, bool rows");
+              global_bias.scalar_type() == at::kFloat && global_row_term.scalar_type() == at::kFloat &&
+              global_logsumexp.scalar_type() == at::kFloat && key_bias.scalar_type() == at::kFloat &&
+              biased.scalar_type() == at::kBool, "block_window_backward: float32 biases and sums, bool rows");
   const int64_t n = query.size(0), L = query.size(1), D = query.size(2);
   const int64_t S = key_source.size(0), Sv = value_source.size(0), Dv = value_source.size(2);
-  const int64_t W = spread * L, w = (spread - 1) / 2;
-  TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0 && scale > 0 && spread % 2 == 1,
+  const int64_t W = spread * L, w = (spread - 1) / 2, G = global_keys.size(1), Gp = round_up(G, kGlobalAlign);
+  TORCH_CHECK(L % kAlign == 0 && D % kAlign == 0 && Dv % kAlign == 0,
               "block_window_backward: block size and head dims must be multiples of 32");
+  TORCH_CHECK(scale > 0 && spread % 2 == 1, "block_window_backward: a positive scale and an odd spread only");
+  TORCH_CHECK(heads > 0 && blocks > 0 && n % (heads * blocks) == 0 && window_bias.size(0) == n / heads &&
+              biased.numel() == window_bias.size(0) && global_bias.size(0) == window_bias.size(0),
+              "block_window_backward: heads and blocks do not match the queries and biases");
+  const int64_t heads_total = n / blocks;  // B H
   TORCH_CHECK(key_source.size(1) == L && key_source.size(2) == D && value_source.size(1) == L &&
               grad_output.size(0) == n && grad_output.size(1) == L && grad_output.size(2) == Dv &&
               output.sizes() == grad_output.sizes() && logsumexp.size(0) == n && logsumexp.size(1) == L &&
-              window_bias.size(1) == W && n % blocks == 0,
+              window_bias.size(1) == W && global_keys.size(0) == heads_total && global_keys.size(2) == D &&
+              global_values.size(0) == heads_total && global_values.size(1) == G &&
+              global_values.size(2) == Dv && global_queries.sizes() == global_keys.sizes() &&
+              global_grad_output.sizes() == global_values.sizes() &&
+              global_row_term.size(0) == heads_total && global_row_term.size(1) == G &&
+              global_logsumexp.sizes() == global_row_term.sizes() && global_bias.size(1) == G &&
+              key_bias.size(0) * heads * blocks == n && key_bias.size(1) == blocks * L,
               "block_window_backward: shapes do not match the queries");
 
   auto grad_query = at::empty({n, L, D}, query.options());
-  auto row_term = at::empty({n, L}, query.options().dtype(at::kFloat));
+  const auto float_options = query.options().dtype(at::kFloat);
   // float32 sums over the padded key blocks: window i adds to padded blocks i .. i + 2 w.
-  auto key_sum = at::zeros({n + 2 * w, L, D}, query.options().dtype(at::kFloat));
-  auto value_sum = at::zeros({n + 2 * w, L, Dv}, query.options().dtype(at::kFloat));
+  auto key_sum = at::zeros({n + 2 * w, L, D}, float_options);
+  auto value_sum = at::zeros({n + 2 * w, L, Dv}, float_options);
+
+  // The global tokens, per head, laid out once as the products below take them (rows from
+  // G to Gp are zeros): keys and values as left operands [Gp, D|Dv], keys transposed
+  // [D, Gp]; their rows' queries and output gradients as right operands of K Q^T and
+  // V dO^T (transposed) and of dS^T Q and P^T dO (as they are).
+  auto global_keys_rows = at::zeros({heads_total, Gp, D}, query.options());
+  auto global_values_rows = at::zeros({heads_total, Gp, Dv}, query.options());
+  auto global_keys_t = at::empty({heads_total, D, Gp}, query.options());
+  auto global_queries_t = at::empty({heads_total, D, Gp}, query.options());
+  auto global_grad_t = at::empty({heads_total, Dv, Gp}, query.options());
+  auto global_queries_right = at::empty({heads_total, Gp, D}, query.options());
+  auto global_grad_right = at::empty({heads_total, Gp, Dv}, query.options());
+  auto global_lse2 = at::full({heads_total, Gp}, INFINITY, float_options);  // padding rows: P = 0
+  auto global_term = at::zeros({heads_total, Gp}, float_options);
+  if (G) {
+    global_keys_rows.narrow(1, 0, G).copy_(global_keys);
+    global_values_rows.narrow(1, 0, G).copy_(global_values);
+    global_term.narrow(1, 0, G).copy_(global_row_term);
+    // in base 2; rows without any key: +inf (P = 0)
+    global_lse2.narrow(1, 0, G).copy_(global_logsumexp.mul(kLog2e).masked_fill(global_logsumexp == -INFINITY,
+                                                                                 INFINITY));
+    auto queries_rows = at::zeros({heads_total, Gp, D}, query.options());
+    auto grad_rows = at::zeros({heads_total, Gp, Dv}, query.options());
+    queries_rows.narrow(1, 0, G).copy_(global_queries);
+    grad_rows.narrow(1, 0, G).copy_(global_grad_output);
+    at::parallel_for(0, heads_total, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> scratch(Gp * std::max(D, Dv));
+      for (int64_t h = begin; h < end; ++h) {
+        const T* keys_h = global_keys_rows.data_ptr<T>() + h * Gp * D;
+        const T* queries_h = queries_rows.data_ptr<T>() + h * Gp * D;
+        const T* grad_h = grad_rows.data_ptr<T>() + h * Gp * Dv;
+        transpose_rows(keys_h, Gp, Gp, D, Gp, global_keys_t.data_ptr<T>() + h * D * Gp, scratch.data());
+        pack_keys(queries_h, Gp, Gp, D, Gp, global_queries_t.data_ptr<T>() + h * D * Gp);
+        pack_keys(grad_h, Gp, Gp, Dv, Gp, global_grad_t.data_ptr<T>() + h * Dv * Gp);
+        T* queries_right = global_queries_right.data_ptr<T>() + h * Gp * D;
+        T* grad_right = global_grad_right.data_ptr<T>() + h * Gp * Dv;
+        const T* packed = right_operand(queries_h, Gp, D, queries_right);
+        if (packed != queries_right) std::memcpy(queries_right, packed, Gp * D * sizeof(T));
+        packed = right_operand(grad_h, Gp, Dv, grad_right);
+        if (packed != grad_right) std::memcpy(grad_right, packed, Gp * Dv * sizeof(T));
+      }
+    });
+  }
 
   const T* q = query.data_ptr<T>();
   const T* k = key_source.data_ptr<T>();
@@ -574,24 +717,53 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
   const float* lse = logsumexp.data_ptr<float>();
   const float* window_bias_data = window_bias.data_ptr<float>();
   const bool* biased_data = biased.data_ptr<bool>();
+  const float* global_bias_data = global_bias.data_ptr<float>();
+  const float* key_bias_data = key_bias.data_ptr<float>();
+  const T* g_keys = global_keys_rows.data_ptr<T>();
+  const T* g_values = global_values_rows.data_ptr<T>();
+  const T* g_keys_t = global_keys_t.data_ptr<T>();
+  const T* g_queries_t = global_queries_t.data_ptr<T>();
+  const T* g_grad_t = global_grad_t.data_ptr<T>();
+  const T* g_queries_right = global_queries_right.data_ptr<T>();
+  const T* g_grad_right = global_grad_right.data_ptr<T>();
+  const float* g_lse2 = global_lse2.data_ptr<float>();
+  const float* g_term = global_term.data_ptr<float>();
   T* dq = grad_query.data_ptr<T>();
-  float* rows_term = row_term.data_ptr<float>();
   float* dk = key_sum.data_ptr<float>();
   float* dv = value_sum.data_ptr<float>();
   const float c = static_cast<float>(scale) * kLog2e;
   const float grad_scale = static_cast<float>(scale);
 
-  const int64_t chunk_blocks = std::max(kChunk, spread - 1);
+  // Chunks of kChunk blocks, fewer where that would leave threads idle in a phase, never
+  // fewer than 2 w (the two phases rely on it).
+  const int64_t threads = at::get_num_threads();
+  const int64_t per_thread = (n + 2 * threads - 1) / (2 * threads);
+  const int64_t chunk_blocks = std::max({spread - 1, int64_t{1}, std::min(kChunk, per_thread)});
   const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks;
+  std::vector<GlobalGradients> global_sums(2 * threads);  // per phase and thread
   for (int64_t phase = 0; phase < 2; ++phase) {
     at::parallel_for(0, (chunks - phase + 1) / 2, 1, [&](int64_t begin, int64_t end) {
       const int64_t window_blocks = chunk_blocks + spread - 1, columns = window_blocks * L;
+      const int64_t width = std::max(W, Gp);  // rows of the transposed products
       std::vector<T> keys(columns * D), values(columns * Dv), keys_t(D * columns);
       std::vector<T> query_t(D * L), grad_t(Dv * L), query_right(L * D), grad_right(L * Dv);
-      std::vector<T> probs_t(W * L), scores_grad_t(W * L), scores_grad_right(W * L), scratch(L * std::max(D, Dv));
-      std::vector<float> scores_t(W * L), probs_grad_t(W * L), query_grad_t(D * L), row_bias(W), lse2(L);
+      std::vector<T> probs_t(width * L), scores_grad_t(width * L), scores_grad_right(width * L);
+      std::vector<T> scratch(L * std::max(D, Dv));
+      std::vector<float> scores_t(width * L), probs_grad_t(width * L), query_grad_t(D * L);
+      std::vector<float> row_bias(std::max(W, std::max(Gp, L))), lse2(L), term(L);
+      GlobalGradients& sums = global_sums[phase * threads + at::get_thread_num()];
+      if (G) {
+        const int64_t first_chunk = (2 * begin + phase) * chunk_blocks;
+        const int64_t last_block = std::min(n, (2 * (end - 1) + phase + 1) * chunk_blocks) - 1;
+        sums.first_head = first_chunk / blocks;
+        sums.heads = last_block / blocks - sums.first_head + 1;
+        sums.keys.assign(sums.heads * Gp * D, 0.0f);
+        sums.values.assign(sums.heads * Gp * Dv, 0.0f);
+        sums.queries_t.assign(sums.heads * D * Gp, 0.0f);
+      }
       for (int64_t index = begin; index < end; ++index) {
-        const int64_t chunk = (2 * index + phase) * chunk_blocks, chunk_end = std::min(n, chunk + chunk_blocks);
+        const int64_t chunk = (2 * index + phase) * chunk_blocks;
+        const int64_t chunk_end = std::min(n, chunk + chunk_blocks);
         for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {  // the chunk's window keys and values
           const int64_t source = chunk + shift + t, value_block = chunk + value_shift + t;
           const bool inside = source >= 0 && source < S, value_inside = value_block >= 0 && value_block < Sv;
@@ -611,7 +783,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
         }
         for (int64_t i = chunk; i < chunk_end; ++i) {
           const int64_t first = i - chunk;  // the window's first block in the chunk's buffers
+          const int64_t own = first + w;  // block i's own keys there
           const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
+          const int64_t head = i / blocks, slot = head - sums.first_head;
           const T* q_i = q + i * L * D;
           const T* dout_i = dout + i * L * Dv;
           for (int64_t r = 0; r < L; ++r) {  // rowsum(dO O) and the log-sum-exp in base 2
@@ -619,58 +793,78 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
             const T* a = dout_i + r * Dv;
             const T* b = out + (i * L + r) * Dv;
             for (int64_t d = 0; d < Dv; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
-            rows_term[i * L + r] = sum;
+            term[r] = sum;
             const float e = lse[i * L + r];
             lse2[r] = e == -INFINITY ? INFINITY : e * kLog2e;  // no key or replaced row: P = 0
           }
           pack_keys(q_i, L, L, D, L, query_t.data());  // right operands of K Q^T and V dO^T
           pack_keys(dout_i, L, L, Dv, L, grad_t.data());
+          const T* query_b = right_operand(q_i, L, D, query_right.data());  // of dS^T Q and P^T dO
+          const T* grad_b = right_operand(dout_i, L, Dv, grad_right.data());
+
+          // The window keys.
           at::native::cpublas::brgemm(W, L, D, D, L, L, false, keys.data() + first * L * D, query_t.data(),
                                       scores_t.data());
-          at::native::cpublas::brgemm(W, L, Dv, Dv, L, L, false, values.data() + first * L * Dv, grad_t.data(),
-                                      probs_grad_t.data());
-          const bool window_biased = biased_data[row];
-          const float* bias = window_bias_data + row * W;
-          const float* term = rows_term + i * L;
-          for (int64_t x = 0; x < W; ++x) {
-            const float b = window_biased ? base2_bias(bias[x]) : 0.0f;
-            T* p_row = probs_t.data() + x * L;
-            T* ds_row = scores_grad_t.data() + x * L;
-            if (b == -INFINITY) {
-              std::memset(p_row, 0, L * sizeof(T));
-              std::memset(ds_row, 0, L * sizeof(T));
-              continue;
-            }
-            const __m512 vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vs = _mm512_set1_ps(grad_scale);
-            const float* s_row = scores_t.data() + x * L;
-            const float* dp_row = probs_grad_t.data() + x * L;
-            for (int64_t l = 0; l < L; l += 32) {
-              __m512 p[2], ds[2];
-              for (int h = 0; h < 2; ++h) {
-                const int64_t at = l + 16 * h;
-                const __m512 t = _mm512_sub_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s_row + at), vc, vb),
-                                               _mm512_loadu_ps(lse2.data() + at));
-                p[h] = exp2_nonpositive(t);
-                ds[h] = _mm512_mul_ps(_mm512_mul_ps(p[h], vs),
-                                      _mm512_sub_ps(_mm512_loadu_ps(dp_row + at), _mm512_loadu_ps(term + at)));
-              }
-              store_pair(p_row + l, p[0], p[1]);
-              store_pair(ds_row + l, ds[0], ds[1]);
-            }
+          at::native::cpublas::brgemm(W, L, Dv, Dv, L, L, false, values.data() + first * L * Dv,
+                                      grad_t.data(), probs_grad_t.data());
+          const float* bias = nullptr;
+          if (biased_data[row]) {
+            for (int64_t x = 0; x < W; ++x) row_bias[x] = base2_bias(window_bias_data[row * W + x]);
+            bias = row_bias.data();
           }
+          softmax_backward_rows(scores_t.data(), probs_grad_t.data(), W, L, bias, lse2.data(), term.data(), c,
+                                grad_scale, probs_t.data(), scores_grad_t.data());
           const T* ds_right = right_operand(scores_grad_t.data(), W, L, scores_grad_right.data());
-          at::native::cpublas::brgemm(W, Dv, L, L, Dv, Dv, true, probs_t.data(),
-                                      right_operand(dout_i, L, Dv, grad_right.data()), dv + i * L * Dv);
-          at::native::cpublas::brgemm(W, D, L, L, D, D, true, scores_grad_t.data(),
-                                      right_operand(q_i, L, D, query_right.data()), dk + i * L * D);
+          at::native::cpublas::brgemm(W, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b, dv + i * L * Dv);
+          at::native::cpublas::brgemm(W, D, L, L, D, D, true, scores_grad_t.data(), query_b, dk + i * L * D);
           at::native::cpublas::brgemm(D, L, W, columns, L, L, false, keys_t.data() + first * L, ds_right,
                                       query_grad_t.data());
+          if (G) {
+            // The global keys: Gp more rows of the same products, summed per head.
+            at::native::cpublas::brgemm(Gp, L, D, D, L, L, false, g_keys + head * Gp * D, query_t.data(),
+                                        scores_t.data());
+            at::native::cpublas::brgemm(Gp, L, Dv, Dv, L, L, false, g_values + head * Gp * Dv, grad_t.data(),
+                                        probs_grad_t.data());
+            for (int64_t g = 0; g < Gp; ++g) {
+              row_bias[g] = g < G ? base2_bias(global_bias_data[row * G + g]) : -INFINITY;
+            }
+            softmax_backward_rows(scores_t.data(), probs_grad_t.data(), Gp, L, row_bias.data(), lse2.data(),
+                                  term.data(), c, grad_scale, probs_t.data(), scores_grad_t.data());
+            const T* global_ds_right = right_operand(scores_grad_t.data(), Gp, L, scores_grad_right.data());
+            at::native::cpublas::brgemm(D, L, Gp, Gp, L, L, true, g_keys_t + head * D * Gp, global_ds_right,
+                                        query_grad_t.data());
+            at::native::cpublas::brgemm(Gp, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b,
+                                        sums.values.data() + slot * Gp * Dv);
+            at::native::cpublas::brgemm(Gp, D, L, L, D, D, true, scores_grad_t.data(), query_b,
+                                        sums.keys.data() + slot * Gp * D);
+          }
           store_transposed(query_grad_t.data(), D, L, dq + i * L * D);
+          if (G) {
+            // The global tokens' rows over block i's own keys: Gp more queries, [L, Gp] products.
+            at::native::cpublas::brgemm(L, Gp, D, D, Gp, Gp, false, keys.data() + own * L * D,
+                                        g_queries_t + head * D * Gp, scores_t.data());
+            at::native::cpublas::brgemm(L, Gp, Dv, Dv, Gp, Gp, false, values.data() + own * L * Dv,
+                                        g_grad_t + head * Dv * Gp, probs_grad_t.data());
+            const float* own_bias = key_bias_data + (i / (heads * blocks)) * blocks * L + (i % blocks) * L;
+            for (int64_t x = 0; x < L; ++x) row_bias[x] = base2_bias(own_bias[x]);
+            softmax_backward_rows(scores_t.data(), probs_grad_t.data(), L, Gp, row_bias.data(),
+                                  g_lse2 + head * Gp, g_term + head * Gp, c, grad_scale, probs_t.data(),
+                                  scores_grad_t.data());
+            const T* rows_ds_right = right_operand(scores_grad_t.data(), L, Gp, scores_grad_right.data());
+            const int64_t padded = i + w;  // block i's keys among the padded key blocks
+            at::native::cpublas::brgemm(L, Dv, Gp, Gp, Dv, Dv, true, probs_t.data(),
+                                        g_grad_right + head * Gp * Dv, dv + padded * L * Dv);
+            at::native::cpublas::brgemm(L, D, Gp, Gp, D, D, true, scores_grad_t.data(),
+                                        g_queries_right + head * Gp * D, dk + padded * L * D);
+            at::native::cpublas::brgemm(D, Gp, L, columns, Gp, Gp, true, keys_t.data() + own * L,
+                                        rows_ds_right, sums.queries_t.data() + slot * D * Gp);
+          }
         }
       }
       at::native::cpublas::brgemm_release();
     });
   }
+
   // The sequence's key blocks are padded blocks w .. w + n.
   auto grad_key = key_sum.narrow(0, w, n);
   auto grad_value = value_sum.narrow(0, w, n);
@@ -678,7 +872,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_blocks(
     grad_key = grad_key.to(dtype);
     grad_value = grad_value.to(dtype);
   }
-  return {grad_query, grad_key, grad_value, row_term};
+  // The global tokens' sums, merged over the threads.
+  auto global_key_grad = at::zeros({heads_total, Gp, D}, float_options);
+  auto global_value_grad = at::zeros({heads_total, Gp, Dv}, float_options);
+  auto global_query_grad_t = at::zeros({heads_total, D, Gp}, float_options);
+  for (const GlobalGradients& sums : global_sums) {
+    if (!sums.heads) continue;
+    const auto range = [&](const Tensor& x) { return x.narrow(0, sums.first_head, sums.heads); };
+    range(global_key_grad).add_(at::from_blob(const_cast<float*>(sums.keys.data()), {sums.heads, Gp, D},
+                                              float_options));
+    range(global_value_grad).add_(at::from_blob(const_cast<float*>(sums.values.data()), {sums.heads, Gp, Dv},
+                                                float_options));
+    range(global_query_grad_t).add_(at::from_blob(const_cast<float*>(sums.queries_t.data()),
+                                                  {sums.heads, D, Gp}, float_options));
+  }
+  return {grad_query, grad_key, grad_value, global_key_grad.narrow(1, 0, G),
+          global_value_grad.narrow(1, 0, G), global_query_grad_t.transpose(1, 2).narrow(1, 0, G)};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
@@ -687,22 +896,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_forward(
     const Tensor& biased, const Tensor& global_keys, const Tensor& global_values, const Tensor& global_bias,
     const Tensor& global_queries, const Tensor& key_bias, double scale) {
   const auto dtype = query.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_window_forward: bfloat16 or float32 only");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat,
+              "block_window_forward: bfloat16 or float32 only");
   auto run = dtype == at::kBFloat16 ? forward_blocks<BFloat16> : forward_blocks<float>;
   return run(query, key_source, value_source, shift, value_shift, spread, heads, blocks, window_bias, biased,
              global_keys, global_values, global_bias, global_queries, key_bias, scale);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> block_window_backward(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> block_window_backward(
     const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t shift,
     int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
     const Tensor& biased, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
-    double scale) {
+    const Tensor& global_keys, const Tensor& global_values, const Tensor& global_bias,
+    const Tensor& global_queries, const Tensor& global_grad_output, const Tensor& global_row_term,
+    const Tensor& global_logsumexp, const Tensor& key_bias, double scale) {
   const auto dtype = query.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_window_backward: bfloat16 or float32 only");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat,
+              "block_window_backward: bfloat16 or float32 only");
   auto run = dtype == at::kBFloat16 ? backward_blocks<BFloat16> : backward_blocks<float>;
   return run(query, key_source, value_source, shift, value_shift, spread, heads, blocks, window_bias, biased,
-             grad_output, output, logsumexp, scale);
+             grad_output, output, logsumexp, global_keys, global_values, global_bias, global_queries,
+             global_grad_output, global_row_term, global_logsumexp, key_bias, scale);
 }
 
 }  // namespace
@@ -716,8 +930,10 @@ TORCH_LIBRARY(attnlab_block_window, m) {
       "-> (Tensor, Tensor, Tensor, Tensor)",
       &block_window_forward);
   m.def(
-      "backward(Tensor query, Tensor key_source, Tensor value_source, int shift, int value_shift, int spread, "
-      "int heads, int blocks, Tensor window_bias, Tensor biased, Tensor grad_output, Tensor output, "
-      "Tensor logsumexp, float scale) -> (Tensor, Tensor, Tensor, Tensor)",
+      "backward(Tensor query, Tensor key_source, Tensor value_source, int shift, int value_shift, "
+      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, Tensor grad_output, "
+      "Tensor output, Tensor logsumexp, Tensor global_keys, Tensor global_values, Tensor global_bias, "
+      "Tensor global_queries, Tensor global_grad_output, Tensor global_row_term, Tensor global_logsumexp, "
+      "Tensor key_bias, float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       &block_window_backward);
 }

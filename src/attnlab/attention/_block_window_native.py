@@ -119,41 +119,43 @@ def _check(dtype: torch.dtype, block_size: int, head_dim: int, value_dim: int, w
     # The same pattern as one dense [N * L, N * L] bias.
     block = torch.arange(N * L) // L
     far = (block[:, None] - block[None, :]).abs() > 1  # [N L, N L]
-    window_only = key_bias.expand(N * L, N * L).masked_fill(far, float("-inf")).double()
-    dense_bias = window_only.clone()
+    dense_bias = key_bias.expand(N * L, N * L).masked_fill(far, float("-inf")).double()
     dense_bias[:, global_index] = key_bias[0, global_index].double()
     dense_bias[global_index] = key_bias.double()
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4  # the probabilities are rounded to the dtype
-    # The float64 reference's output and gradients with this bias, written out (no autograd:
-    # the check also runs under torch.no_grad and inside autograd's own forward).
-    def reference(bias: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
-        q, k, v = (x.reshape(N * L, -1).double() for x in (query, key, value))
-        grad = upstream.view(N * L, Dv).double()
-        scores = q @ k.T * scale + bias
-        probs = torch.softmax(scores, dim=-1)  # every row has a key
-        scores_grad = probs * (grad @ v.T - (grad * (probs @ v)).sum(dim=-1, keepdim=True)) * scale
-        return probs @ v, scores.logsumexp(dim=-1), [scores_grad @ k, scores_grad.T @ q, probs.T @ grad]
+    # The float64 reference's output and gradients, written out (no autograd: the check
+    # also runs under torch.no_grad and inside autograd's own forward).
+    q, k, v = (x.reshape(N * L, -1).double() for x in (query, key, value))
+    grad = upstream.view(N * L, Dv).double()
+    scores = q @ k.T * scale + dense_bias
+    probs = torch.softmax(scores, dim=-1)  # every row has a key
+    expected, expected_logsumexp = probs @ v, scores.logsumexp(dim=-1)
+    scores_grad = probs * (grad @ v.T - (grad * expected).sum(dim=-1, keepdim=True)) * scale
+    exact = [scores_grad @ k, scores_grad.T @ q, probs.T @ grad]
 
     def close(mine: Tensor, exact: Tensor) -> bool:
         return bool(((mine.double() - exact).abs().max() / exact.abs().max().clamp(min=1e-6)) <= tolerance)
 
-    expected, expected_logsumexp, _ = reference(dense_bias)
+    # The global tokens' rows replace their block rows, whose probabilities are then 0.
     output, logsumexp = output.view(N * L, Dv), logsumexp.view(N * L)
     output[global_index], logsumexp[global_index] = row_output[0], row_logsumexp[0]
     logsumexp_close = torch.allclose(logsumexp.double(), expected_logsumexp, atol=1e-3, rtol=1e-4)
     if not (close(output, expected) and logsumexp_close):
         return False
-    # The backward on the windows alone (its part; the global keys' are torch ops).
-    empty, no_bias = query.new_zeros(1, 0, D), torch.zeros(N, 0)
-    output, logsumexp, _, _ = kernel.forward(
-        query, key, value, -1, -1, 3, 1, N, window_bias, biased, empty, value.new_zeros(1, 0, Dv), no_bias,
-        empty, key_bias, scale,
+    logsumexp[global_index] = float("inf")
+    global_grad = upstream.view(1, N * L, Dv)[:, global_index]
+    grad_query, grad_key, grad_value, global_key_grad, global_value_grad, global_query_grad = kernel.backward(
+        query, key, value, -1, -1, 3, 1, N, window_bias, biased, upstream, output.view(N, L, Dv),
+        logsumexp.view(N, L), global_keys, global_values, global_bias, global_queries, global_grad,
+        (global_grad.float() * output[global_index].float()).sum(-1), row_logsumexp, key_bias, scale,
     )
-    gradients = kernel.backward(
-        query, key, value, -1, -1, 3, 1, N, window_bias, biased, upstream, output, logsumexp, scale
+    grad_query, grad_key, grad_value = (
+        x.reshape(N * L, -1).double() for x in (grad_query, grad_key, grad_value)
     )
-    _, _, exact = reference(window_only)
-    return all(close(mine.reshape(N * L, -1), grad) for mine, grad in zip(gradients[:3], exact))
+    grad_key[global_index] += global_key_grad[0].double()
+    grad_value[global_index] += global_value_grad[0].double()
+    grad_query[global_index] = global_query_grad[0].double()
+    return all(close(mine, grad) for mine, grad in zip((grad_query, grad_key, grad_value), exact))
 
 
 def native_window_kernel(query: Tensor, value_dim: int, block_size: int, has_globals: bool, scale: float):

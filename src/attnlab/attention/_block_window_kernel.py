@@ -14,10 +14,10 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-In bfloat16 and float32 on CPUs with AMX the forward is attnlab's own kernel
-(``_block_window_native.cpp``: windows, global keys and the global tokens' rows in one
-pass; see ``_block_window_native.py``), and so is the backward's window part. Otherwise
-the forward attends each run of consecutive blocks in one call of torch's fused CPU
+In bfloat16 and float32 on CPUs with AMX the forward and the backward are attnlab's own
+kernel (``_block_window_native.cpp``: windows, global keys and the global tokens' rows in
+one pass each; see ``_block_window_native.py``). Otherwise the forward attends each run
+of consecutive blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
 as the mask (all windows are read in place; only the batch-edge windows are copied).
@@ -30,11 +30,10 @@ takes GEMM -> bias -> softmax -> GEMM in chunks instead.
 
 The backward recomputes the probabilities as ``P = exp(S - lse)`` from the forward's
 log-sum-exp (no softmax pass; global keys and masks included, as in the forward), then
-``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs. Where the kernel does not serve,
-its window part runs in torch ops, in chunks of ``c`` blocks whose ``[c, L, W]`` buffers
-are reused from chunk to chunk (fresh large buffers cost page faults). The global keys'
-and global rows' parts are small GEMMs over whole heads. Memory is ``O(T * D)`` plus one
-chunk.
+``dS = P * (dO V^T - rowsum(dO * O))`` and four GEMMs. Where the kernel does not serve it
+runs in torch ops: the windows in chunks of ``c`` blocks whose ``[c, L, W]`` buffers are
+reused from chunk to chunk (fresh large buffers cost page faults), the global keys' and
+global rows' parts as small GEMMs over whole heads. Memory is ``O(T * D)`` plus one chunk.
 """
 
 from __future__ import annotations
@@ -623,16 +622,17 @@ class _BlockWindowAttention(torch.autograd.Function):
 
         native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
         if native is not None:
-            # Everything in the kernel of our own (AMX CPUs). The global tokens' parts come
-            # back in float32 and join the sequence's gradients here.
+            # Everything in the kernel of our own (AMX CPUs). The global tokens' own
+            # gradients come back apart, in float32, and join the sequence's here.
             global_grad, global_output = global_rows(grad_flat), global_rows(output)  # [B * H, G, Dv]
             grad_query, grad_key_blocks, grad_value_blocks, *global_grads = native.backward(
                 query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
                 window_bias.float().contiguous(), bias.row_biased, grad_flat.contiguous(),
-                output.contiguous(), logsumexp, global_keys.contiguous(), global_values.contiguous(),
+                output.contiguous(), logsumexp.float(), global_keys.contiguous(), global_values.contiguous(),
                 global_bias.float().contiguous(), global_rows(query_flat), global_grad,
                 torch.linalg.vecdot(global_grad.float(), global_output.float()),  # rowsum(dO * O): [B * H, G]
-                row_logsumexp.reshape(B * H, G).contiguous(), key_bias.float().contiguous(), scale,
+                # float32 whichever path the forward took (torch's gives the scores' dtype)
+                row_logsumexp.reshape(B * H, G).float().contiguous(), key_bias.float().contiguous(), scale,
             )  # [n, L, D], [n, L, D], [n, L, Dv], and [B * H, G, D], [B * H, G, Dv], [B * H, G, D]
             grad_key, grad_value = sequence_layout(grad_key_blocks), sequence_layout(grad_value_blocks)
             if G:

@@ -340,6 +340,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
     // The global rows over the chunk's own keys.
     std::vector<float> row_scores(G * chunk_rows), own_key_bias(chunk_rows);
     std::vector<T> row_probs(G * chunk_rows);
+    TORCH_CHECK(at::get_thread_num() < static_cast<int64_t>(row_states.size()),
+                "block_window_forward: more threads than torch reports");
     RowState& state = row_states[at::get_thread_num()];
     if (G) {
       state.first_head = begin / blocks;
@@ -751,6 +753,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
       std::vector<T> scratch(L * std::max(D, Dv));
       std::vector<float> scores_t(width * L), probs_grad_t(width * L), query_grad_t(D * L);
       std::vector<float> row_bias(std::max(W, std::max(Gp, L))), lse2(L), term(L);
+      TORCH_CHECK(at::get_thread_num() < threads, "block_window_backward: more threads than torch reports");
       GlobalGradients& sums = global_sums[phase * threads + at::get_thread_num()];
       if (G) {
         const int64_t first_chunk = (2 * begin + phase) * chunk_blocks;

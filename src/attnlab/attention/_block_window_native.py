@@ -40,9 +40,10 @@ def build() -> Any:
 
     ``forward`` returns the blocks' output ``[n, L, Dv]`` and log-sum-exp ``[n, L]``, and
     the global tokens' rows ``[B * H, G, Dv]`` with their log-sum-exp ``[B * H, G]``.
-    ``backward`` returns the gradients of the window part: queries ``[n, L, D]``, key and
-    value blocks in sequence order ``[n, L, D]``, ``[n, L, Dv]``, and ``rowsum(dO * O)``
-    ``[n, L]`` in float32 (for the caller's global-key and global-row parts).
+    ``backward`` returns the gradients: of the queries ``[n, L, D]``, of the key and value
+    blocks in sequence order ``[n, L, D]``, ``[n, L, Dv]`` (in the inputs' dtype), and of
+    the global tokens' keys, values and queries ``[B * H, G, D | Dv | D]`` (float32 views),
+    which the caller adds to (or, for the queries, puts into) the sequence's.
 
     Raises:
         RuntimeError: the CPU has no AMX, or the build failed (the message says why).

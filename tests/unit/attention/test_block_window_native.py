@@ -162,6 +162,27 @@ def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_ke
 
 
 @needs_native
+def test_backward_in_the_kernel_after_a_forward_in_torchs_path(golden) -> None:
+    # Regression: a forward through torch's path (oneDNN off) gives the global rows'
+    # log-sum-exp in bfloat16; the kernel's backward (oneDNN on again) refused it.
+    q, k, v, upstream, valid = _inputs(1, 2, 256, 32, 32, (200,))
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False  # (mkldnn.flags() warns about TF32 on Intel GPUs)
+    try:
+        out = block_sparse_attention(*leaves, valid, block_size=32, window=1, global_positions=(3, 150))
+    finally:
+        torch.backends.mkldnn.enabled = before
+    out = out.output
+    (out * upstream).sum().backward()
+    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
+    reference = golden.block_sparse(*reference_leaves, valid, 32, 1, (3, 150))
+    (reference * upstream.double()).sum().backward()
+    for mine, exact in zip(_with_grads(out, leaves), _with_grads(reference, reference_leaves)):
+        assert (mine.double() - exact).abs().max() / exact.abs().max() < 2e-2
+
+
+@needs_native
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_any_number_of_threads(golden, dtype, threads) -> None:

@@ -598,9 +598,11 @@ struct GlobalGradients {
 // so that only the small [L, D] blocks of Q and dO are transposed, never a [W, L] matrix.
 // The global keys are Gp more rows of the same products (their dK, dV summed per head);
 // the global tokens' rows, which attend every key, are Gp more queries of each block's own
-// keys (their dQ summed per head). Window i adds to the key blocks i - w .. i + w: chunks of
-// C >= 2 w query blocks run in two phases (even chunks, then odd ones), so no two threads add
-// to the same block at once.
+// keys (their dQ summed per head). Window i adds to the key blocks i - w .. i + w: each
+// chunk of C >= 2 w query blocks sums its windows' key and value gradients in a float32
+// buffer of its own (C + 2 w blocks, in cache), writes the blocks no other chunk reaches
+// straight to the output, and leaves the 2 w blocks it shares with each neighbour in edge
+// buffers, added up after the parallel loop.
 template <typename T>
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
     const Tensor& query,  // [n, L, D]
@@ -663,10 +665,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
               "block_window_backward: shapes do not match the queries");
 
   auto grad_query = at::empty({n, L, D}, query.options());
+  auto grad_key = at::empty({n, L, D}, query.options());
+  auto grad_value = at::empty({n, L, Dv}, query.options());
   const auto float_options = query.options().dtype(at::kFloat);
-  // float32 sums over the padded key blocks: window i adds to padded blocks i .. i + 2 w.
-  auto key_sum = at::zeros({n + 2 * w, L, D}, float_options);
-  auto value_sum = at::zeros({n + 2 * w, L, Dv}, float_options);
 
   // The global tokens, per head, laid out once as the products below take them (rows from
   // G to Gp are zeros): keys and values as left operands [Gp, D|Dv], keys transposed
@@ -731,150 +732,193 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
   const float* g_lse2 = global_lse2.data_ptr<float>();
   const float* g_term = global_term.data_ptr<float>();
   T* dq = grad_query.data_ptr<T>();
-  float* dk = key_sum.data_ptr<float>();
-  float* dv = value_sum.data_ptr<float>();
+  T* dk = grad_key.data_ptr<T>();
+  T* dv = grad_value.data_ptr<T>();
   const float c = static_cast<float>(scale) * kLog2e;
   const float grad_scale = static_cast<float>(scale);
 
-  // Chunks of kChunk blocks, fewer where that would leave threads idle in a phase, never
-  // fewer than 2 w (the two phases rely on it).
+  // Chunks of kChunk blocks, fewer where that would leave threads idle, never fewer than 2 w
+  // (a chunk then shares blocks with its two neighbours only).
   const int64_t threads = at::get_num_threads();
-  const int64_t per_thread = (n + 2 * threads - 1) / (2 * threads);
+  const int64_t per_thread = (n + threads - 1) / threads;
   const int64_t chunk_blocks = std::max({spread - 1, int64_t{1}, std::min(kChunk, per_thread)});
-  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks;
-  std::vector<GlobalGradients> global_sums(2 * threads);  // per phase and thread
-  for (int64_t phase = 0; phase < 2; ++phase) {
-    at::parallel_for(0, (chunks - phase + 1) / 2, 1, [&](int64_t begin, int64_t end) {
-      const int64_t window_blocks = chunk_blocks + spread - 1, columns = window_blocks * L;
-      const int64_t width = std::max(W, Gp);  // rows of the transposed products
-      std::vector<T> keys(columns * D), values(columns * Dv), keys_t(D * columns);
-      std::vector<T> query_t(D * L), grad_t(Dv * L), query_right(L * D), grad_right(L * Dv);
-      std::vector<T> probs_t(width * L), scores_grad_t(width * L), scores_grad_right(width * L);
-      std::vector<T> scratch(L * std::max(D, Dv));
-      std::vector<float> scores_t(width * L), probs_grad_t(width * L), query_grad_t(D * L);
-      std::vector<float> row_bias(std::max(W, std::max(Gp, L))), lse2(L), term(L);
-      TORCH_CHECK(at::get_thread_num() < threads, "block_window_backward: more threads than torch reports");
-      GlobalGradients& sums = global_sums[phase * threads + at::get_thread_num()];
-      if (G) {
-        const int64_t first_chunk = (2 * begin + phase) * chunk_blocks;
-        const int64_t last_block = std::min(n, (2 * (end - 1) + phase + 1) * chunk_blocks) - 1;
-        sums.first_head = first_chunk / blocks;
-        sums.heads = last_block / blocks - sums.first_head + 1;
-        sums.keys.assign(sums.heads * Gp * D, 0.0f);
-        sums.values.assign(sums.heads * Gp * Dv, 0.0f);
-        sums.queries_t.assign(sums.heads * D * Gp, 0.0f);
-      }
-      for (int64_t index = begin; index < end; ++index) {
-        const int64_t chunk = (2 * index + phase) * chunk_blocks;
-        const int64_t chunk_end = std::min(n, chunk + chunk_blocks);
-        for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {  // the chunk's window keys and values
-          const int64_t source = chunk + shift + t, value_block = chunk + value_shift + t;
-          const bool inside = source >= 0 && source < S, value_inside = value_block >= 0 && value_block < Sv;
-          T* key_rows = keys.data() + t * L * D;
-          T* value_rows = values.data() + t * L * Dv;
-          if (inside) {
-            std::memcpy(key_rows, k + source * L * D, L * D * sizeof(T));
-          } else {
-            std::memset(key_rows, 0, L * D * sizeof(T));
-          }
-          if (value_inside) {
-            std::memcpy(value_rows, v + value_block * L * Dv, L * Dv * sizeof(T));
-          } else {
-            std::memset(value_rows, 0, L * Dv * sizeof(T));
-          }
-          transpose_rows(key_rows, L, L, D, columns, keys_t.data() + t * L, scratch.data());
+  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks, shared = spread - 1;
+  // Key block j of the sequence is "padded" block j + w: window i reaches padded blocks
+  // i .. i + 2 w, chunk c padded blocks c C .. c C + C + 2 w (local blocks 0 .. C + 2 w).
+  // Of those, chunk c shares local blocks 0 .. 2 w with chunk c - 1 (its "head") and
+  // C .. C + 2 w with chunk c + 1 (its "tail"); they wait in float32 edge buffers.
+  const int64_t edge_size = shared * L * (D + Dv);  // one head or tail: keys then values per block
+  auto edges = at::empty({chunks, 2, edge_size}, float_options);
+  float* edge_data = edges.data_ptr<float>();
+  // A block's sums to the output, where it is a block of the sequence.
+  const auto emit = [&](const float* key_block, const float* value_block, int64_t padded) {
+    if (padded < w || padded >= n + w) return;  // outside the sequence
+    scale_row(key_block, L * D, 1.0f, dk + (padded - w) * L * D);
+    scale_row(value_block, L * Dv, 1.0f, dv + (padded - w) * L * Dv);
+  };
+  std::vector<GlobalGradients> global_sums(threads);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t window_blocks = chunk_blocks + spread - 1, columns = window_blocks * L;
+    const int64_t width = std::max(W, Gp);  // rows of the transposed products
+    std::vector<T> keys(columns * D), values(columns * Dv), keys_t(D * columns);
+    std::vector<T> query_t(D * L), grad_t(Dv * L), query_right(L * D), grad_right(L * Dv);
+    std::vector<T> probs_t(width * L), scores_grad_t(width * L), scores_grad_right(width * L);
+    std::vector<T> scratch(L * std::max(D, Dv));
+    std::vector<float> scores_t(width * L), probs_grad_t(width * L), query_grad_t(D * L);
+    std::vector<float> row_bias(std::max(W, std::max(Gp, L))), lse2(L), term(L);
+    // The chunk's key and value gradient sums: local block t is padded block chunk + t.
+    std::vector<float> key_sums(window_blocks * L * D), value_sums(window_blocks * L * Dv);
+    TORCH_CHECK(at::get_thread_num() < threads, "block_window_backward: more threads than torch reports");
+    GlobalGradients& sums = global_sums[at::get_thread_num()];
+    if (G) {
+      const int64_t first_chunk = begin * chunk_blocks;
+      const int64_t last_block = std::min(n, end * chunk_blocks) - 1;
+      sums.first_head = first_chunk / blocks;
+      sums.heads = last_block / blocks - sums.first_head + 1;
+      sums.keys.assign(sums.heads * Gp * D, 0.0f);
+      sums.values.assign(sums.heads * Gp * Dv, 0.0f);
+      sums.queries_t.assign(sums.heads * D * Gp, 0.0f);
+    }
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t chunk = index * chunk_blocks;
+      const int64_t chunk_end = std::min(n, chunk + chunk_blocks), count = chunk_end - chunk;
+      std::fill(key_sums.begin(), key_sums.end(), 0.0f);
+      std::fill(value_sums.begin(), value_sums.end(), 0.0f);
+      for (int64_t t = 0; t < chunk_end - chunk + spread - 1; ++t) {  // the chunk's window keys and values
+        const int64_t source = chunk + shift + t, value_block = chunk + value_shift + t;
+        const bool inside = source >= 0 && source < S, value_inside = value_block >= 0 && value_block < Sv;
+        T* key_rows = keys.data() + t * L * D;
+        T* value_rows = values.data() + t * L * Dv;
+        if (inside) {
+          std::memcpy(key_rows, k + source * L * D, L * D * sizeof(T));
+        } else {
+          std::memset(key_rows, 0, L * D * sizeof(T));
         }
-        for (int64_t i = chunk; i < chunk_end; ++i) {
-          const int64_t first = i - chunk;  // the window's first block in the chunk's buffers
-          const int64_t own = first + w;  // block i's own keys there
-          const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
-          const int64_t head = i / blocks, slot = head - sums.first_head;
-          const T* q_i = q + i * L * D;
-          const T* dout_i = dout + i * L * Dv;
-          for (int64_t r = 0; r < L; ++r) {  // rowsum(dO O) and the log-sum-exp in base 2
-            float sum = 0.0f;
-            const T* a = dout_i + r * Dv;
-            const T* b = out + (i * L + r) * Dv;
-            for (int64_t d = 0; d < Dv; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
-            term[r] = sum;
-            const float e = lse[i * L + r];
-            lse2[r] = e == -INFINITY ? INFINITY : e * kLog2e;  // no key or replaced row: P = 0
-          }
-          pack_keys(q_i, L, L, D, L, query_t.data());  // right operands of K Q^T and V dO^T
-          pack_keys(dout_i, L, L, Dv, L, grad_t.data());
-          const T* query_b = right_operand(q_i, L, D, query_right.data());  // of dS^T Q and P^T dO
-          const T* grad_b = right_operand(dout_i, L, Dv, grad_right.data());
+        if (value_inside) {
+          std::memcpy(value_rows, v + value_block * L * Dv, L * Dv * sizeof(T));
+        } else {
+          std::memset(value_rows, 0, L * Dv * sizeof(T));
+        }
+        transpose_rows(key_rows, L, L, D, columns, keys_t.data() + t * L, scratch.data());
+      }
+      for (int64_t i = chunk; i < chunk_end; ++i) {
+        const int64_t first = i - chunk;  // the window's first block in the chunk's buffers
+        const int64_t own = first + w;  // block i's own keys there
+        const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
+        const int64_t head = i / blocks, slot = head - sums.first_head;
+        const T* q_i = q + i * L * D;
+        const T* dout_i = dout + i * L * Dv;
+        for (int64_t r = 0; r < L; ++r) {  // rowsum(dO O) and the log-sum-exp in base 2
+          float sum = 0.0f;
+          const T* a = dout_i + r * Dv;
+          const T* b = out + (i * L + r) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) sum += static_cast<float>(a[d]) * static_cast<float>(b[d]);
+          term[r] = sum;
+          const float e = lse[i * L + r];
+          lse2[r] = e == -INFINITY ? INFINITY : e * kLog2e;  // no key or replaced row: P = 0
+        }
+        pack_keys(q_i, L, L, D, L, query_t.data());  // right operands of K Q^T and V dO^T
+        pack_keys(dout_i, L, L, Dv, L, grad_t.data());
+        const T* query_b = right_operand(q_i, L, D, query_right.data());  // of dS^T Q and P^T dO
+        const T* grad_b = right_operand(dout_i, L, Dv, grad_right.data());
 
-          // The window keys.
-          at::native::cpublas::brgemm(W, L, D, D, L, L, false, keys.data() + first * L * D, query_t.data(),
+        // The window keys.
+        at::native::cpublas::brgemm(W, L, D, D, L, L, false, keys.data() + first * L * D, query_t.data(),
+                                    scores_t.data());
+        at::native::cpublas::brgemm(W, L, Dv, Dv, L, L, false, values.data() + first * L * Dv,
+                                    grad_t.data(), probs_grad_t.data());
+        const float* bias = nullptr;
+        if (biased_data[row]) {
+          for (int64_t x = 0; x < W; ++x) row_bias[x] = base2_bias(window_bias_data[row * W + x]);
+          bias = row_bias.data();
+        }
+        softmax_backward_rows(scores_t.data(), probs_grad_t.data(), W, L, bias, lse2.data(), term.data(), c,
+                              grad_scale, probs_t.data(), scores_grad_t.data());
+        const T* ds_right = right_operand(scores_grad_t.data(), W, L, scores_grad_right.data());
+        at::native::cpublas::brgemm(W, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b,
+                                    value_sums.data() + first * L * Dv);
+        at::native::cpublas::brgemm(W, D, L, L, D, D, true, scores_grad_t.data(), query_b,
+                                    key_sums.data() + first * L * D);
+        at::native::cpublas::brgemm(D, L, W, columns, L, L, false, keys_t.data() + first * L, ds_right,
+                                    query_grad_t.data());
+        if (G) {
+          // The global keys: Gp more rows of the same products, summed per head.
+          at::native::cpublas::brgemm(Gp, L, D, D, L, L, false, g_keys + head * Gp * D, query_t.data(),
                                       scores_t.data());
-          at::native::cpublas::brgemm(W, L, Dv, Dv, L, L, false, values.data() + first * L * Dv,
-                                      grad_t.data(), probs_grad_t.data());
-          const float* bias = nullptr;
-          if (biased_data[row]) {
-            for (int64_t x = 0; x < W; ++x) row_bias[x] = base2_bias(window_bias_data[row * W + x]);
-            bias = row_bias.data();
+          at::native::cpublas::brgemm(Gp, L, Dv, Dv, L, L, false, g_values + head * Gp * Dv, grad_t.data(),
+                                      probs_grad_t.data());
+          for (int64_t g = 0; g < Gp; ++g) {
+            row_bias[g] = g < G ? base2_bias(global_bias_data[row * G + g]) : -INFINITY;
           }
-          softmax_backward_rows(scores_t.data(), probs_grad_t.data(), W, L, bias, lse2.data(), term.data(), c,
-                                grad_scale, probs_t.data(), scores_grad_t.data());
-          const T* ds_right = right_operand(scores_grad_t.data(), W, L, scores_grad_right.data());
-          at::native::cpublas::brgemm(W, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b, dv + i * L * Dv);
-          at::native::cpublas::brgemm(W, D, L, L, D, D, true, scores_grad_t.data(), query_b, dk + i * L * D);
-          at::native::cpublas::brgemm(D, L, W, columns, L, L, false, keys_t.data() + first * L, ds_right,
+          softmax_backward_rows(scores_t.data(), probs_grad_t.data(), Gp, L, row_bias.data(), lse2.data(),
+                                term.data(), c, grad_scale, probs_t.data(), scores_grad_t.data());
+          const T* global_ds_right = right_operand(scores_grad_t.data(), Gp, L, scores_grad_right.data());
+          at::native::cpublas::brgemm(D, L, Gp, Gp, L, L, true, g_keys_t + head * D * Gp, global_ds_right,
                                       query_grad_t.data());
-          if (G) {
-            // The global keys: Gp more rows of the same products, summed per head.
-            at::native::cpublas::brgemm(Gp, L, D, D, L, L, false, g_keys + head * Gp * D, query_t.data(),
-                                        scores_t.data());
-            at::native::cpublas::brgemm(Gp, L, Dv, Dv, L, L, false, g_values + head * Gp * Dv, grad_t.data(),
-                                        probs_grad_t.data());
-            for (int64_t g = 0; g < Gp; ++g) {
-              row_bias[g] = g < G ? base2_bias(global_bias_data[row * G + g]) : -INFINITY;
-            }
-            softmax_backward_rows(scores_t.data(), probs_grad_t.data(), Gp, L, row_bias.data(), lse2.data(),
-                                  term.data(), c, grad_scale, probs_t.data(), scores_grad_t.data());
-            const T* global_ds_right = right_operand(scores_grad_t.data(), Gp, L, scores_grad_right.data());
-            at::native::cpublas::brgemm(D, L, Gp, Gp, L, L, true, g_keys_t + head * D * Gp, global_ds_right,
-                                        query_grad_t.data());
-            at::native::cpublas::brgemm(Gp, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b,
-                                        sums.values.data() + slot * Gp * Dv);
-            at::native::cpublas::brgemm(Gp, D, L, L, D, D, true, scores_grad_t.data(), query_b,
-                                        sums.keys.data() + slot * Gp * D);
-          }
-          store_transposed(query_grad_t.data(), D, L, dq + i * L * D);
-          if (G) {
-            // The global tokens' rows over block i's own keys: Gp more queries, [L, Gp] products.
-            at::native::cpublas::brgemm(L, Gp, D, D, Gp, Gp, false, keys.data() + own * L * D,
-                                        g_queries_t + head * D * Gp, scores_t.data());
-            at::native::cpublas::brgemm(L, Gp, Dv, Dv, Gp, Gp, false, values.data() + own * L * Dv,
-                                        g_grad_t + head * Dv * Gp, probs_grad_t.data());
-            const float* own_bias = key_bias_data + (i / (heads * blocks)) * blocks * L + (i % blocks) * L;
-            for (int64_t x = 0; x < L; ++x) row_bias[x] = base2_bias(own_bias[x]);
-            softmax_backward_rows(scores_t.data(), probs_grad_t.data(), L, Gp, row_bias.data(),
-                                  g_lse2 + head * Gp, g_term + head * Gp, c, grad_scale, probs_t.data(),
-                                  scores_grad_t.data());
-            const T* rows_ds_right = right_operand(scores_grad_t.data(), L, Gp, scores_grad_right.data());
-            const int64_t padded = i + w;  // block i's keys among the padded key blocks
-            at::native::cpublas::brgemm(L, Dv, Gp, Gp, Dv, Dv, true, probs_t.data(),
-                                        g_grad_right + head * Gp * Dv, dv + padded * L * Dv);
-            at::native::cpublas::brgemm(L, D, Gp, Gp, D, D, true, scores_grad_t.data(),
-                                        g_queries_right + head * Gp * D, dk + padded * L * D);
-            at::native::cpublas::brgemm(D, Gp, L, columns, Gp, Gp, true, keys_t.data() + own * L,
-                                        rows_ds_right, sums.queries_t.data() + slot * D * Gp);
-          }
+          at::native::cpublas::brgemm(Gp, Dv, L, L, Dv, Dv, true, probs_t.data(), grad_b,
+                                      sums.values.data() + slot * Gp * Dv);
+          at::native::cpublas::brgemm(Gp, D, L, L, D, D, true, scores_grad_t.data(), query_b,
+                                      sums.keys.data() + slot * Gp * D);
+        }
+        store_transposed(query_grad_t.data(), D, L, dq + i * L * D);
+        if (G) {
+          // The global tokens' rows over block i's own keys: Gp more queries, [L, Gp] products.
+          at::native::cpublas::brgemm(L, Gp, D, D, Gp, Gp, false, keys.data() + own * L * D,
+                                      g_queries_t + head * D * Gp, scores_t.data());
+          at::native::cpublas::brgemm(L, Gp, Dv, Dv, Gp, Gp, false, values.data() + own * L * Dv,
+                                      g_grad_t + head * Dv * Gp, probs_grad_t.data());
+          const float* own_bias = key_bias_data + (i / (heads * blocks)) * blocks * L + (i % blocks) * L;
+          for (int64_t x = 0; x < L; ++x) row_bias[x] = base2_bias(own_bias[x]);
+          softmax_backward_rows(scores_t.data(), probs_grad_t.data(), L, Gp, row_bias.data(),
+                                g_lse2 + head * Gp, g_term + head * Gp, c, grad_scale, probs_t.data(),
+                                scores_grad_t.data());
+          const T* rows_ds_right = right_operand(scores_grad_t.data(), L, Gp, scores_grad_right.data());
+          at::native::cpublas::brgemm(L, Dv, Gp, Gp, Dv, Dv, true, probs_t.data(),
+                                      g_grad_right + head * Gp * Dv, value_sums.data() + own * L * Dv);
+          at::native::cpublas::brgemm(L, D, Gp, Gp, D, D, true, scores_grad_t.data(),
+                                      g_queries_right + head * Gp * D, key_sums.data() + own * L * D);
+          at::native::cpublas::brgemm(D, Gp, L, columns, Gp, Gp, true, keys_t.data() + own * L,
+                                      rows_ds_right, sums.queries_t.data() + slot * D * Gp);
         }
       }
-      at::native::cpublas::brgemm_release();
-    });
-  }
+      // The sums out: the head to its edge buffer (the first chunk has no neighbour before
+      // it), the tail likewise (the last has none after it), the rest to the output.
+      const bool last = index == chunks - 1;
+      float* head = edge_data + (index * 2) * edge_size;
+      float* tail = edge_data + (index * 2 + 1) * edge_size;
+      for (int64_t t = 0; t < count + shared; ++t) {
+        const float* key_block = key_sums.data() + t * L * D;
+        const float* value_block = value_sums.data() + t * L * Dv;
+        float* edge = nullptr;
+        if (t < shared && index > 0) {
+          edge = head + t * L * (D + Dv);
+        } else if (t >= count && !last) {
+          edge = tail + (t - count) * L * (D + Dv);
+        }
+        if (edge) {
+          std::memcpy(edge, key_block, L * D * sizeof(float));
+          std::memcpy(edge + L * D, value_block, L * Dv * sizeof(float));
+        } else {
+          emit(key_block, value_block, chunk + t);
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release();
+  });
+  // The blocks two chunks share: chunk c's head plus chunk c - 1's tail.
+  at::parallel_for(1, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(L * (D + Dv));
+    for (int64_t index = begin; index < end; ++index) {
+      const float* head = edge_data + (index * 2) * edge_size;
+      const float* tail = edge_data + ((index - 1) * 2 + 1) * edge_size;
+      for (int64_t t = 0; t < shared; ++t) {
+        const int64_t at = t * L * (D + Dv);
+        for (int64_t x = 0; x < L * (D + Dv); ++x) sum[x] = head[at + x] + tail[at + x];
+        emit(sum.data(), sum.data() + L * D, index * chunk_blocks + t);
+      }
+    }
+  });
 
-  // The sequence's key blocks are padded blocks w .. w + n.
-  auto grad_key = key_sum.narrow(0, w, n);
-  auto grad_value = value_sum.narrow(0, w, n);
-  if (dtype != at::kFloat) {
-    grad_key = grad_key.to(dtype);
-    grad_value = grad_value.to(dtype);
-  }
   // The global tokens' sums, merged over the threads.
   auto global_key_grad = at::zeros({heads_total, Gp, D}, float_options);
   auto global_value_grad = at::zeros({heads_total, Gp, Dv}, float_options);

@@ -162,6 +162,38 @@ def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_ke
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, heads, length, D, Dv, window, globals_, lengths, threads", [
+    (1, 2, 512, 32, 64, 1, tuple(range(3, 3 + 7 * 17, 7)), (500,), 2),  # 17 global tokens: padded to 32
+    (1, 5, 96, 32, 32, 1, (0, 50), None, 8),  # more threads than chunks of 16: chunks of 2 blocks
+    (2, 3, 160, 64, 32, 3, (10, 150), (160, 90), 7),  # chunks of 6 blocks (2 w), heads across threads
+    (3, 2, 200, 32, 32, 2, (), (200, 10, 0), 5),  # a short and an empty sequence
+])
+def test_many_global_tokens_and_small_chunks(
+    golden, monkeypatch, dtype, batch, heads, length, D, Dv, window, globals_, lengths, threads
+) -> None:
+    # The backward's chunks shrink to keep every thread busy, down to the 2 w blocks they
+    # share with each neighbour; the global tokens come in multiples of 16.
+    calls = _count_native_calls(monkeypatch)
+    q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths, dtype=dtype)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = block_sparse_attention(*leaves, valid, block_size=32, window=window, global_positions=globals_)
+        (out.output * upstream).sum().backward()
+    finally:
+        torch.set_num_threads(before)
+    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
+    reference = golden.block_sparse(*reference_leaves, valid, 32, window, globals_)
+    (reference * upstream.double()).sum().backward()
+    assert calls == [True, True]
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    for mine, exact in zip(_with_grads(out.output, leaves), _with_grads(reference, reference_leaves)):
+        assert (mine.double() - exact).abs().max() / exact.abs().max() < tolerance
+
+
+@needs_native
 def test_backward_in_the_kernel_after_a_forward_in_torchs_path(golden) -> None:
     # Regression: a forward through torch's path (oneDNN off) gives the global rows'
     # log-sum-exp in bfloat16; the kernel's backward (oneDNN on again) refused it.

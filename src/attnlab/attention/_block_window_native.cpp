@@ -119,6 +119,27 @@ inline void store16(BFloat16* out, __m512 x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(x));
 }
 
+// 2^t as exp2_nonpositive, for results rounded to bfloat16: degree 3 (relative error
+// 7.7e-5, far below bfloat16's 2^-9), rounding to an integer by adding and subtracting
+// 1.5 * 2^23 (cheaper than roundscale). 4 % of the bfloat16 forward at T = 16384.
+inline __m512 exp2_nonpositive_coarse(__m512 t) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 whole = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+  const __m512 f = _mm512_sub_ps(t, whole);  // [-0.5, 0.5]; NaN from -inf, masked below
+  __m512 p = _mm512_set1_ps(0.05508868396282196f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24260404706001282f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932762265205383f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999289512634277f));
+  return _mm512_maskz_scalef_ps(normal, p, whole);
+}
+
+template <typename T>
+inline __m512 exp2_for(__m512 t) { return exp2_nonpositive(t); }
+
+template <>
+inline __m512 exp2_for<BFloat16>(__m512 t) { return exp2_nonpositive_coarse(t); }
+
 // p <- 2^(x * c - top) (rounded to p's type); returns the sum of the float32 values.
 // width: a multiple of 16.
 template <typename T>
@@ -127,14 +148,14 @@ inline float exp2_row(const float* x, int64_t width, float c, float top, T* p) {
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
   int64_t i = 0;
   for (; i + 32 <= width; i += 32) {
-    const __m512 a = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
-    const __m512 b = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 16), vc, vtop));
+    const __m512 a = exp2_for<T>(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
+    const __m512 b = exp2_for<T>(_mm512_fmsub_ps(_mm512_loadu_ps(x + i + 16), vc, vtop));
     s0 = _mm512_add_ps(s0, a);
     s1 = _mm512_add_ps(s1, b);
     store_pair(p + i, a, b);
   }
   if (i < width) {
-    const __m512 a = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
+    const __m512 a = exp2_for<T>(_mm512_fmsub_ps(_mm512_loadu_ps(x + i), vc, vtop));
     s0 = _mm512_add_ps(s0, a);
     store16(p + i, a);
   }

@@ -122,6 +122,9 @@ inline void store16(BFloat16* out, __m512 x) {
 // 2^t as exp2_nonpositive, for results rounded to bfloat16: degree 3 (relative error
 // 7.7e-5, far below bfloat16's 2^-9), rounding to an integer by adding and subtracting
 // 1.5 * 2^23 (cheaper than roundscale). 4 % of the bfloat16 forward at T = 16384.
+#ifdef __FAST_MATH__
+#error "exp2_nonpositive_coarse rounds by adding and subtracting 1.5 * 2^23, which -ffast-math folds away"
+#endif
 inline __m512 exp2_nonpositive_coarse(__m512 t) {
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   const __m512 magic = _mm512_set1_ps(12582912.0f);
@@ -758,12 +761,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
   const float c = static_cast<float>(scale) * kLog2e;
   const float grad_scale = static_cast<float>(scale);
 
-  // Chunks of kChunk blocks, fewer where that would leave threads idle, never fewer than 2 w
-  // (a chunk then shares blocks with its two neighbours only).
-  const int64_t threads = at::get_num_threads();
+  // Chunks of kChunk blocks, fewer where that would leave threads idle, never fewer than
+  // 2 * 2 w: a chunk then shares blocks with its two neighbours only, and the edge buffers
+  // hold at most as many blocks as the sequence.
+  const int64_t threads = at::get_num_threads(), shared = spread - 1;
   const int64_t per_thread = (n + threads - 1) / threads;
-  const int64_t chunk_blocks = std::max({spread - 1, int64_t{1}, std::min(kChunk, per_thread)});
-  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks, shared = spread - 1;
+  const int64_t chunk_blocks = std::max({2 * shared, int64_t{1}, std::min(kChunk, per_thread)});
+  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks;
   // Key block j of the sequence is "padded" block j + w: window i reaches padded blocks
   // i .. i + 2 w, chunk c padded blocks c C .. c C + C + 2 w (local blocks 0 .. C + 2 w).
   // Of those, chunk c shares local blocks 0 .. 2 w with chunk c - 1 (its "head") and

@@ -165,15 +165,17 @@ def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_ke
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch, heads, length, D, Dv, window, globals_, lengths, threads", [
     (1, 2, 512, 32, 64, 1, tuple(range(3, 3 + 7 * 17, 7)), (500,), 2),  # 17 global tokens: padded to 32
-    (1, 5, 96, 32, 32, 1, (0, 50), None, 8),  # more threads than chunks of 16: chunks of 2 blocks
-    (2, 3, 160, 64, 32, 3, (10, 150), (160, 90), 7),  # chunks of 6 blocks (2 w), heads across threads
+    (1, 5, 96, 32, 32, 1, (0, 50), None, 8),  # more threads than chunks of 16: chunks of 4 blocks
+    (2, 3, 160, 64, 32, 3, (10, 150), (160, 90), 7),  # chunks of 12 blocks (2 * 2 w), heads across threads
     (3, 2, 200, 32, 32, 2, (), (200, 10, 0), 5),  # a short and an empty sequence
+    (1, 2, 224, 32, 32, 3, (40, 200), None, 4),  # chunks of 12 blocks, the last of 2
+    (1, 1, 64, 32, 32, 3, (10,), None, 2),  # fewer blocks than 2 w
 ])
 def test_many_global_tokens_and_small_chunks(
     golden, monkeypatch, dtype, batch, heads, length, D, Dv, window, globals_, lengths, threads
 ) -> None:
-    # The backward's chunks shrink to keep every thread busy, down to the 2 w blocks they
-    # share with each neighbour; the global tokens come in multiples of 16.
+    # The backward's chunks shrink to keep every thread busy, down to twice the 2 w blocks
+    # they share with each neighbour; the global tokens come in multiples of 16.
     calls = _count_native_calls(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths, dtype=dtype)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]

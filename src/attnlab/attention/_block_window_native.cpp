@@ -623,7 +623,7 @@ struct GlobalGradients {
 // The global keys are Gp more rows of the same products (their dK, dV summed per head);
 // the global tokens' rows, which attend every key, are Gp more queries of each block's own
 // keys (their dQ summed per head). Window i adds to the key blocks i - w .. i + w: each
-// chunk of C >= 2 w query blocks sums its windows' key and value gradients in a float32
+// chunk of C >= 2 * 2 w query blocks sums its windows' key and value gradients in a float32
 // buffer of its own (C + 2 w blocks, in cache), writes the blocks no other chunk reaches
 // straight to the output, and leaves the 2 w blocks it shares with each neighbour in edge
 // buffers, added up after the parallel loop.

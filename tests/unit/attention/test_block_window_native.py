@@ -35,7 +35,7 @@ CASES = [
     (3, 1, 128, 32, 32, 32, 3, (), (128, 64, 5)),  # windows wider than the sequence
     (1, 2, 1024, 64, 64, 128, 1, (), None),  # the benchmark's shape, smaller: no bias at all
     (2, 2, 2304, 32, 32, 32, 1, (5, 2000), (2304, 1500)),  # several chunks per thread, heads inside chunks
-    (1, 2, 1280, 32, 32, 32, 9, (600,), (1200,)),  # windows of 19 blocks: the backward's chunks grow to 18
+    (1, 2, 1280, 32, 32, 32, 9, (600,), (1200,)),  # windows of 19 blocks: backward chunks of 36 (2 * 2w)
 ]
 DTYPES = [torch.bfloat16, torch.float32]
 

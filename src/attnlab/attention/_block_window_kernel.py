@@ -393,6 +393,12 @@ def _merge_global_keys(
     return total.squeeze(-1)
 
 
+def _global_rows(blocks: Tensor, batch: int, heads: int, global_index: Tensor) -> Tensor:
+    """``[B * H * N, L, D]`` blocks -> the global tokens' rows ``[B * H, G, D]`` (a copy)."""
+    rows = blocks.view(batch, heads, -1, blocks.shape[-1])[:, :, global_index]  # [B, H, G, D]
+    return rows.reshape(batch * heads, global_index.numel(), blocks.shape[-1])
+
+
 def _global_row_probabilities(
     query_flat: Tensor,
     every_key: Tensor,
@@ -417,7 +423,7 @@ def _global_row_probabilities(
     B, NL = key_bias.shape
     BH, _, D = every_key.shape
     G = global_index.numel()
-    queries = query_flat.view(B, BH // B, NL, D)[:, :, global_index].reshape(BH, G, D)
+    queries = _global_rows(query_flat, B, BH // B, global_index)  # [B * H, G, D]
     scores = torch.bmm(queries, every_key.transpose(1, 2)).mul_(scale)  # [B * H, G, N * L]
     scores.view(B, BH // B, G, NL).add_(key_bias[:, None, None, :])
     if logsumexp is None:
@@ -534,7 +540,7 @@ class _BlockWindowAttention(torch.autograd.Function):
         global_rows = None  # the global tokens' rows: output [B * H, G, Dv], log-sum-exp [B * H, G]
         if native is not None:
             # AMX CPUs: windows, global keys and global rows in one kernel of our own.
-            global_queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
+            global_queries = _global_rows(query_flat, B, H, global_index)  # [B * H, G, D]
             output, logsumexp, *global_rows = native.forward(
                 query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
                 window_bias.float().contiguous(), bias.row_biased,
@@ -605,8 +611,6 @@ class _BlockWindowAttention(torch.autograd.Function):
         B, H, T, N, L, w, scale, key_shift, value_shift = ctx.sizes
         n, D, Dv, G = query_flat.shape[0], query_flat.shape[-1], value_source.shape[-1], global_index.numel()
         spread = 2 * w + 1
-        keys = _Windows(key_source, key_shift, n, w)
-        values = _Windows(value_source, value_shift, n, w)
         bias = _BlockBias(window_bias, H, N)
 
         grad_flat = _flat_blocks(grad_output, N, L)  # [n, L, Dv]
@@ -617,8 +621,8 @@ class _BlockWindowAttention(torch.autograd.Function):
         def sequence_layout(blocks: Tensor) -> Tensor:
             return blocks.view(B, H, N * L, -1)[:, :, :T]  # [B, H, T, D]
 
-        def global_rows(blocks: Tensor) -> Tensor:  # [n, L, D] -> the global tokens' rows [B * H, G, D]
-            return blocks.view(B, H, N * L, -1)[:, :, global_index].reshape(B * H, G, blocks.shape[-1])
+        def global_rows(blocks: Tensor) -> Tensor:  # [n, L, D] -> [B * H, G, D]
+            return _global_rows(blocks, B, H, global_index)
 
         native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
         if native is not None:
@@ -645,6 +649,8 @@ class _BlockWindowAttention(torch.autograd.Function):
             return sequence_layout(grad_query), grad_key, grad_value, None, None, None, None, None, None, None
 
         # Elsewhere in torch ops: the windows chunk by chunk, the global parts over whole heads.
+        keys = _Windows(key_source, key_shift, n, w)
+        values = _Windows(value_source, value_shift, n, w)
         grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
             query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
         )
@@ -665,15 +671,14 @@ class _BlockWindowAttention(torch.autograd.Function):
             grad_key.index_add_(2, global_index, grad_global_keys.view(B, H, G, D))  # buffers of our own
             grad_value.index_add_(2, global_index, grad_global_values.view(B, H, G, Dv))
             # The global tokens' rows over every key.
-            queries = query_flat.view(B, H, N * L, D)[:, :, global_index].reshape(B * H, G, D)
-            grad_out = grad_flat.view(B, H, N * L, Dv)[:, :, global_index].reshape(B * H, G, Dv)
+            queries, grad_out = global_rows(query_flat), global_rows(grad_flat)  # [B * H, G, D | Dv]
             row_probs, _ = _global_row_probabilities(
                 query_flat, keys.sequence(B, H), global_index, key_bias, scale, row_logsumexp
             )  # [B * H, G, N * L]
             every_value_grad = grad_value_blocks.view(B * H, N * L, Dv)
             every_value_grad.baddbmm_(row_probs.transpose(1, 2), grad_out)  # += P^T dO
             row_scores_grad = torch.bmm(grad_out, values.sequence(B, H).transpose(1, 2))  # [B * H, G, N * L]
-            row_term_rows = row_term.view(B, H, N * L, 1)[:, :, global_index].reshape(B * H, G, 1)
+            row_term_rows = global_rows(row_term)  # [B * H, G, 1]
             row_scores_grad.sub_(row_term_rows).mul_(row_probs)  # dS
             grad_query.view(B, H, N * L, D)[:, :, global_index] = torch.bmm(
                 row_scores_grad, keys.sequence(B, H)

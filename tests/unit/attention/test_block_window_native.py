@@ -38,6 +38,7 @@ CASES = [
     (1, 2, 1280, 32, 32, 32, 9, (600,), (1200,)),  # windows of 19 blocks: backward chunks of 36 (2 * 2w)
 ]
 DTYPES = [torch.bfloat16, torch.float32]
+GRADIENT_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # of the largest value
 
 
 def _inputs(batch, heads, length, D, Dv, lengths, seed=0, dtype=torch.bfloat16):
@@ -54,6 +55,29 @@ def _inputs(batch, heads, length, D, Dv, lengths, seed=0, dtype=torch.bfloat16):
 
 def _with_grads(output, leaves) -> list[torch.Tensor]:
     return [output.detach(), *(leaf.grad for leaf in leaves)]
+
+
+def _attnlab_with_grads(q, k, v, upstream, valid, block, window, globals_) -> list[torch.Tensor]:
+    """attnlab's output and the gradients of ``(output * upstream).sum()``: ``[out, dq, dk, dv]``."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    out = block_sparse_attention(*leaves, valid, block_size=block, window=window, global_positions=globals_)
+    (out.output * upstream).sum().backward()
+    return _with_grads(out.output, leaves)
+
+
+def _golden_with_grads(golden, q, k, v, upstream, valid, block, window, globals_) -> list[torch.Tensor]:
+    """The same from the float64 golden."""
+    leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
+    out = golden.block_sparse(*leaves, valid, block, window, globals_)
+    (out * upstream.double()).sum().backward()
+    return _with_grads(out, leaves)
+
+
+def _assert_relative_errors_below(mine, exact, tolerance) -> None:
+    """Each tensor of ``mine`` within ``tolerance`` of the largest value of its ``exact`` twin."""
+    for index, (mine_one, exact_one) in enumerate(zip(mine, exact, strict=True)):
+        error = (mine_one.double() - exact_one).abs().max() / exact_one.abs().max()
+        assert error < tolerance, (index, error)
 
 
 def _count_native_calls(monkeypatch) -> list[bool]:
@@ -81,20 +105,14 @@ def test_native_kernel_forward_and_backward_match_float64(
     # and the backward in torch ops). float32: everything within 1e-4 of the largest value.
     calls = _count_native_calls(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths, dtype=dtype)
-    kwargs = {"block_size": block, "window": window, "global_positions": globals_}
+    case = (q, k, v, upstream, valid, block, window, globals_)
     results = []
     for use_native in (True, False):
         if not use_native:
             monkeypatch.setattr(kernel, "native_window_kernel", lambda *args: None)
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out = block_sparse_attention(*leaves, valid, **kwargs).output
-        (out * upstream).sum().backward()
-        results.append([x.double() for x in (out.detach(), *(leaf.grad for leaf in leaves))])
+        results.append([x.double() for x in _attnlab_with_grads(*case)])
     assert calls == [True, True]  # forward and backward
-    leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    out = golden.block_sparse(*leaves, valid, block, window, globals_)
-    (out * upstream.double()).sum().backward()
-    reference = [out.detach(), *(leaf.grad for leaf in leaves)]
+    reference = _golden_with_grads(golden, *case)
     assert ((results[0][0] - reference[0]).abs().max() / reference[0].abs().max()) < 1e-2
     for name, mine, torchs, exact in zip(("output", "dq", "dk", "dv"), *results, reference):
         assert torch.isfinite(mine).all(), name
@@ -150,15 +168,10 @@ def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_ke
         v = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, another layout
     else:
         k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
-    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-    out = block_sparse_attention(*leaves, block_size=32, window=2, global_positions=(9,)).output
-    (out * upstream).sum().backward()
-    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    reference = golden.block_sparse(*reference_leaves, None, 32, 2, (9,))
-    (reference * upstream.double()).sum().backward()
+    case = (q, k, v, upstream, None, 32, 2, (9,))
+    mine = _attnlab_with_grads(*case)
     assert calls == [True, True]
-    for mine, exact in zip(_with_grads(out, leaves), _with_grads(reference, reference_leaves)):
-        assert (mine.double() - exact).abs().max() / exact.abs().max() < 1e-4
+    _assert_relative_errors_below(mine, _golden_with_grads(golden, *case), 1e-4)
 
 
 @needs_native
@@ -178,21 +191,15 @@ def test_many_global_tokens_and_small_chunks(
     # they share with each neighbour; the global tokens come in multiples of 16.
     calls = _count_native_calls(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths, dtype=dtype)
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    case = (q, k, v, upstream, valid, 32, window, globals_)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = block_sparse_attention(*leaves, valid, block_size=32, window=window, global_positions=globals_)
-        (out.output * upstream).sum().backward()
+        mine = _attnlab_with_grads(*case)
     finally:
         torch.set_num_threads(before)
-    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    reference = golden.block_sparse(*reference_leaves, valid, 32, window, globals_)
-    (reference * upstream.double()).sum().backward()
     assert calls == [True, True]
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    for mine, exact in zip(_with_grads(out.output, leaves), _with_grads(reference, reference_leaves)):
-        assert (mine.double() - exact).abs().max() / exact.abs().max() < tolerance
+    _assert_relative_errors_below(mine, _golden_with_grads(golden, *case), GRADIENT_TOLERANCE[dtype])
 
 
 @needs_native
@@ -207,13 +214,9 @@ def test_backward_in_the_kernel_after_a_forward_in_torchs_path(golden) -> None:
         out = block_sparse_attention(*leaves, valid, block_size=32, window=1, global_positions=(3, 150))
     finally:
         torch.backends.mkldnn.enabled = before
-    out = out.output
-    (out * upstream).sum().backward()
-    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    reference = golden.block_sparse(*reference_leaves, valid, 32, 1, (3, 150))
-    (reference * upstream.double()).sum().backward()
-    for mine, exact in zip(_with_grads(out, leaves), _with_grads(reference, reference_leaves)):
-        assert (mine.double() - exact).abs().max() / exact.abs().max() < 2e-2
+    (out.output * upstream).sum().backward()
+    exact = _golden_with_grads(golden, q, k, v, upstream, valid, 32, 1, (3, 150))
+    _assert_relative_errors_below(_with_grads(out.output, leaves), exact, 2e-2)
 
 
 @needs_native
@@ -222,25 +225,18 @@ def test_backward_in_the_kernel_after_a_forward_in_torchs_path(golden) -> None:
 def test_any_number_of_threads(golden, dtype, threads) -> None:
     # The forward: each thread keeps its own running softmax for the global rows; the
     # merge must not depend on how the blocks were split (one thread: no merge; three:
-    # uneven ranges that cut heads and batches). The backward: threads add to the key
-    # blocks of their windows in two phases of chunks (120 blocks: 8 chunks of 16) and
-    # sum the global tokens' gradients over the heads of their blocks, merged at the end.
+    # uneven ranges that cut heads and batches). The backward: chunks of the threads share
+    # key blocks with their neighbours (120 blocks: 8 chunks of 16), and threads sum the
+    # global tokens' gradients over the heads of their blocks, merged at the end.
     q, k, v, upstream, valid = _inputs(2, 3, 640, 32, 64, (640, 300), dtype=dtype)
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    case = (q, k, v, upstream, valid, 32, 1, (0, 333))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = block_sparse_attention(*leaves, valid, block_size=32, window=1, global_positions=(0, 333))
-        out = out.output
-        (out * upstream).sum().backward()
+        mine = _attnlab_with_grads(*case)
     finally:
         torch.set_num_threads(before)
-    reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-    reference = golden.block_sparse(*reference_leaves, valid, 32, 1, (0, 333))
-    (reference * upstream.double()).sum().backward()
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    for mine, exact in zip(_with_grads(out, leaves), _with_grads(reference, reference_leaves)):
-        assert (mine.double() - exact).abs().max() / exact.abs().max() < tolerance
+    _assert_relative_errors_below(mine, _golden_with_grads(golden, *case), GRADIENT_TOLERANCE[dtype])
 
 
 @needs_native
@@ -300,15 +296,11 @@ def test_a_kernel_that_fails_its_check_is_not_used(golden, monkeypatch, dtype, w
     native._warn_once.cache_clear()
     try:
         q, k, v, upstream, valid = _inputs(1, 2, 256, 32, 32, (200,), dtype=dtype)
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        case = (q, k, v, upstream, valid, 32, 1, ())
         with pytest.warns(RuntimeWarning, match="disagreed with float64 attention"):
-            out = block_sparse_attention(*leaves, valid, block_size=32, window=1).output
-        (out * upstream).sum().backward()
-        reference_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
-        reference = golden.block_sparse(*reference_leaves, valid, 32, 1, ())
-        (reference * upstream.double()).sum().backward()
-        for mine, exact in zip((out, leaves[1].grad), (reference, reference_leaves[1].grad)):
-            assert (mine.detach().double() - exact).abs().max() / exact.abs().max() < 2e-2
+            out, _, dk, _ = _attnlab_with_grads(*case)
+        exact, _, exact_dk, _ = _golden_with_grads(golden, *case)
+        _assert_relative_errors_below([out, dk], [exact, exact_dk], 2e-2)
     finally:
         native._passes_check.cache_clear()
         native._warn_once.cache_clear()

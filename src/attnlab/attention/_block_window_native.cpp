@@ -173,10 +173,12 @@ inline float exp2_row(const float* x, int64_t width, float c, float top, T* p) {
 }
 
 // Row r of p <- 2^(x * c - tops[r]) for kRows rows of `width` (a multiple of 32; p rounded
-// to its type); sums[r] <- the sum of row r's float32 values. A top of -inf is taken as 0:
-// its row is all -inf, and gives zeros.
+// to its type), and where `global_width` (a multiple of 16) is not 0, row r of global_p <-
+// 2^(global_x - tops[r]) (scores already scaled); sums[r] <- the sum of row r's float32
+// values, both parts. A top of -inf is taken as 0: its row is all -inf, and gives zeros.
 template <typename T>
-inline void exp2_rows(const float* x, int64_t width, float c, const float* tops, T* p, float* sums) {
+inline void exp2_rows(const float* x, int64_t width, float c, const float* tops, T* p, float* sums,
+                      const float* global_x = nullptr, int64_t global_width = 0, T* global_p = nullptr) {
   const __m512 vc = _mm512_set1_ps(c);
   __m512 top[kRows], sum[kRows][2];
   for (int64_t r = 0; r < kRows; ++r) {
@@ -190,6 +192,13 @@ inline void exp2_rows(const float* x, int64_t width, float c, const float* tops,
       sum[r][0] = _mm512_add_ps(sum[r][0], a);
       sum[r][1] = _mm512_add_ps(sum[r][1], b);
       store_pair(p + r * width + i, a, b);
+    }
+  }
+  for (int64_t i = 0; i < global_width; i += 16) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 a = exp2_for<T>(_mm512_sub_ps(_mm512_loadu_ps(global_x + r * global_width + i), top[r]));
+      sum[r][0] = _mm512_add_ps(sum[r][0], a);
+      store16(global_p + r * global_width + i, a);
     }
   }
   for (int64_t r = 0; r < kRows; ++r) sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum[r][0], sum[r][1]));
@@ -463,16 +472,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
             float* global_line = global_scores.data() + (first * L + r0 + r) * Gp;
             tops[r] = std::max(tops[r], add_bias_row(global_line, global_row_bias.data(), Gp, c));
           }
-          exp2_rows(lines, W, window_c, tops, probs.data() + r0 * W, sums);
+          const int64_t global_at = (first * L + r0) * Gp;
+          exp2_rows(lines, W, window_c, tops, probs.data() + r0 * W, sums, global_scores.data() + global_at,
+                    G ? Gp : 0, global_probs.data() + global_at);
           for (int64_t r = r0; r < r0 + kRows; ++r) {
             const int64_t at = first * L + r;  // row of the chunk
-            T* global_p = global_probs.data() + at * Gp;
-            const float top = tops[r - r0];
-            float sum = sums[r - r0];
-            if (G && top != -INFINITY) sum += exp2_row(global_scores.data() + at * Gp, Gp, 1.0f, top, global_p);
+            const float top = tops[r - r0], sum = sums[r - r0];
             if (sum == 0.0f) {  // no key: probabilities, output and weight 0
               std::memset(probs.data() + r * W, 0, W * sizeof(T));
-              if (G) std::memset(global_p, 0, Gp * sizeof(T));
+              if (G) std::memset(global_probs.data() + at * Gp, 0, Gp * sizeof(T));
               lse[i * L + r] = -INFINITY;
               inverse[at] = 0.0f;
             } else {

@@ -114,6 +114,23 @@ inline float add_bias_row(float* x, const float* bias, int64_t width, float c) {
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
+// For kRows rows of x (of `width`, a multiple of 16): x <- x * c + bias (one bias row for
+// all), and tops[r] <- the larger of tops[r] and row r's new maximum.
+inline void add_bias_rows(float* x, const float* bias, int64_t width, float c, float* tops) {
+  const __m512 vc = _mm512_set1_ps(c);
+  __m512 m[kRows];
+  for (int64_t r = 0; r < kRows; ++r) m[r] = _mm512_set1_ps(tops[r]);
+  for (int64_t i = 0; i < width; i += 16) {
+    const __m512 b = _mm512_loadu_ps(bias + i);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 a = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * width + i), vc, b);
+      _mm512_storeu_ps(x + r * width + i, a);
+      m[r] = _mm512_max_ps(m[r], a);
+    }
+  }
+  for (int64_t r = 0; r < kRows; ++r) tops[r] = _mm512_reduce_max_ps(m[r]);
+}
+
 // Two vectors of float32 into 32 consecutive elements.
 inline void store_pair(float* out, __m512 a, __m512 b) {
   _mm512_storeu_ps(out, a);
@@ -462,17 +479,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
         for (int64_t r0 = 0; r0 < L; r0 += kRows) {  // kRows rows at a time
           float* lines = scores.data() + r0 * W;
           float tops[kRows], sums[kRows];
+          const int64_t global_at = (first * L + r0) * Gp;
           if (window_biased) {
-            for (int64_t r = 0; r < kRows; ++r) tops[r] = add_bias_row(lines + r * W, window_row_bias.data(), W, c);
+            std::fill(tops, tops + kRows, -INFINITY);
+            add_bias_rows(lines, window_row_bias.data(), W, c, tops);
           } else {
             rows_max(lines, W, tops);
             for (int64_t r = 0; r < kRows; ++r) tops[r] *= c;
           }
-          for (int64_t r = 0; G && r < kRows; ++r) {
-            float* global_line = global_scores.data() + (first * L + r0 + r) * Gp;
-            tops[r] = std::max(tops[r], add_bias_row(global_line, global_row_bias.data(), Gp, c));
-          }
-          const int64_t global_at = (first * L + r0) * Gp;
+          if (G) add_bias_rows(global_scores.data() + global_at, global_row_bias.data(), Gp, c, tops);
           exp2_rows(lines, W, window_c, tops, probs.data() + r0 * W, sums, global_scores.data() + global_at,
                     G ? Gp : 0, global_probs.data() + global_at);
           for (int64_t r = r0; r < r0 + kRows; ++r) {

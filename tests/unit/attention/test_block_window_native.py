@@ -178,6 +178,7 @@ def test_keys_and_values_of_different_layouts(golden, monkeypatch, contiguous_ke
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch, heads, length, D, Dv, window, globals_, lengths, threads", [
     (1, 2, 512, 32, 64, 1, tuple(range(3, 3 + 7 * 17, 7)), (500,), 2),  # 17 global tokens: padded to 32
+    (1, 2, 640, 64, 96, 1, tuple(range(1, 1 + 15 * 37, 15)), (600,), 2),  # 37 global tokens: padded to 48
     (1, 5, 96, 32, 32, 1, (0, 50), None, 8),  # more threads than chunks of 16: chunks of 4 blocks
     (2, 3, 160, 64, 32, 3, (10, 150), (160, 90), 7),  # chunks of 12 blocks (2 * 2 w), heads across threads
     (3, 2, 200, 32, 32, 2, (), (200, 10, 0), 5),  # a short and an empty sequence

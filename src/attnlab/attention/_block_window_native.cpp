@@ -55,7 +55,7 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // t = whole + f with whole an integer and f in [-0.5, 0.5]: vreduceps gives f = t - round(t)
 // exactly, one instruction where a rounding and a subtraction took two (7 % of the softmax's
-// time). For -inf or NaN, f and whole are not numbers: the callers mask those lanes.
+// time). For -inf or NaN, f and whole are no use (f = 0 for -inf): the callers mask those lanes.
 inline __m512 fraction_of(__m512 t) {
   return _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -193,7 +193,7 @@ inline float exp2_row(const float* x, int64_t width, float c, float top, T* p) {
 // Row r of p <- 2^(x * c - tops[r]) for kRows rows of `width` (a multiple of 32; p rounded
 // to its type), and where `global_width` (a multiple of 16) is not 0, row r of global_p <-
 // 2^(global_x - tops[r]) (scores already scaled); sums[r] <- the sum of row r's float32
-// values, both parts. A top of -inf is taken as 0: its row is all -inf, and gives zeros.
+// values, both parts. A top of -inf is taken as 0 (the caller zeroes such rows).
 template <typename T>
 inline void exp2_rows(const float* x, int64_t width, float c, const float* tops, T* p, float* sums,
                       const float* global_x = nullptr, int64_t global_width = 0, T* global_p = nullptr) {
@@ -576,7 +576,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
                     G ? Gp : 0, global_probs.data() + global_at);
           for (int64_t r = r0; r < r0 + kRows; ++r) {
             const int64_t at = first * L + r;  // row of the chunk
-            const float top = tops[r - r0], sum = sums[r - r0];
+            const float top = tops[r - r0];
+            // A top of -inf: no key (or NaN scores, which max may drop: the row is not trusted).
+            const float sum = top == -INFINITY ? 0.0f : sums[r - r0];
             if (sum == 0.0f) {  // no key: probabilities, output and weight 0
               std::memset(probs.data() + r * W, 0, W * sizeof(T));
               if (G) std::memset(global_probs.data() + at * Gp, 0, Gp * sizeof(T));

@@ -273,6 +273,25 @@ def test_finite_mask_values_stay_finite() -> None:
         assert (mine.float() - expected.float()).abs().max() <= 1e-2 * expected.float().abs().max()
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_keys_never_give_finite_garbage(monkeypatch, dtype) -> None:
+    # Keys of NaN in block 2, the keys of block 3 masked: vector max may drop a NaN, and the
+    # rows of query block 2 then see a top of -inf with finite scores left. Those rows were
+    # once exponentiated without their max (finite nonzero output, log-sum-exp -inf). They
+    # must come out as no key (zero) or NaN, never as finite numbers.
+    calls = _count_native_calls(monkeypatch)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 256, 32, generator=generator).to(dtype) for _ in range(3))
+    k[..., 64:96, :] = float("nan")
+    valid = torch.ones(1, 256, dtype=torch.bool)
+    valid[:, 96:128] = False
+    with torch.no_grad():
+        rows = block_sparse_attention(q, k, v, valid, block_size=32, window=1).output[0, 0, 64:96].float()
+    assert calls == [True]
+    assert ((rows == 0) | rows.isnan()).all()
+
+
 def _wrong_forward(*args):
     output, logsumexp, rows, row_logsumexp = _reference_kernel(*args)
     return output + 1, logsumexp, rows, row_logsumexp

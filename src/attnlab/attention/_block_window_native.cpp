@@ -120,7 +120,7 @@ inline float add_bias_row(float* x, const float* bias, int64_t width, float c) {
 inline void add_bias_rows(float* x, const float* bias, int64_t width, float c, float* tops) {
   const __m512 vc = _mm512_set1_ps(c);
   __m512 m[kRows];
-  for (int64_t r = 0; r < kRows; ++r) m[r] = _mm512_set1_ps(tops[r]);
+  for (int64_t r = 0; r < kRows; ++r) m[r] = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < width; i += 16) {
     const __m512 b = _mm512_loadu_ps(bias + i);
     for (int64_t r = 0; r < kRows; ++r) {
@@ -129,7 +129,8 @@ inline void add_bias_rows(float* x, const float* bias, int64_t width, float c, f
       m[r] = _mm512_max_ps(m[r], a);
     }
   }
-  for (int64_t r = 0; r < kRows; ++r) tops[r] = _mm512_reduce_max_ps(m[r]);
+  // std::max keeps a NaN top (vector max would drop it): such a row stays NaN, as row by row.
+  for (int64_t r = 0; r < kRows; ++r) tops[r] = std::max(tops[r], _mm512_reduce_max_ps(m[r]));
 }
 
 // Two vectors of float32 into 32 consecutive elements.

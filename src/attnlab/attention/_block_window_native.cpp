@@ -333,8 +333,8 @@ inline void dot_columns(const T* rows, int64_t depth, const T* packed, int64_t l
 // R rows times packed, columns [0, width) (width a multiple of 16; out rows `out_stride`
 // apart): V vectors of columns at a time, then narrower ones for the rest.
 template <int R, int V, typename T>
-void rows_times_packed_columns(const T* rows, int64_t depth, const T* packed, int64_t ld, int64_t width, float* out,
-                               int64_t out_stride, bool accumulate) {
+void rows_times_packed_columns(const T* rows, int64_t depth, const T* packed, int64_t ld, int64_t width,
+                               float* out, int64_t out_stride, bool accumulate) {
   int64_t col = 0;
   for (; col + 16 * V <= width; col += 16 * V) {
     dot_columns<R, V>(rows, depth, packed, ld, col, out + col, out_stride, accumulate);
@@ -354,8 +354,8 @@ void rows_times_packed_columns(const T* rows, int64_t depth, const T* packed, in
 // tokens at T = 16384). With hundreds of rows the tiles win: the global keys' products over
 // a chunk's 2048 queries took 1.6-1.9x longer this way. width: a multiple of 16; depth: even.
 template <typename T>
-void rows_times_packed(const T* rows, int64_t count, int64_t depth, const T* packed, int64_t ld, int64_t width,
-                       float* out, bool accumulate) {
+void rows_times_packed(const T* rows, int64_t count, int64_t depth, const T* packed, int64_t ld,
+                       int64_t width, float* out, bool accumulate) {
   int64_t g = 0;
   for (; g + 8 <= count; g += 8) {
     rows_times_packed_columns<8, 2>(rows + g * depth, depth, packed, ld, width, out + g * width, width,
@@ -645,8 +645,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
         const int64_t from = segments[a], columns = (segments[a + 1] - from) * L, head = from / blocks;
         const int64_t slot = (head - state.first_head) * G;
         const int64_t own = from - chunk + own_offset;  // packed block of block `from`'s own keys
-        rows_times_packed(global_q + head * G * D, G, D, packed_keys.data() + own * L * per_unit, packed_columns,
-                          columns, row_scores.data(), false);
+        rows_times_packed(global_q + head * G * D, G, D, packed_keys.data() + own * L * per_unit,
+                          packed_columns, columns, row_scores.data(), false);
         const float* bias = key_bias_data + (from / (heads * blocks)) * blocks * L + (from % blocks) * L;
         for (int64_t x = 0; x < columns; ++x) own_key_bias[x] = base2_bias(bias[x]);
         for (int64_t g = 0; g < G; ++g) {
@@ -1018,7 +1018,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
         const T* q_i = q + i * L * D;
         const T* dout_i = dout + i * L * Dv;
         for (int64_t r = 0; r < L; ++r) {  // rowsum(dO O) and the log-sum-exp in base 2
-          term[r] = dot_row(dout_i + r * Dv, out + (i * L + r) * Dv, Dv);  // (a scalar loop: ~7 % of the backward)
+          // (a scalar loop here took ~7 % of the backward)
+          term[r] = dot_row(dout_i + r * Dv, out + (i * L + r) * Dv, Dv);
           const float e = lse[i * L + r];
           lse2[r] = e == -INFINITY ? INFINITY : e * kLog2e;  // no key or replaced row: P = 0
         }

@@ -27,7 +27,6 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -53,19 +52,6 @@ inline float base2_bias(float bias) {
 }
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-// A fresh tensor of many MiB is first touched here, one page fault per 4 KiB. An allocation
-// above glibc's mmap threshold (32 MiB at most) comes fresh from the system on every call:
-// float32 outputs and gradients at T = 16384 are 32 MiB each. Asking for transparent huge
-// pages on its 2 MiB-aligned part (systems that offer them on request) makes that one fault
-// per 2 MiB: a 32 MiB tensor's first writes took 11 ms, 4.6 ms with the advice. Only a hint:
-// where it is refused, nothing changes.
-void advise_huge_pages(const Tensor& t) {
-  constexpr uintptr_t huge = uintptr_t{1} << 21;
-  const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr()), end = start + t.nbytes();
-  const uintptr_t from = (start + huge - 1) & ~(huge - 1), to = end & ~(huge - 1);
-  if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);
-}
 
 // t = whole + f with whole an integer and f in [-0.5, 0.5]: vreduceps gives f = t - round(t)
 // exactly, one instruction where a rounding and a subtraction took two (7 % of the softmax's
@@ -484,7 +470,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_blocks(
               "block_window_forward: bias shapes do not match");
 
   auto output = at::empty({n, L, Dv}, query.options());
-  advise_huge_pages(output);
   auto logsumexp = at::empty({n, L}, query.options().dtype(at::kFloat));
   const int64_t heads_total = n / blocks;  // B H
 
@@ -873,7 +858,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
   auto grad_query = at::empty({n, L, D}, query.options());
   auto grad_key = at::empty({n, L, D}, query.options());
   auto grad_value = at::empty({n, L, Dv}, query.options());
-  for (const Tensor& t : {grad_query, grad_key, grad_value}) advise_huge_pages(t);
   const auto float_options = query.options().dtype(at::kFloat);
 
   // The global tokens, per head, laid out once as the products below take them (rows from
@@ -957,7 +941,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> backward_blocks(
   // C .. C + 2 w with chunk c + 1 (its "tail"); they wait in float32 edge buffers.
   const int64_t edge_size = shared * L * (D + Dv);  // one head or tail: keys then values per block
   auto edges = at::empty({chunks, 2, edge_size}, float_options);
-  advise_huge_pages(edges);
   float* edge_data = edges.data_ptr<float>();
   // A block's sums to the output, where it is a block of the sequence.
   const auto emit = [&](const float* key_block, const float* value_block, int64_t padded) {

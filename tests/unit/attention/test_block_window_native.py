@@ -275,19 +275,29 @@ def test_finite_mask_values_stay_finite() -> None:
 
 @needs_native
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_nan_keys_never_give_finite_garbage(monkeypatch, dtype) -> None:
-    # Keys of NaN in block 2, the keys of block 3 masked: vector max may drop a NaN, and the
-    # rows of query block 2 then see a top of -inf with finite scores left. Those rows were
-    # once exponentiated without their max (finite nonzero output, log-sum-exp -inf). They
-    # must come out as no key (zero) or NaN, never as finite numbers.
+@pytest.mark.parametrize("nan_keys, masked_keys, globals_", [
+    # Vector max may drop a NaN: the rows of query block 2 then saw a top of -inf with
+    # finite scores left, and were exponentiated without their max (finite output next to
+    # a log-sum-exp of -inf).
+    ((64, 96), (96, 128), ()),
+    # Every window key NaN, a global key finite: merging the global keys' maximum into the
+    # window's (NaN) dropped the NaN, and the rows came out as the global value alone.
+    ((32, 128), None, (200,)),
+])
+def test_nan_keys_never_give_finite_garbage(monkeypatch, dtype, nan_keys, masked_keys, globals_) -> None:
+    # The rows of query block 2 (keys 32-127 in its window) must come out as no key (zero)
+    # or NaN, never as finite numbers.
     calls = _count_native_calls(monkeypatch)
     generator = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 1, 256, 32, generator=generator).to(dtype) for _ in range(3))
-    k[..., 64:96, :] = float("nan")
-    valid = torch.ones(1, 256, dtype=torch.bool)
-    valid[:, 96:128] = False
+    k[..., nan_keys[0] : nan_keys[1], :] = float("nan")
+    valid = None
+    if masked_keys:
+        valid = torch.ones(1, 256, dtype=torch.bool)
+        valid[:, masked_keys[0] : masked_keys[1]] = False
     with torch.no_grad():
-        rows = block_sparse_attention(q, k, v, valid, block_size=32, window=1).output[0, 0, 64:96].float()
+        out = block_sparse_attention(q, k, v, valid, block_size=32, window=1, global_positions=globals_)
+    rows = out.output[0, 0, 64:96].float()
     assert calls == [True]
     assert ((rows == 0) | rows.isnan()).all()
 

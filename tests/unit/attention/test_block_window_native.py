@@ -6,6 +6,7 @@ the tests that need it are skipped and the fallback tests still run.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from types import SimpleNamespace
 
@@ -78,6 +79,17 @@ def _assert_relative_errors_below(mine, exact, tolerance) -> None:
     for index, (mine_one, exact_one) in enumerate(zip(mine, exact, strict=True)):
         error = (mine_one.double() - exact_one).abs().max() / exact_one.abs().max()
         assert error < tolerance, (index, error)
+
+
+@contextlib.contextmanager
+def _threads(count: int):
+    """torch's thread count set to ``count`` inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _count_native_calls(monkeypatch) -> list[bool]:
@@ -193,12 +205,8 @@ def test_many_global_tokens_and_small_chunks(
     calls = _count_native_calls(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths, dtype=dtype)
     case = (q, k, v, upstream, valid, 32, window, globals_)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(threads):
         mine = _attnlab_with_grads(*case)
-    finally:
-        torch.set_num_threads(before)
     assert calls == [True, True]
     _assert_relative_errors_below(mine, _golden_with_grads(golden, *case), GRADIENT_TOLERANCE[dtype])
 
@@ -231,12 +239,8 @@ def test_any_number_of_threads(golden, dtype, threads) -> None:
     # global tokens' gradients over the heads of their blocks, merged at the end.
     q, k, v, upstream, valid = _inputs(2, 3, 640, 32, 64, (640, 300), dtype=dtype)
     case = (q, k, v, upstream, valid, 32, 1, (0, 333))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(threads):
         mine = _attnlab_with_grads(*case)
-    finally:
-        torch.set_num_threads(before)
     _assert_relative_errors_below(mine, _golden_with_grads(golden, *case), GRADIENT_TOLERANCE[dtype])
 
 

@@ -28,15 +28,17 @@ __all__ = ["CAUSAL_STATISTICS", "CausalStatistics", "causal_statistics"]
 CAUSAL_STATISTICS = ("normalized_entropy", "sink_mass", "mean_distance")
 
 
-def _layer_sums(weights: Tensor, keep: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-    """Per-head sums over counted rows ``{statistic: [H]}`` and the rows counted ``[H]``."""
+def _layer_sums(weights: Tensor, keep: Tensor, first_query: int) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-head sums over counted rows ``{statistic: [H]}`` and the rows counted ``[H]``
+    (the ``T`` rows are the queries at positions ``first_query .. first_query + T - 1``)."""
     B, H, T, S = weights.shape
+    queries = slice(first_query, first_query + T)
     p = weights.double() * keep[:, None, None, :]  # [B, H, T, S], padding keys dropped
     real_before = keep.long().cumsum(-1)  # [B, S] real tokens up to and including s
     rank = real_before - 1  # [B, S] index of a real token among the real ones
-    query_rank = rank[:, S - T:]  # [B, T]
-    prefix = real_before[:, S - T:].double()  # [B, T] n_t
-    rows = keep[:, S - T:] & (prefix > 1)  # [B, T] real queries with a choice
+    query_rank = rank[:, queries]  # [B, T]
+    prefix = real_before[:, queries].double()  # [B, T] n_t
+    rows = keep[:, queries] & (prefix > 1)  # [B, T] real queries with a choice
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
     entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [B, H, T]
     normalized = entropy / prefix.clamp_min(2).log()[:, None]
@@ -63,23 +65,34 @@ class CausalStatistics:
         self._sums: dict[str, dict[str, Tensor]] = {}
         self._rows: dict[str, Tensor] = {}
 
-    def update(self, layer: str, weights: Tensor, attention_mask: Optional[Tensor] = None) -> None:
+    def update(
+        self, layer: str, weights: Tensor, attention_mask: Optional[Tensor] = None, *,
+        first_query: Optional[int] = None,
+    ) -> None:
         """Add one batch of one layer.
 
+        Args:
+            first_query: the position of the first query row; default ``S - T`` (the
+                rows are the last ``T`` positions). A block of rows of a longer map is
+                added with its own start.
+
         Shape:
-            ``weights`` ``[B, H, T, S]`` (the last ``T`` of ``S`` positions as queries);
+            ``weights`` ``[B, H, T, S]``;
             ``attention_mask`` ``[B, S]``, ``True`` / 1 on real tokens (``None``: all real).
         """
         if not isinstance(weights, Tensor) or weights.dim() != 4:
             raise ValueError(f"{layer}: weights must be [B, H, T, S], got {getattr(weights, 'shape', weights)}")
-        B, _, _, S = weights.shape
+        B, _, T, S = weights.shape
+        first_query = S - T if first_query is None else first_query
+        if not 0 <= first_query <= S - T:
+            raise ValueError(f"{layer}: first_query must lie in 0..{S - T} for {T} rows of {S} keys, got {first_query}")
         if attention_mask is None:
             keep = torch.ones(B, S, dtype=torch.bool, device=weights.device)
         else:
             if tuple(attention_mask.shape) != (B, S):
                 raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
             keep = attention_mask.bool().to(weights.device)
-        sums, rows = _layer_sums(weights, keep)
+        sums, rows = _layer_sums(weights, keep, first_query)
         if layer in self._sums:
             for name, value in sums.items():
                 self._sums[layer][name] += value

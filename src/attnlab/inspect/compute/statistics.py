@@ -218,11 +218,15 @@ class HeadStatistics:
         *,
         alignment: Optional[Tensor] = None,
         input_ids: Optional[Tensor] = None,
+        query_start: int = 0,
     ) -> None:
         """Add one batch of one layer, or of several layers at once.
 
         Several layers of one batch (``layer`` a list of names, ``weights`` stacked) go
-        through one set of tensor operations instead of one set per layer.
+        through one set of tensor operations instead of one set per layer. A block of
+        query rows ``query_start .. query_start + T - 1`` of longer maps can be added on
+        its own (``query_mask`` and ``alignment`` then cover those rows): blocks of rows
+        added one by one give the same means as the whole maps.
 
         Shape:
             ``weights`` ``[B, H, T, S]`` (or ``[L, B, H, T, S]`` with ``L`` names);
@@ -266,7 +270,7 @@ class HeadStatistics:
                     top_k=self.top_k,
                     alignment=None if alignment is None else alignment[block, queries],
                     key_groups={name: members[block] for name, members in groups.items()},
-                    query_start=start,
+                    query_start=query_start + start,
                 )
                 statistics = list(values)
                 stacked = torch.stack([values[name] for name in statistics])  # [N, b, H, t]

@@ -1,0 +1,238 @@
+"""The attention function attnlab registers with transformers.
+
+Dimension letters: ``B`` batch, ``H`` query heads, ``K`` key-value heads, ``T`` query
+length, ``S`` key length, ``D`` head dim.
+
+Every attention module of a transformers model (5.x) calls one function from
+``ALL_ATTENTION_FUNCTIONS`` with ``(module, query, key, value, attention_mask, dropout=,
+scaling=, **kwargs)``: ``query`` ``[B, H, T, D]``, ``key`` / ``value`` ``[B, K, S, D]``,
+returning ``(output [B, T, H, D], weights [B, H, T, S] or None)``. attnlab's function
+serves two paths:
+
+* **fused**: transformers' own ``sdpa`` function, so that a layer nobody looks at gives
+  exactly what ``attn_implementation="sdpa"`` gives;
+* **exact**: ``softmax(Q K^T * scaling [softcap] + position_bias + mask [, sinks]) V``
+  in the order of transformers' ``eager`` functions, returning the per-head weights
+  (kept, or reduced to statistics block by block of query rows, so that a long input
+  never holds a layer's ``[B, H, T, S]`` at once). Soft-capped scores and attention
+  sinks have no fused kernel: they always take this path.
+
+A query row with no key to attend to gets zero weights and zero output (attnlab's
+rule everywhere; transformers' eager spreads it uniformly over masked keys).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
+
+BACKEND_NAME = "attnlab"
+
+# Keywords that reach the attention function and change nothing in its arithmetic:
+# bookkeeping of the model call, or already encoded in the mask that transformers
+# builds for this backend (the sliding window, packed sequences).
+_IGNORED = frozenset({
+    "output_attentions", "output_hidden_states", "use_cache", "return_dict", "cache_position",
+    "position_ids", "past_key_values", "past_key_value", "layer_idx", "sliding_window",
+    "token_type_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+    "position_embeddings", "layer_head_mask", "is_causal", "encoder_hidden_states",
+    "encoder_attention_mask", "output_router_logits", "logits_to_keep", "labels",
+    "query_length", "dropout_p", "target_dtype", "attention_type", "q_len", "kv_len",
+})
+
+
+class UnsupportedAttention(ValueError):
+    """An attention call the backend cannot compute exactly (named module and keyword)."""
+
+
+def _unsupported_keywords(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    unknown = sorted(name for name, value in kwargs.items() if name not in _IGNORED and value is not None)
+    if unknown:
+        raise UnsupportedAttention(
+            f"{type(module).__name__} passed {', '.join(repr(name) for name in unknown)} to its attention "
+            f"function, which attnlab's backend does not implement; run this model with "
+            f"attn_implementation='eager' instead"
+        )
+
+
+def _repeat_heads(states: Tensor, groups: int) -> Tensor:
+    """``[B, K, S, D]`` -> ``[B, K * groups, S, D]``, each key-value head serving ``groups``
+    consecutive query heads (transformers' ``repeat_kv``)."""
+    if groups == 1:
+        return states
+    B, K, S, D = states.shape
+    return states[:, :, None].expand(B, K, groups, S, D).reshape(B, K * groups, S, D)
+
+
+def _query_rows(tensor: Optional[Tensor], rows: slice) -> Optional[Tensor]:
+    """The rows ``rows`` of a ``[.., T|1, S]`` mask or bias (broadcast rows stay as they are)."""
+    if tensor is None or tensor.shape[-2] == 1:
+        return tensor
+    return tensor[..., rows, :]
+
+
+def exact_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    *,
+    scaling: Optional[float],
+    dropout: float = 0.0,
+    causal: bool = False,
+    softcap: Optional[float] = None,
+    position_bias: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+    rows_per_block: Optional[int] = None,
+    on_weights: Optional[Callable[[Tensor, int, int], Optional[Tensor]]] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Attention with explicit weights, block by block of query rows.
+
+    Args:
+        attention_mask: bool (``True`` = may attend) or additive float, ``[B|1, 1|H, T|1, S]``.
+        causal: apply a causal mask (``s <= t``, top-left as ``is_causal`` in torch).
+        softcap: scores become ``softcap * tanh(scores / softcap)`` (Gemma 2).
+        position_bias: additive ``[B|1, H, T, S]`` (T5).
+        sinks: ``[H]`` logits of a virtual key that takes mass but gives no value (GPT-OSS).
+        rows_per_block: query rows per block (all at once when ``None``).
+        on_weights: called with each block's weights ``[B, H, t, S]``, its first row and
+            ``T``; what it returns is kept (``None``: nothing kept).
+
+    Returns:
+        ``(output [B, T, H, D], weights [B, H, T, S] or None)``.
+    """
+    B, H, T, D = query.shape
+    groups = H // key.shape[1]
+    key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)  # [B, H, S, D]
+    S = key.shape[2]
+    scaling = 1.0 / math.sqrt(D) if scaling is None else scaling
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask.float()
+    step = T if rows_per_block is None else max(1, rows_per_block)
+    outputs, kept = [], []
+    for start in range(0, T, step):
+        rows = slice(start, min(T, start + step))
+        # the softmax runs in float32, as transformers' eager functions do
+        scores = (torch.matmul(query[:, :, rows], key.transpose(2, 3)) * scaling).float()  # [B, H, t, S]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if position_bias is not None:
+            scores = scores + _query_rows(position_bias, rows)
+        allowed = None
+        if attention_mask is not None:
+            block_mask = _query_rows(attention_mask, rows)
+            if block_mask.dtype == torch.bool:
+                allowed = block_mask
+            else:
+                scores = scores + block_mask
+        if causal:
+            positions = torch.arange(start, rows.stop, device=query.device)[:, None]  # [t, 1]
+            below = torch.arange(S, device=query.device)[None, :] <= positions  # [t, S]
+            allowed = below if allowed is None else allowed & below
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        # rows without an admissible key: finite scores for the softmax, zero weights after
+        empty = torch.isneginf(scores).all(-1, keepdim=True)  # [B, H, t, 1]
+        has_empty = bool(empty.any())
+        if has_empty:
+            scores = scores.masked_fill(empty, 0.0)
+        if sinks is not None:
+            sink = sinks.reshape(1, H, 1, 1).to(scores.dtype).expand(B, H, scores.shape[2], 1)
+            combined = torch.cat([scores, sink], dim=-1)
+            combined = combined - combined.max(dim=-1, keepdim=True).values
+            weights = F.softmax(combined, dim=-1)[..., :-1]
+        else:
+            weights = F.softmax(scores, dim=-1)
+        if has_empty:
+            weights = weights.masked_fill(empty, 0.0)
+        weights = weights.to(query.dtype)
+        if dropout > 0.0 and module.training:
+            weights = F.dropout(weights, p=dropout)
+        outputs.append(torch.matmul(weights, value))  # [B, H, t, D]
+        if on_weights is not None:
+            keep = on_weights(weights, start, T)
+            if keep is not None:
+                kept.append(keep)
+        del scores
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    weights = None if not kept else (kept[0] if len(kept) == 1 else torch.cat(kept, dim=2))
+    return output.transpose(1, 2).contiguous(), weights  # [B, T, H, D]
+
+
+def _fused(module, query, key, value, attention_mask, dropout, scaling, is_causal, position_bias) -> Tensor:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, _ = sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+        position_bias=position_bias,
+    )
+    return output
+
+
+def attnlab_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    position_bias: Optional[Tensor] = None,
+    s_aux: Optional[Tensor] = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """transformers' attention signature; see the module docstring.
+
+    The module's route (set by :func:`attnlab.hf.attach`) says whether its weights are
+    kept, reduced to statistics, its heads masked or patched. A module with no route
+    (the model left on ``attn_implementation="attnlab"`` outside any ``attach``) gives its
+    weights when the call asks for ``output_attentions``, as ``eager`` would.
+    """
+    from .backend import route_of  # the routes live with the sessions that set them
+
+    _unsupported_keywords(module, kwargs)
+    route = route_of(module)
+    asked = bool(kwargs.get("output_attentions"))
+    exact = route.exact(asked) if route is not None else asked
+    T = query.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(T > 1 and attention_mask is None and causal)
+    if not exact and softcap is None and s_aux is None:
+        output = _fused(module, query, key, value, attention_mask, dropout, scaling, is_causal, position_bias)
+        weights = None
+    else:
+        if causal and key.shape[2] > T:  # an empty static cache behind the prompt: sdpa's crop
+            key, value = key[:, :, :T], value[:, :, :T]
+            position_bias = None if position_bias is None else position_bias[..., :T]
+        output, weights = exact_attention(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, causal=causal,
+            softcap=softcap, position_bias=position_bias, sinks=s_aux,
+            rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
+            on_weights=(route.weights_block if route is not None else (lambda weights, start, rows: weights)) if exact else None,
+        )
+    if route is not None:
+        output = route.edit_output(output)
+        weights = route.returned_weights(weights, asked)
+    return output, weights
+
+
+def register() -> None:
+    """Register the function and its mask builder with transformers (idempotent).
+
+    The mask builder is ``sdpa``'s: boolean masks, and no mask where ``is_causal`` says
+    it all, so the fused path receives exactly what ``sdpa`` receives.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(BACKEND_NAME, attnlab_attention_forward)
+    AttentionMaskInterface.register(BACKEND_NAME, sdpa_mask)

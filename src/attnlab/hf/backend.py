@@ -1,0 +1,371 @@
+"""attnlab as transformers' attention backend: :func:`attach`.
+
+Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
+``D`` head dim, ``L`` attention modules.
+
+Inside ``with attach(model, layers=[...]) as seen:`` every attention module of a
+transformers model runs attnlab's attention function (registered once with
+``transformers.AttentionInterface`` under the name ``"attnlab"``). The chosen layers
+compute their exact per-head weights; every other layer runs the fused ``sdpa`` kernel.
+When the block ends, each config gets back the implementation it had.
+
+Which module does what is kept in one table, module -> route, filled when the block
+starts and emptied in ``finally``: the attention function has transformers' fixed
+signature, so it looks its instructions up there (nothing is stored on the modules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..inspect.compute.causal_statistics import CausalStatistics
+from ..inspect.compute.statistics import HeadStatistics
+from ..outputs import LayerAttentions
+from ._kernel import BACKEND_NAME, register
+from ._sites import AttentionSite, attention_sites, unrouted_attention
+
+__all__ = ["AttachedModel", "attach", "route_of"]
+
+_ROUTES: "weakref.WeakKeyDictionary[nn.Module, _Route]" = weakref.WeakKeyDictionary()
+
+# The most attention weights one block of query rows holds in statistics mode.
+_STATISTICS_BLOCK_CELLS = 1 << 22
+
+
+def route_of(module: nn.Module) -> Optional["_Route"]:
+    """The route of ``module`` inside an active :func:`attach` block, else ``None``."""
+    return _ROUTES.get(module)
+
+
+class _Route:
+    """What one attention module does inside an :func:`attach` block."""
+
+    def __init__(self, session: "AttachedModel", site: AttentionSite, chosen: bool) -> None:
+        self.session, self.site, self.chosen = session, site, chosen
+        self.head_scale: Optional[Tensor] = None  # [H] multipliers of each head's output
+        self.patch: Optional[tuple[Tensor, Tensor]] = None  # ([H] bool heads, [B, T, H, D] values)
+        self.record_output = False
+
+    def exact(self, asked: bool) -> bool:
+        if self.session.statistics_mode:
+            return self.chosen
+        return self.chosen or (asked and self.session.layers_asked is None)
+
+    def rows_per_block(self, query: Tensor, key: Tensor) -> Optional[int]:
+        if not self.session.statistics_mode:
+            return None
+        B, H, _, _ = query.shape
+        return max(1, _STATISTICS_BLOCK_CELLS // max(1, B * H * key.shape[2]))
+
+    def weights_block(self, weights: Tensor, start: int, rows: int) -> Optional[Tensor]:
+        if self.session.statistics_mode:
+            self.session._update_statistics(self, weights, start, rows)
+            return None
+        return weights
+
+    def edit_output(self, output: Tensor) -> Tensor:
+        """Head masks and patches on ``[B, T, H, D]`` (each head's output before mixing)."""
+        if self.record_output:
+            self.session.head_outputs[self.site.name] = output.detach().clone()
+        if self.head_scale is not None:
+            output = output * self.head_scale.to(output.dtype)[:, None]
+        if self.patch is not None:
+            heads, values = self.patch
+            if values.shape != output.shape:
+                raise ValueError(
+                    f"{self.site.name}: the patched run's attention output is {tuple(output.shape)} but the "
+                    f"source run's was {tuple(values.shape)}; patching needs inputs of one shape"
+                )
+            output = torch.where(heads.to(output.device)[:, None], values.to(output.dtype), output)
+        return output
+
+    def returned_weights(self, weights: Optional[Tensor], asked: bool) -> Optional[Tensor]:
+        if weights is not None and self.chosen:
+            kept = weights if self.session.heads is None else weights[:, self.session.heads]
+            self.session._record(self.site, kept if self.session.grad else kept.detach())
+        elif weights is not None and asked:
+            self.session._record(self.site, weights if self.session.grad else weights.detach())
+        return weights if asked else None
+
+
+def _configs_of(model: nn.Module) -> list[Any]:
+    """Every config object the model's modules read ``_attn_implementation`` from."""
+    seen: dict[int, Any] = {}
+    pending = [getattr(module, "config", None) for module in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in seen or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        seen[id(config)] = config
+        pending.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {})
+    return list(seen.values())
+
+
+def _select_layers(sites: Sequence[AttentionSite], layers: Any) -> Optional[set[str]]:
+    """Names chosen by ``layers``: ``None`` (only when output_attentions asks), ``"all"``,
+    ints (layer numbers counted from 1, in every stack) or names."""
+    if layers is None:
+        return None
+    names = [site.name for site in sites]
+    if isinstance(layers, str):
+        if layers == "all":
+            return set(names)
+        layers = [layers]
+    chosen = set()
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, (int, str)):
+            raise TypeError(f"layers holds {layer!r}: give layer numbers counted from 1, names or 'all'")
+        if isinstance(layer, int):
+            matches = [name for name in names if name.rsplit("layer_", 1)[-1] == str(layer)]
+        else:
+            matches = [layer] if layer in names else []
+        if not matches:
+            raise ValueError(f"layers: no attention layer {layer!r}; this model has {', '.join(names)}")
+        chosen.update(matches)
+    return chosen
+
+
+class AttachedModel:
+    """What :func:`attach` yields: the weights (or statistics) of the latest forward.
+
+    Attributes:
+        sites: every attention module, named (``layer_1``, ``cross.layer_1``, ...).
+        attentions: the chosen self-attention layers' weights of the latest call of each
+            module, ``[B, H, T, S]`` (``H`` = the chosen heads), as a
+            :class:`~attnlab.outputs.LayerAttentions` keyed by layer name.
+        cross_attentions: the same for cross-attention layers.
+    """
+
+    def __init__(self, model: nn.Module, sites: list[AttentionSite], layers: Optional[set[str]],
+                 heads: Optional[list[int]], grad: bool, statistics: bool, statistics_options: dict) -> None:
+        self.model, self.sites = model, sites
+        self.layers_asked, self.heads, self.grad = layers, heads, grad
+        self.statistics_mode = statistics
+        self._weights: dict[str, Tensor] = {}
+        self.head_outputs: dict[str, Tensor] = {}
+        self._head_statistics = HeadStatistics(**statistics_options)
+        self._causal_statistics = CausalStatistics()
+        self._padding: dict[str, Optional[Tensor]] = {}
+
+    # -- what the forward left -------------------------------------------------------
+    def _record(self, site: AttentionSite, weights: Tensor) -> None:
+        self._weights[site.name] = weights
+
+    def _layer_attentions(self, cross: bool) -> LayerAttentions:
+        names = [site.name for site in self.sites if site.cross == cross and site.name in self._weights]
+        return LayerAttentions([self._weights[name] for name in names], names=names)
+
+    @property
+    def attentions(self) -> LayerAttentions:
+        return self._layer_attentions(cross=False)
+
+    @property
+    def cross_attentions(self) -> LayerAttentions:
+        return self._layer_attentions(cross=True)
+
+    def clear(self) -> None:
+        """Forget recorded weights and statistics (the backend stays attached)."""
+        self._weights, self.head_outputs = {}, {}
+        self._head_statistics = HeadStatistics(
+            sparsity_threshold=self._head_statistics.sparsity_threshold, top_k=self._head_statistics.top_k,
+            token_groups=self._head_statistics.token_groups, chunk_cells=self._head_statistics.chunk_cells,
+        )
+        self._causal_statistics = CausalStatistics()
+
+    # -- statistics ------------------------------------------------------------------
+    def _remember_padding(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 1 and isinstance(args[1], Tensor):
+            mask = args[1]
+        ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], Tensor) else None)
+        self._padding = {
+            "attention_mask": mask if isinstance(mask, Tensor) and mask.dim() == 2 else None,
+            "decoder_attention_mask": kwargs.get("decoder_attention_mask"),
+            "input_ids": ids if isinstance(ids, Tensor) and ids.dim() == 2 else None,
+        }
+
+    def _masks_for(self, site: AttentionSite, B: int, T: int, S: int, device) -> tuple[Tensor, Tensor]:
+        """``query_mask [B, T]`` and ``key_mask [B, S]`` (``True`` on real tokens) of a call."""
+        encoder, decoder = self._padding.get("attention_mask"), self._padding.get("decoder_attention_mask")
+        seq2seq = any(s.cross for s in self.sites) and any(s.name.startswith("decoder.") for s in self.sites)
+        if site.cross:
+            queries, keys = decoder, encoder
+        elif seq2seq and site.name.startswith("decoder."):
+            queries = keys = decoder
+        else:
+            queries = keys = encoder
+
+        def fit(mask: Optional[Tensor], length: int) -> Tensor:
+            if mask is None or mask.shape[0] != B or mask.shape[1] < length:
+                return torch.ones(B, length, dtype=torch.bool, device=device)
+            return mask[:, mask.shape[1] - length:].to(device=device, dtype=torch.bool)  # the last positions
+
+        return fit(queries, T), fit(keys, S)
+
+    def _update_statistics(self, route: _Route, weights: Tensor, start: int, T: int) -> None:
+        """Add one block of rows ``start .. start + t`` of a call with ``T`` query rows."""
+        site = route.site
+        B, H, t, S = weights.shape
+        query_mask, key_mask = self._masks_for(site, B, T, S, weights.device)
+        ids = self._padding.get("input_ids")
+        ids = ids if ids is not None and ids.shape == (B, S) and not site.cross else None
+        kept = weights if self.heads is None else weights[:, self.heads]
+        self._head_statistics.update(
+            site.name, kept.detach(), query_mask[:, start:start + t], key_mask, input_ids=ids, query_start=start
+        )
+        if getattr(site.module, "is_causal", False) and not site.cross:
+            self._causal_statistics.update(site.name, kept.detach(), key_mask, first_query=S - T + start)
+
+    def statistics(self) -> dict[str, dict[str, list[Optional[float]]]]:
+        """``{layer: {statistic: [one value per head]}}`` over every forward since the block
+        began: the analyzer's statistics (entropy, sparsity, top-k mass, mean distance, ...)
+        and, for causal layers, ``sink_mass`` and ``causal_normalized_entropy`` (entropy over
+        the allowed prefix)."""
+        result = self._head_statistics.means()
+        causal = self._causal_statistics.means()
+        for layer in result:
+            if layer in causal["sink_mass"]:
+                result[layer]["sink_mass"] = causal["sink_mass"][layer]
+                result[layer]["causal_normalized_entropy"] = causal["normalized_entropy"][layer]
+        return result
+
+    # -- interventions -----------------------------------------------------------------
+    def _route(self, name: str) -> _Route:
+        for site in self.sites:
+            if site.name == name:
+                return _ROUTES[site.module]
+        raise ValueError(f"no attention layer {name!r}; this model has {', '.join(s.name for s in self.sites)}")
+
+    def set_head_mask(self, head_mask: Union[Tensor, Mapping[str, Iterable[int]], None]) -> Optional[Tensor]:
+        """Multiply each head's output by ``head_mask`` (``[L, H]``, or ``{"layer_2": [0, 3]}``:
+        the heads to remove, 0-based); ``None`` removes the mask. Returns the ``[L, H]`` mask."""
+        for site in self.sites:
+            _ROUTES[site.module].head_scale = None
+        if head_mask is None:
+            return None
+        counts = [site.heads for site in self.sites]
+        if any(count is None for count in counts):
+            missing = next(site for site in self.sites if site.heads is None)
+            raise ValueError(f"{missing.path} does not say its number of heads; its heads cannot be masked")
+        L, H = len(counts), max(counts)
+        if isinstance(head_mask, Tensor):
+            if tuple(head_mask.shape) != (L, H):
+                raise ValueError(f"head_mask must be [L, H] = [{L}, {H}] (layers {', '.join(s.name for s in self.sites)}), "
+                                 f"got {tuple(head_mask.shape)}")
+            mask = head_mask
+        else:
+            mask = torch.ones(L, H)
+            names = [site.name for site in self.sites]
+            for layer, removed in head_mask.items():
+                if layer not in names:
+                    raise ValueError(f"head_mask: no attention layer {layer!r}; this model has {', '.join(names)}")
+                row = names.index(layer)
+                for head in removed:
+                    if isinstance(head, bool) or not 0 <= int(head) < counts[row]:
+                        raise ValueError(f"head_mask: {layer} has {counts[row]} heads (0-based), got {head!r}")
+                    mask[row, int(head)] = 0.0
+        for row, site in enumerate(self.sites):
+            _ROUTES[site.module].head_scale = mask[row, : site.heads]
+        return mask
+
+    def __repr__(self) -> str:
+        chosen = "as output_attentions asks" if self.layers_asked is None else sorted(self.layers_asked)
+        return f"AttachedModel({len(self.sites)} attention layers; exact weights: {chosen})"
+
+
+@contextlib.contextmanager
+def attach(
+    model: nn.Module,
+    *,
+    layers: Union[None, str, int, Sequence[Union[int, str]]] = None,
+    heads: Optional[Sequence[int]] = None,
+    statistics: bool = False,
+    grad: bool = False,
+    head_mask: Union[Tensor, Mapping[str, Iterable[int]], None] = None,
+    sparsity_threshold: float = 0.1,
+    top_k: int = 3,
+    token_groups: Optional[Mapping[str, Iterable[int]]] = None,
+) -> Iterator[AttachedModel]:
+    """Run a transformers model's attention through attnlab inside the block.
+
+    Args:
+        model: a loaded transformers ``PreTrainedModel`` (any architecture whose attention
+            goes through ``transformers.AttentionInterface``).
+        layers: the layers whose exact weights are computed: numbers counted from 1
+            (layer 3 of every stack), names (``"layer_3"``, ``"cross.layer_2"``) or
+            ``"all"``. Default: the layers ``output_attentions=True`` asks for (all of
+            them, when a call asks; none otherwise). The rest run the fused kernel.
+        heads: keep only these heads' weights (0-based); default all.
+        statistics: reduce the chosen layers' weights on the fly to the analyzer's
+            statistics (:meth:`AttachedModel.statistics`) instead of keeping them; the
+            weights are never held whole (blocks of query rows).
+        grad: keep the weights in the autograd graph (for gradients through them).
+        head_mask: ``[L, H]`` multipliers of each head's output, or
+            ``{"layer_2": [0, 3]}`` (heads to remove, 0-based).
+        sparsity_threshold, top_k, token_groups: as :class:`~attnlab.inspect.HeadStatistics`.
+
+    Yields:
+        :class:`AttachedModel`.
+
+    Example:
+        >>> with attach(model, layers=[2]) as seen:
+        ...     out = model(**batch)
+        >>> seen.attentions["layer_2"].shape          # [B, H, T, S], exact
+        >>> out.attentions                            # transformers' own tuple, when asked
+    """
+    if not isinstance(model, nn.Module) or not hasattr(model, "set_attn_implementation"):
+        raise TypeError(
+            f"attach takes a loaded transformers model (PreTrainedModel), got {type(model).__name__}; "
+            f"attnlab's own models take output_attentions=True directly"
+        )
+    unrouted = unrouted_attention(model)
+    if unrouted:
+        raise ValueError(
+            f"{type(model).__name__}: {unrouted[0]} ({type(model.get_submodule(unrouted[0])).__name__}) computes "
+            f"attention without transformers' AttentionInterface, so attnlab cannot serve it"
+            + (f" (and {len(unrouted) - 1} more)" if len(unrouted) > 1 else "")
+        )
+    sites = attention_sites(model)
+    if not sites:
+        raise ValueError(f"{type(model).__name__} has no attention module that goes through AttentionInterface")
+    busy = [site.path for site in sites if site.module in _ROUTES]
+    if busy:
+        raise RuntimeError(f"{type(model).__name__} is already attached (at {busy[0]}); one attach block at a time")
+    if heads is not None:
+        heads = [int(h) for h in heads]
+        smallest = min((site.heads for site in sites if site.heads is not None), default=None)
+        if not heads or (smallest is not None and any(not 0 <= h < smallest for h in heads)):
+            raise ValueError(f"heads must be 0-based head indices below {smallest}, got {heads}")
+    chosen = _select_layers(sites, layers)
+    if statistics and chosen is None:
+        chosen = {site.name for site in sites}
+    session = AttachedModel(
+        model, sites, chosen, heads, grad, statistics,
+        {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups},
+    )
+    register()
+    configs = _configs_of(model)
+    previous = [(config, config._attn_implementation_internal) for config in configs]
+    handles = []
+    try:
+        model.set_attn_implementation(BACKEND_NAME)
+        for config in configs:  # sub-configs that set_attn_implementation leaves alone
+            config._attn_implementation_internal = BACKEND_NAME
+        for site in sites:
+            _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
+        handles.append(model.register_forward_pre_hook(session._remember_padding, with_kwargs=True))
+        session.set_head_mask(head_mask)
+        yield session
+    finally:
+        for handle in handles:
+            handle.remove()
+        for site in sites:
+            _ROUTES.pop(site.module, None)
+        for config, implementation in previous:
+            config._attn_implementation_internal = implementation
+

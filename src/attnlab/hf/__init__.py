@@ -13,8 +13,18 @@ Every attention module whose model calls ``transformers.AttentionInterface`` is 
 :func:`attach` for statistics without the maps, gradients and head masks.
 """
 
+from .attribution import TransformersClassifier, explain_tokens
 from .backend import AttachedModel, attach
 from ._kernel import BACKEND_NAME, UnsupportedAttention
 from ._sites import AttentionSite, attention_sites
 
-__all__ = ["AttachedModel", "AttentionSite", "BACKEND_NAME", "UnsupportedAttention", "attach", "attention_sites"]
+__all__ = [
+    "AttachedModel",
+    "AttentionSite",
+    "BACKEND_NAME",
+    "TransformersClassifier",
+    "UnsupportedAttention",
+    "attach",
+    "attention_sites",
+    "explain_tokens",
+]

@@ -199,9 +199,15 @@ def attnlab_attention_forward(
     """
     from .backend import route_of  # the routes live with the sessions that set them
 
+    # attnlab's own inspection tools (capture_attention, mask_heads, the explain methods)
+    # reach a served module through these keywords, as they reach attnlab's modules.
+    need_weights = kwargs.pop("need_weights", None)
+    head_mask = kwargs.pop("head_mask", None)
+    if kwargs.pop("average_attn_weights", False):
+        raise UnsupportedAttention(f"{type(module).__name__}: attnlab's backend gives per-head weights only")
     _unsupported_keywords(module, kwargs)
     route = route_of(module)
-    asked = bool(kwargs.get("output_attentions"))
+    asked = bool(kwargs.get("output_attentions")) or bool(need_weights)
     exact = route.exact(asked) if route is not None else asked
     T = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -219,6 +225,8 @@ def attnlab_attention_forward(
             rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
             on_weights=(route.weights_block if route is not None else (lambda weights, start, rows: weights)) if exact else None,
         )
+    if head_mask is not None:
+        output = output * head_mask.to(output.dtype)[:, None]  # [H, 1] on [B, T, H, D]
     if route is not None:
         output = route.edit_output(output)
         weights = route.returned_weights(weights, asked)

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from ..inspect.compute.capture import serve_as_attention
 from ..inspect.compute.causal_statistics import CausalStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..outputs import LayerAttentions
@@ -360,7 +361,8 @@ def attach(
             _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
         handles.append(model.register_forward_pre_hook(session._remember_padding, with_kwargs=True))
         session.set_head_mask(head_mask)
-        yield session
+        with serve_as_attention({site.module: site.heads for site in sites}):
+            yield session
     finally:
         for handle in handles:
             handle.remove()

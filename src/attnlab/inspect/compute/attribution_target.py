@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ...layers.encoder import TransformerEncoder, find_encoder
 
-__all__ = ["encoder_of", "pooling_of", "query_weights", "logits_of", "resolve_target"]
+__all__ = ["encoder_of", "token_embedding_of", "pooling_of", "query_weights", "logits_of", "resolve_target"]
 
 
 def encoder_of(model: nn.Module) -> TransformerEncoder:
@@ -30,6 +30,17 @@ def encoder_of(model: nn.Module) -> TransformerEncoder:
         f"{type(model).__name__} has no attnlab TransformerEncoder (as .encoder); attribution "
         f"needs an attnlab encoder or a model built on one, such as EncoderClassifier"
     )
+
+
+def token_embedding_of(model: nn.Module) -> tuple[nn.Module, Optional[int]]:
+    """The token embedding of ``model`` and its padding id: an attnlab encoder's, or what a
+    model with HuggingFace's ``get_input_embeddings()`` and ``config.pad_token_id`` gives."""
+    encoder = find_encoder(model)
+    if encoder is not None:
+        return encoder.embedding, encoder.config.pad_id
+    if callable(getattr(model, "get_input_embeddings", None)):
+        return model.get_input_embeddings(), getattr(getattr(model, "config", None), "pad_token_id", None)
+    return encoder_of(model).embedding, None  # raises the error that names what is needed
 
 
 def pooling_of(model: nn.Module) -> str:

@@ -11,13 +11,16 @@ raises, and hooks the user registered are never touched.
 An attention module is a :class:`~attnlab.attention.MultiHeadAttention` or any module
 whose ``forward`` takes a keyword ``need_weights`` and returns ``(output, weights)``,
 the innermost such module winning (an encoder layer forwards ``need_weights`` to its
-attention; only the attention is hooked).
+attention; only the attention is hooked). A transformers model's attention modules
+count too while :func:`attnlab.hf.attach` serves them: they pass ``need_weights`` and
+``head_mask`` on to attnlab's attention function (:func:`serve_as_attention`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -25,11 +28,36 @@ from torch import Tensor, nn
 
 from ...attention.multihead import MultiHeadAttention
 
-__all__ = ["AttentionCapture", "capture_attention", "find_attention_modules"]
+__all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
+           "serve_as_attention"]
+
+# Modules of other libraries that attnlab's attention function serves for a while
+# (module -> number of heads), filled and emptied by the code that routes them.
+_SERVED: "weakref.WeakKeyDictionary[nn.Module, Optional[int]]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def serve_as_attention(modules: dict[nn.Module, Optional[int]]) -> Iterator[None]:
+    """Inside the block, ``modules`` (module -> its number of heads) count as attention
+    modules: they take ``need_weights`` and ``head_mask`` and return ``(output, weights)``."""
+    _SERVED.update(modules)
+    try:
+        yield
+    finally:
+        for module in modules:
+            _SERVED.pop(module, None)
+
+
+def attention_heads(module: nn.Module) -> Optional[int]:
+    """The number of heads of an attention module, when it says (``num_heads``)."""
+    heads = getattr(module, "num_heads", None)
+    if isinstance(heads, int) and not isinstance(heads, bool):
+        return heads
+    return _SERVED.get(module)
 
 
 def _takes_need_weights(module: nn.Module) -> bool:
-    if isinstance(module, MultiHeadAttention):
+    if isinstance(module, MultiHeadAttention) or module in _SERVED:
         return True
     try:
         parameters = inspect.signature(module.forward).parameters

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .batches import as_analysis_batch
-from .capture import find_attention_modules
+from .capture import attention_heads, find_attention_modules
 
 __all__ = ["mask_heads", "head_mask_from", "head_importance", "default_loss", "forward_batch"]
 
@@ -27,8 +27,8 @@ LossFn = Callable[[Any, Any], Tensor]
 def _heads_per_layer(modules: Mapping[str, nn.Module]) -> list[int]:
     counts = []
     for name, module in modules.items():
-        heads = getattr(module, "num_heads", None)
-        if not isinstance(heads, int):
+        heads = attention_heads(module)
+        if heads is None:
             raise TypeError(
                 f"{name} ({type(module).__name__}) has no int num_heads attribute; cannot mask its heads"
             )

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .attribution_target import encoder_of, logits_of, resolve_target
+from .attribution_target import logits_of, resolve_target, token_embedding_of
 
 __all__ = ["IntegratedGradients", "integrated_gradients", "BACKENDS"]
 
@@ -136,12 +136,11 @@ def integrated_gradients(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    encoder = encoder_of(model)
+    embedding, pad_id = token_embedding_of(model)
     if baseline_ids is None:
-        pad = encoder.config.pad_id if encoder.config.pad_id is not None else 0
-        baseline_ids = torch.full_like(input_ids, pad)
+        baseline_ids = torch.full_like(input_ids, pad_id if pad_id is not None else 0)
     if mask is None:  # the input's own padding, also for the baseline (all pad ids)
-        mask = input_ids != encoder.config.pad_id if encoder.config.pad_id is not None else None
+        mask = input_ids != pad_id if pad_id is not None else None
     if baseline_ids.shape != input_ids.shape:
         raise ValueError(
             f"baseline_ids must match input_ids {tuple(input_ids.shape)}, got {tuple(baseline_ids.shape)}"
@@ -155,7 +154,7 @@ def integrated_gradients(
             baseline_logits = _forward(model, baseline_ids, mask)
         run = _ours if backend == "attnlab" else _captum
         attributions = run(
-            model, encoder.embedding, input_ids, baseline_ids, mask, target, steps, internal_batch
+            model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch
         )
     finally:
         for module, mode in training.items():

@@ -1,0 +1,82 @@
+"""attnlab's explain methods on a transformers classifier, through the backend.
+
+Dimension letters: ``B`` batch, ``T`` length, ``C`` classes.
+
+attnlab's attribution methods (:func:`attnlab.inspect.attribute_tokens`) take a model
+called as ``model(input_ids, mask=...)`` whose attention modules answer
+``need_weights``. Inside :func:`~attnlab.hf.attach` a transformers model's attention
+modules do; :class:`TransformersClassifier` gives the call and what the methods read
+around it (the pooled position, the label names, the token embedding), so ``raw``,
+``rollout``, ``flow``, ``grad-attention`` and ``integrated-gradients`` run unchanged.
+``relevance`` (layer-wise relevance propagation) needs attnlab's own layers and is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from torch import Tensor, nn
+
+from ..inspect.compute.token_attribution import METHODS, TokenAttributions, attribute_tokens, check_methods
+from .backend import attach
+
+__all__ = ["TransformersClassifier", "explain_tokens"]
+
+
+class TransformersClassifier(nn.Module):
+    """A transformers ``*ForSequenceClassification`` as attnlab's explain methods take it.
+
+    The pooled position is the first token (``[CLS]``), as BERT-family classifiers pool.
+
+    Args:
+        model: the transformers classifier.
+    """
+
+    pooling = "first"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        labels = getattr(model.config, "id2label", None) or {}
+        self.label_names = [str(labels[index]) for index in sorted(labels)] or None
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=None if mask is None else mask.long())
+
+
+def explain_tokens(
+    model: nn.Module,
+    input_ids: Tensor,
+    methods: Sequence[str] = ("raw", "rollout", "flow", "grad-attention", "integrated-gradients"),
+    *,
+    attention_mask: Optional[Tensor] = None,
+    target: Optional[Union[int, str]] = None,
+    steps: int = 50,
+) -> TokenAttributions:
+    """One score per token and method for a transformers sequence classifier.
+
+    Args:
+        model: a transformers ``*ForSequenceClassification`` whose attention goes through
+            ``transformers.AttentionInterface``.
+        input_ids: ``[B, T]``.
+        methods: among ``raw``, ``rollout``, ``flow``, ``grad-attention``,
+            ``integrated-gradients``.
+        attention_mask: ``[B, T]``, 1 on real tokens.
+        target: class index or label name; default the prediction.
+        steps: integrated gradients' quadrature points.
+
+    Returns:
+        :class:`~attnlab.inspect.TokenAttributions`, the numbers attnlab's own model of the
+        same weights gives.
+    """
+    methods = check_methods(methods)
+    if "relevance" in methods:
+        supported = ", ".join(name for name in METHODS if name != "relevance")
+        raise ValueError(f"relevance (LRP) needs attnlab's own layers; on a transformers model choose among {supported}")
+    classifier = TransformersClassifier(model)
+    with attach(model):
+        return attribute_tokens(classifier, input_ids, methods, mask=attention_mask, target=target, steps=steps)

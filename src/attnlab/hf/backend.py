@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..inspect.compute.capture import serve_as_attention
+from ..inspect.compute.capture import is_served, serve_as_attention
 from ..inspect.compute.causal_statistics import CausalStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..outputs import LayerAttentions
@@ -222,6 +222,10 @@ class AttachedModel:
         if getattr(site.module, "is_causal", False) and not site.cross:
             self._causal_statistics.update(site.name, kept.detach(), key_mask, first_query=S - T + start)
 
+    def row_counts(self) -> dict[str, list[int]]:
+        """``{layer: [query rows counted per head]}`` behind :meth:`statistics`."""
+        return self._head_statistics.row_counts()
+
     def statistics(self) -> dict[str, dict[str, list[Optional[float]]]]:
         """``{layer: {statistic: [one value per head]}}`` over every forward since the block
         began: the analyzer's statistics (entropy, sparsity, top-k mass, mean distance, ...)
@@ -352,6 +356,7 @@ def attach(
     register()
     configs = _configs_of(model)
     previous = [(config, config._attn_implementation_internal) for config in configs]
+    newly_served = {site.module: site.heads for site in sites if not is_served(site.module)}
     handles = []
     try:
         model.set_attn_implementation(BACKEND_NAME)
@@ -361,13 +366,14 @@ def attach(
             _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
         handles.append(model.register_forward_pre_hook(session._remember_padding, with_kwargs=True))
         session.set_head_mask(head_mask)
-        with serve_as_attention({site.module: site.heads for site in sites}):
-            yield session
+        serve_as_attention(newly_served)
+        yield session
     finally:
         for handle in handles:
             handle.remove()
         for site in sites:
             _ROUTES.pop(site.module, None)
+        serve_as_attention(newly_served, serve=False)  # a TransformersModel's modules stay served
         for config, implementation in previous:
             config._attn_implementation_internal = implementation
 

@@ -13,6 +13,8 @@ from torch import nn
 
 from ...data.padding import pad_id_for
 from ...data.text_batches import encode_batches
+from ...hf.analysis import analyze_transformers
+from ...hf.opening import TransformersModel
 from ..compute.analyzer import AttentionAnalyzer, AttentionStatistics
 from ..compute.token_groups import special_token_groups
 from ..draw.plots import plot_statistic, save_figure
@@ -72,13 +74,6 @@ def analyze_rows(
         progress: show a progress bar.
     """
     pad_id = pad_id_for(tokenizer, model)
-    analyzer = AttentionAnalyzer(
-        model,
-        pad_id=pad_id,
-        sparsity_threshold=sparsity_threshold,
-        top_k=top_k,
-        token_groups=special_token_groups(tokenizer),
-    )
 
     def batches():
         return encode_batches(
@@ -90,6 +85,22 @@ def analyze_rows(
             max_attention_cells=max_attention_cells,
         )
 
+    if isinstance(model, TransformersModel):  # opened through transformers: statistics mode
+        if importance:
+            raise ValueError("--importance is not available on models opened through transformers yet")
+        statistics = analyze_transformers(
+            model, batches(), pad_id=pad_id, sparsity_threshold=sparsity_threshold, top_k=top_k,
+            token_groups=special_token_groups(tokenizer), head_mask=head_mask,
+        )
+        statistics.settings.update({"batch_size": batch_size, "max_length": max_length, "texts": len(rows)})
+        return statistics
+    analyzer = AttentionAnalyzer(
+        model,
+        pad_id=pad_id,
+        sparsity_threshold=sparsity_threshold,
+        top_k=top_k,
+        token_groups=special_token_groups(tokenizer),
+    )
     statistics = analyzer.analyze_attention_distribution(
         batches(), head_mask=head_mask, progress=progress, total=len(rows)
     )

@@ -2,7 +2,9 @@
 
 Everything goes through :func:`attnlab.load` (one loader, one set of rules): an attnlab
 run or checkpoint directory, a HuggingFace directory, or a packaged name such as
-``minilm``. The loader is imported only when used.
+``minilm``. A HuggingFace directory of an architecture attnlab does not re-implement
+(Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's attention
+function (:mod:`attnlab.hf`). The loaders are imported only when used.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class ResolvedModel:
         model: the ``nn.Module`` (called as ``model(input_ids, mask=...)``).
         tokenizer: an :class:`attnlab.data.Tokenizer` (wraps a ``tokenizers.Tokenizer``).
         name: what ``--model`` said.
-        source: ``"run"``, ``"checkpoint"`` or ``"pretrained"``.
+        source: ``"run"``, ``"checkpoint"``, ``"pretrained"`` or ``"transformers"``.
     """
 
     model: nn.Module
@@ -48,6 +50,10 @@ def resolve_model(spec: str) -> ResolvedModel:
         raise ValueError(
             f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
         )
+    from ...hf.opening import is_transformers_only
+
+    if is_transformers_only(path):
+        return _resolve_transformers(spec)
     from ...models.loading import detect_format, load
 
     kind = detect_format(spec)
@@ -56,6 +62,22 @@ def resolve_model(spec: str) -> ResolvedModel:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
     source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
     return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
+
+
+def _resolve_transformers(spec: str) -> ResolvedModel:
+    from ...hf.opening import open_transformers
+    from ...models.pretrained import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(spec)
+    except FileNotFoundError:
+        raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one") from None
+    model = open_transformers(spec)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    tokenizer.model_max_length = limit if isinstance(limit, int) and limit > 0 else None
+    print(f"{spec}: {type(model.model).__name__} through transformers, attention served by attnlab "
+          f"(exact weights where asked, fused sdpa elsewhere)")
+    return ResolvedModel(model, tokenizer, spec, "transformers")
 
 
 def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallback: int) -> int:

@@ -29,23 +29,27 @@ from torch import Tensor, nn
 from ...attention.multihead import MultiHeadAttention
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
-           "serve_as_attention"]
+           "is_served", "serve_as_attention"]
 
 # Modules of other libraries that attnlab's attention function serves for a while
 # (module -> number of heads), filled and emptied by the code that routes them.
 _SERVED: "weakref.WeakKeyDictionary[nn.Module, Optional[int]]" = weakref.WeakKeyDictionary()
 
 
-@contextlib.contextmanager
-def serve_as_attention(modules: dict[nn.Module, Optional[int]]) -> Iterator[None]:
-    """Inside the block, ``modules`` (module -> its number of heads) count as attention
-    modules: they take ``need_weights`` and ``head_mask`` and return ``(output, weights)``."""
-    _SERVED.update(modules)
-    try:
-        yield
-    finally:
-        for module in modules:
+def serve_as_attention(modules: dict[nn.Module, Optional[int]], serve: bool = True) -> None:
+    """Count ``modules`` (module -> its number of heads) as attention modules, or no
+    longer (``serve=False``): they take ``need_weights`` and ``head_mask`` and return
+    ``(output, weights)``. Held by weak reference: a module that is gone is forgotten."""
+    for module, heads in modules.items():
+        if serve:
+            _SERVED[module] = heads
+        else:
             _SERVED.pop(module, None)
+
+
+def is_served(module: nn.Module) -> bool:
+    """Whether :func:`serve_as_attention` counts ``module`` as an attention module now."""
+    return module in _SERVED
 
 
 def attention_heads(module: nn.Module) -> Optional[int]:

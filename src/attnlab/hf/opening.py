@@ -1,0 +1,118 @@
+"""Open a directory that attnlab does not re-implement through transformers.
+
+Dimension letters: ``B`` batch, ``T`` length.
+
+A HuggingFace directory whose ``model_type`` is none of attnlab's families (Gemma 3,
+Qwen3, Phi, T5, ViT, ...) opens with the ``transformers`` class its config names
+(``architectures[0]``, else ``AutoModel``), sharded and bfloat16 checkpoints included,
+and runs attnlab's attention function for as long as it lives:
+:class:`TransformersModel` is called as attnlab's models are (``model(input_ids,
+mask=...)``), and attnlab's inspection tools (``capture_attention``, the analyzer,
+``mask_heads``, the explain methods) find its attention modules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..inspect.compute.capture import serve_as_attention
+from ._kernel import BACKEND_NAME, register
+from ._sites import attention_sites, unrouted_attention
+
+__all__ = ["TransformersModel", "open_transformers", "is_transformers_only"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def is_transformers_only(directory: Union[str, Path]) -> bool:
+    """Whether ``directory`` is a HuggingFace checkpoint of a ``model_type`` attnlab does not
+    re-implement (attnlab's own families and decoders keep their faster path)."""
+    from ..models.decoder.loading import DECODER_MODEL_TYPES
+    from ..models.pretrained import SUPPORTED_MODEL_TYPES
+
+    config = Path(directory) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    model_type = values.get("model_type") if isinstance(values, dict) else None
+    if not isinstance(model_type, str) or "encoder" in values or "decoder" in values:
+        return False  # attnlab's own checkpoints keep their encoder / decoder sections
+    return model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES
+
+
+class TransformersModel(nn.Module):
+    """A transformers model served by attnlab's attention function, called as attnlab's models.
+
+    Attributes:
+        model: the transformers model (``attn_implementation="attnlab"``: the fused kernel
+            unless weights are asked for, exact per-head weights when they are).
+        name: where it came from.
+    """
+
+    def __init__(self, model: nn.Module, name: str = "model") -> None:
+        super().__init__()
+        unrouted = unrouted_attention(model)
+        if unrouted:
+            raise ValueError(
+                f"{name}: {unrouted[0]} computes attention without transformers' AttentionInterface; "
+                f"attnlab cannot show its weights"
+            )
+        register()
+        model.set_attn_implementation(BACKEND_NAME)
+        self.model, self.name = model, name
+        self.config = model.config
+        self.sites = attention_sites(model)
+        serve_as_attention({site.module: site.heads for site in self.sites})  # for the model's lifetime
+        labels = getattr(model.config, "id2label", None) or {}
+        self.label_names = [str(labels[index]) for index in sorted(labels)] if len(labels) > 1 else None
+
+    @property
+    def is_causal(self) -> bool:
+        return any(getattr(site.module, "is_causal", False) for site in self.sites if not site.cross)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=None if mask is None else mask.long(), **kwargs)
+
+    def __repr__(self) -> str:
+        return f"TransformersModel({type(self.model).__name__} from {self.name}, served by attnlab's attention)"
+
+
+def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") -> TransformersModel:
+    """Open ``directory`` with transformers (the class its config names) under attnlab's attention.
+
+    Args:
+        directory: a HuggingFace directory (``config.json`` and safetensors, sharded or not).
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's own).
+
+    Raises:
+        ImportError: transformers is not installed (the message names the extra).
+        ValueError: ``dtype`` is not one of those, or the architecture is unknown to transformers.
+    """
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError(
+            "opening a model attnlab does not re-implement needs transformers: pip install 'attnlab[hf]'"
+        ) from error
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join([*_DTYPES, 'auto'])}, got {dtype!r}")
+    config = transformers.AutoConfig.from_pretrained(directory)
+    architectures = getattr(config, "architectures", None) or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        model_class = transformers.AutoModel
+    model = model_class.from_pretrained(
+        directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa"
+    )
+    return TransformersModel(model.eval(), name=str(directory))

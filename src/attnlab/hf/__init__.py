@@ -15,7 +15,7 @@ Every attention module whose model calls ``transformers.AttentionInterface`` is 
 
 from .attribution import TransformersClassifier, explain_tokens
 from .backend import AttachedModel, attach
-from ._kernel import BACKEND_NAME, UnsupportedAttention
+from ._kernel import BACKEND_NAME, UnsupportedAttention, attnlab_attention_forward
 from ._sites import AttentionSite, attention_sites
 
 __all__ = [
@@ -26,5 +26,6 @@ __all__ = [
     "UnsupportedAttention",
     "attach",
     "attention_sites",
+    "attnlab_attention_forward",
     "explain_tokens",
 ]

@@ -1,0 +1,238 @@
+"""attnlab as transformers' attention backend: statistics, gradients, head masks, generation,
+restoring the model, refusals — against transformers' eager implementation and attnlab's own
+models of the same weights. The 25-architecture parity suite is tests/parity/test_hf_backend_parity.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+import attnlab  # noqa: E402
+import attnlab.hf as hf  # noqa: E402
+from attnlab.hf import backend  # noqa: E402
+from attnlab.inspect import HeadStatistics, attribute_tokens, capture_attention, mask_heads  # noqa: E402
+from attnlab.inspect.compute.causal_statistics import CausalStatistics  # noqa: E402
+
+
+def _llama(layers: int = 3) -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _bert_classifier() -> nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_labels=3, max_position_embeddings=64,
+    )
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def _left_padded() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(1, 100, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    return ids, mask
+
+
+def _eager(model: nn.Module, **inputs):
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return model(**inputs, output_attentions=True)
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("block_cells", [None, 40])  # whole maps, and blocks of one or two query rows
+def test_statistics_mode_equals_the_statistics_of_eager_weights(monkeypatch, block_cells):
+    model = _llama()
+    ids, mask = _left_padded()
+    if block_cells is not None:
+        monkeypatch.setattr(backend, "_STATISTICS_BLOCK_CELLS", block_cells)
+    with torch.no_grad(), hf.attach(model, statistics=True, token_groups={"first": [int(ids[0, 0])]}) as seen:
+        model(input_ids=ids, attention_mask=mask)
+    assert seen.attentions.keys() == (), "statistics mode keeps no map"
+    eager = _eager(model, input_ids=ids, attention_mask=mask)
+    expected, causal = HeadStatistics(token_groups={"first": [int(ids[0, 0])]}), CausalStatistics()
+    real = mask.bool()
+    for index, weights in enumerate(eager.attentions):
+        expected.update(f"layer_{index + 1}", weights, real, real, input_ids=ids)
+        causal.update(f"layer_{index + 1}", weights, real)
+    got, want = seen.statistics(), expected.means()
+    for layer in want:
+        for name, values in want[layer].items():
+            assert got[layer][name] == pytest.approx(values, abs=1e-5), (layer, name)
+        assert got[layer]["sink_mass"] == pytest.approx(causal.means()["sink_mass"][layer], abs=1e-6)
+    assert seen.row_counts() == expected.row_counts()
+
+
+def test_chosen_layers_and_heads_only_and_outputs_equal_sdpa():
+    model = _llama()
+    ids, mask = _left_padded()
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask).logits
+        with hf.attach(model, layers=[2], heads=[1, 3]) as seen:
+            logits = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(logits, reference, atol=1e-6)
+    assert list(seen.attentions.keys()) == ["layer_2"]
+    eager = _eager(model, input_ids=ids, attention_mask=mask).attentions[1][:, [1, 3]]
+    got = seen.attentions["layer_2"]
+    assert got.shape == eager.shape
+    rows = mask.bool()[:, None, :, None]  # left padding: padded query rows have no key
+    assert torch.allclose(torch.where(rows, got, 0.0), torch.where(rows, eager, 0.0), atol=1e-6)
+
+
+def test_weights_carry_gradients_when_asked():
+    model = _llama(layers=2)
+    ids, mask = _left_padded()
+    with hf.attach(model, layers="all", grad=True) as seen:
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    weights = seen.attentions["layer_1"]
+    (gradient,) = torch.autograd.grad(logits[0, -1, 5], weights)
+    assert gradient.abs().sum() > 0
+    with hf.attach(model, layers="all") as seen:
+        model(input_ids=ids, attention_mask=mask)
+    assert not seen.attentions["layer_1"].requires_grad
+
+
+def test_model_is_left_as_it_was_even_when_the_forward_fails():
+    model = _llama(layers=2)
+    before = model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="boom"):
+        with hf.attach(model, layers=[1]):
+            raise RuntimeError("boom")
+    assert model.config._attn_implementation == before
+    assert backend.route_of(model.model.layers[0].self_attn) is None
+    with pytest.raises(ValueError, match="no attention layer 'layer_9'"):
+        with hf.attach(model, layers=["layer_9"]):
+            pass
+    assert model.config._attn_implementation == before
+
+
+def test_head_mask_equals_attnlabs_own_llama_of_the_same_weights(tmp_path):
+    model = _llama(layers=2)
+    model.save_pretrained(tmp_path)
+    ours = attnlab.load(tmp_path).model.eval()
+    ids = torch.randint(1, 100, (1, 7))
+    with torch.no_grad():
+        with mask_heads(ours, {"layer_2": [1]}):
+            expected = ours(ids).logits
+        with hf.attach(model, head_mask={"layer_2": [1]}):
+            got = model(input_ids=ids).logits
+        with hf.attach(model), mask_heads(model, {"layer_2": [1]}):  # attnlab's mask_heads on served modules
+            also = model(input_ids=ids).logits
+        plain = model(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(also, expected, atol=1e-5)
+    assert not torch.allclose(plain, expected, atol=1e-3), "the masked head must matter"
+
+
+def test_capture_attention_on_served_modules_equals_attnlabs_own_llama(tmp_path):
+    model = _llama(layers=2)
+    model.save_pretrained(tmp_path)
+    ours = attnlab.load(tmp_path).model.eval()
+    ids = torch.randint(1, 100, (1, 7))
+    with torch.no_grad(), capture_attention(ours) as expected:
+        ours(ids)
+    with torch.no_grad(), hf.attach(model), capture_attention(model) as got:
+        model(input_ids=ids)
+    for name in expected.attentions:
+        assert torch.allclose(got.attentions[name], expected.attentions[name], atol=1e-6)
+
+
+def test_explain_methods_equal_attnlabs_own_bert_of_the_same_weights(tmp_path):
+    model = _bert_classifier()
+    model.save_pretrained(tmp_path)
+    ours = attnlab.load(tmp_path).model.eval()
+    ids = torch.randint(1, 100, (1, 6))
+    methods = ["raw", "rollout", "flow", "grad-attention", "integrated-gradients"]
+    got = hf.explain_tokens(model, ids, methods, steps=16)
+    expected = attribute_tokens(ours, ids, methods, steps=16)
+    for method in methods:
+        assert torch.allclose(got.scores[method], expected.scores[method], atol=1e-5), method
+    assert torch.equal(got.target, expected.target)
+    with pytest.raises(ValueError, match="relevance"):
+        hf.explain_tokens(model, ids, ["relevance"])
+
+
+def test_generate_gives_every_steps_weights_equal_to_eager():
+    model = _llama(layers=2)
+    ids, mask = _left_padded()
+    options = dict(max_new_tokens=3, do_sample=False, output_attentions=True, return_dict_in_generate=True,
+                   pad_token_id=0)
+    with torch.no_grad(), hf.attach(model):
+        ours = model.generate(input_ids=ids, attention_mask=mask, **options)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model.generate(input_ids=ids, attention_mask=mask, **options)
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(ours.sequences, eager.sequences)
+    assert len(ours.attentions) == 3
+    for step_ours, step_eager in zip(ours.attentions, eager.attentions):
+        for got, want in zip(step_ours, step_eager):
+            real = torch.isfinite(want).all(-1, keepdim=True) & (want.sum(-1, keepdim=True) > 0)
+            rows = real & ~(want.std(-1, keepdim=True) == 0)  # eager spreads key-less rows uniformly
+            assert torch.allclose(torch.where(rows, got, 0.0), torch.where(rows, want, 0.0), atol=1e-5)
+
+
+class _HandWrittenAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x
+
+
+def test_refusals_name_the_module_and_the_keyword():
+    model = _llama(layers=1)
+    model.extra = _HandWrittenAttention()
+    with pytest.raises(ValueError, match=r"extra \(_HandWrittenAttention\) computes attention without"):
+        with hf.attach(model):
+            pass
+    del model.extra
+    module = model.model.layers[0].self_attn
+    query = torch.randn(1, 4, 3, 8)
+    key = value = torch.randn(1, 2, 3, 8)
+    with pytest.raises(hf.UnsupportedAttention, match="LlamaAttention passed 'rope_deltas'"):
+        hf.attnlab_attention_forward(module, query, key, value, None, rope_deltas=torch.zeros(1))
+    with pytest.raises(TypeError, match="transformers model"):
+        with hf.attach(nn.Linear(2, 2)):
+            pass
+
+
+def test_open_transformers_and_inspect_command_on_an_architecture_attnlab_does_not_reimplement(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from attnlab.cli import main
+
+    config = transformers.Qwen3Config(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+    )
+    transformers.Qwen3ForCausalLM(config).save_pretrained(tmp_path / "qwen3")
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 40)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "qwen3" / "tokenizer.json"))
+    assert main(["inspect", "--model", str(tmp_path / "qwen3"), "--text", "w1 w2 w3 w4",
+                 "--out", str(tmp_path / "out"), "--format", "png"]) == 0
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "layer_2.png").is_file()
+    assert main(["analyze", "--model", str(tmp_path / "qwen3"), "--data", str(_texts(tmp_path)),
+                 "--out", str(tmp_path / "analysis"), "--no-progress"]) == 0
+    import json
+
+    statistics = json.loads((tmp_path / "analysis" / "statistics.json").read_text())
+    assert statistics["layers"] == ["layer_1", "layer_2"] and "sink_mass" in statistics["statistics"]
+
+
+def _texts(tmp_path):
+    path = tmp_path / "texts.csv"
+    path.write_text("text\nw1 w2 w3 w4\nw5 w6 w7\nw8 w9 w10 w11 w12\n", encoding="utf-8")
+    return path

@@ -61,15 +61,6 @@ def _unsupported_keywords(module: nn.Module, kwargs: dict[str, Any]) -> None:
         )
 
 
-def _repeat_heads(states: Tensor, groups: int) -> Tensor:
-    """``[B, K, S, D]`` -> ``[B, K * groups, S, D]``, each key-value head serving ``groups``
-    consecutive query heads (transformers' ``repeat_kv``)."""
-    if groups == 1:
-        return states
-    B, K, S, D = states.shape
-    return states[:, :, None].expand(B, K, groups, S, D).reshape(B, K * groups, S, D)
-
-
 def _query_rows(tensor: Optional[Tensor], rows: slice) -> Optional[Tensor]:
     """The rows ``rows`` of a ``[.., T|1, S]`` mask or bias (broadcast rows stay as they are)."""
     if tensor is None or tensor.shape[-2] == 1:
@@ -109,9 +100,11 @@ def exact_attention(
         ``(output [B, T, H, D], weights [B, H, T, S] or None)``.
     """
     B, H, T, D = query.shape
-    groups = H // key.shape[1]
-    key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)  # [B, H, S, D]
-    S = key.shape[2]
+    K, S = key.shape[1], key.shape[2]
+    groups = H // K
+    # Grouped heads multiply their shared keys and values through broadcasting instead of
+    # copies of them (transformers' repeat_kv): query [B, K, g, t, D] against key [B, K, 1, S, D].
+    key, value = key[:, :, None], value[:, :, None]  # [B, K, 1, S, D]
     scaling = 1.0 / math.sqrt(D) if scaling is None else scaling
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.float()
@@ -119,48 +112,59 @@ def exact_attention(
     outputs, kept = [], []
     for start in range(0, T, step):
         rows = slice(start, min(T, start + step))
-        # the softmax runs in float32, as transformers' eager functions do
-        scores = (torch.matmul(query[:, :, rows], key.transpose(2, 3)) * scaling).float()  # [B, H, t, S]
-        if softcap is not None:
+        t = rows.stop - rows.start
+        block = query[:, :, rows].reshape(B, K, groups, t, D)
+        # the softmax runs in float32, as transformers' eager functions do; every step on
+        # the [B, H, t, S] scores works in place (a fresh tensor of that size per step
+        # costs page faults on top of the pass itself)
+        scores = torch.matmul(block, key.transpose(-2, -1)).reshape(B, H, t, S).mul_(scaling).float()
+        if softcap is not None:  # out of place: tanh keeps its output for the backward
             scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
-            scores = scores + _query_rows(position_bias, rows)
-        allowed = None
+            scores.add_(_query_rows(position_bias, rows))
+        allowed, additive_mask = None, False
         if attention_mask is not None:
             block_mask = _query_rows(attention_mask, rows)
             if block_mask.dtype == torch.bool:
                 allowed = block_mask
             else:
-                scores = scores + block_mask
+                scores.add_(block_mask)
+                additive_mask = True
         if causal:
             positions = torch.arange(start, rows.stop, device=query.device)[:, None]  # [t, 1]
             below = torch.arange(S, device=query.device)[None, :] <= positions  # [t, S]
             allowed = below if allowed is None else allowed & below
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        # rows without an admissible key: finite scores for the softmax, zero weights after
-        empty = torch.isneginf(scores).all(-1, keepdim=True)  # [B, H, t, 1]
+        if allowed is not None:  # as 0 / -inf: a broadcast add is faster than a broadcast masked_fill
+            scores.add_(torch.zeros(allowed.shape, dtype=scores.dtype, device=scores.device)
+                        .masked_fill_(~allowed, float("-inf")))
+        # Rows without an admissible key get finite scores for the softmax and zero weights
+        # after it; read from the (head-broadcast) mask where that is all there is.
+        if allowed is not None and not additive_mask and position_bias is None:
+            empty = ~allowed.any(-1, keepdim=True)  # [B|1, 1|H, t, 1]: only the mask can empty a row
+        else:
+            empty = torch.isneginf(scores).all(-1, keepdim=True)  # [B, H, t, 1]
         has_empty = bool(empty.any())
         if has_empty:
-            scores = scores.masked_fill(empty, 0.0)
+            scores.masked_fill_(empty, 0.0)
         if sinks is not None:
-            sink = sinks.reshape(1, H, 1, 1).to(scores.dtype).expand(B, H, scores.shape[2], 1)
+            sink = sinks.reshape(1, H, 1, 1).to(scores.dtype).expand(B, H, t, 1)
             combined = torch.cat([scores, sink], dim=-1)
             combined = combined - combined.max(dim=-1, keepdim=True).values
             weights = F.softmax(combined, dim=-1)[..., :-1]
         else:
             weights = F.softmax(scores, dim=-1)
+        del scores
         if has_empty:
             weights = weights.masked_fill(empty, 0.0)
         weights = weights.to(query.dtype)
         if dropout > 0.0 and module.training:
             weights = F.dropout(weights, p=dropout)
-        outputs.append(torch.matmul(weights, value))  # [B, H, t, D]
+        grouped = weights.reshape(B, K, groups, t, S)
+        outputs.append(torch.matmul(grouped, value).reshape(B, H, t, -1))  # [B, H, t, D]
         if on_weights is not None:
             keep = on_weights(weights, start, T)
             if keep is not None:
                 kept.append(keep)
-        del scores
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     weights = None if not kept else (kept[0] if len(kept) == 1 else torch.cat(kept, dim=2))
     return output.transpose(1, 2).contiguous(), weights  # [B, T, H, D]

@@ -36,14 +36,16 @@ BACKEND_NAME = "attnlab"
 
 # Keywords that reach the attention function and change nothing in its arithmetic:
 # bookkeeping of the model call, or already encoded in the mask that transformers
-# builds for this backend (the sliding window, packed sequences).
+# builds for this backend (the sliding window, packed sequences), or a flag of another
+# kernel (``deterministic``: flash-attn's deterministic backward, which ModernBERT passes
+# to every backend).
 _IGNORED = frozenset({
     "output_attentions", "output_hidden_states", "use_cache", "return_dict", "cache_position",
     "position_ids", "past_key_values", "past_key_value", "layer_idx", "sliding_window",
     "token_type_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
     "position_embeddings", "layer_head_mask", "is_causal", "encoder_hidden_states",
     "encoder_attention_mask", "output_router_logits", "logits_to_keep", "labels",
-    "query_length", "dropout_p", "target_dtype", "attention_type", "q_len", "kv_len",
+    "query_length", "dropout_p", "target_dtype", "attention_type", "q_len", "kv_len", "deterministic",
 })
 
 

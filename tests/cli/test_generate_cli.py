@@ -118,3 +118,16 @@ def test_every_entry_point_opens_the_decoder(llama_dir):
     assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)
     with pytest.raises(TypeError, match="not a TransformerEncoder"):
         __import__("attnlab").TransformerEncoder.from_pretrained(llama_dir)
+
+
+def test_explain_on_a_decoder_reads_the_last_tokens_attention(llama_dir, tmp_path, capsys):
+    # Regression: a decoder was explained at row 0 (which sees only itself): [1, 0, 0, ...].
+    out = tmp_path / "explained"
+    assert main(["explain", "--model", str(llama_dir), "--text", "the cat sat on", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "last token" in printed
+    explanation = json.loads((out / "explanation.json").read_text())
+    assert "last token" in explanation["explained_position"] and "'on'" in explanation["explained_position"]
+    for method in ("raw", "rollout", "flow"):
+        scores = explanation["scores"][method]
+        assert scores[0] < 0.99 and sum(value > 0 for value in scores) == len(scores), (method, scores)

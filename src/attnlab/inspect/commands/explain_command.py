@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..compute.attribution_target import is_causal_model
     from .explain_text import explain, write_explanation
     from .resolve import max_length_for, resolve_model
 
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
+    if is_causal_model(resolved.model):
+        print("note: a causal decoder: the scores are the last token's attention (what predicts the next token)")
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     explanation = explain(
         resolved.model,

@@ -131,3 +131,18 @@ def test_explain_on_a_decoder_reads_the_last_tokens_attention(llama_dir, tmp_pat
     for method in ("raw", "rollout", "flow"):
         scores = explanation["scores"][method]
         assert scores[0] < 0.99 and sum(value > 0 for value in scores) == len(scores), (method, scores)
+
+
+def test_every_model_command_takes_a_gguf_file_as_attnlab_load_does(tiny_gguf, tmp_path, capsys):
+    # Regression: --model file.gguf was refused ("must be a run/checkpoint directory or a pretrained name").
+    assert main(["generate", "--model", str(tiny_gguf), "--prompt", "ab abc", "--max-new-tokens", "3"]) == 0
+    assert main(["inspect", "--model", str(tiny_gguf), "--text", "ab abc", "--out", str(tmp_path / "seen"),
+                 "--format", "png"]) == 0
+    assert (tmp_path / "seen" / "report.html").is_file()
+    capsys.readouterr()
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    try:
+        code = main(["generate", "--model", str(tmp_path / "notes.txt"), "--prompt", "ab"])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2 and ".gguf" in capsys.readouterr().err

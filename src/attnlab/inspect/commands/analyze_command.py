@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def _heads(value: str) -> tuple[str, list[int]]:
     """``LAYER:H,H`` with layers and heads numbered from 1, as in every report and file;
@@ -22,7 +24,7 @@ def _heads(value: str) -> tuple[str, list[int]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -12,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="models",
         metavar="MODEL",
-        help="run, checkpoint or pretrained directory or name; give it twice (A, then B)",
+        help=MODEL_HELP + "; give it twice (A, then B)",
     )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ..compute.token_attribution import METHODS
+from .resolve import MODEL_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--text", required=True, help="the text to explain")
     parser.add_argument("--out", required=True, help="output directory")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def _window(value: str) -> tuple[int, int]:
     try:
@@ -15,7 +17,7 @@ def _window(value: str) -> tuple[int, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--text", required=True, help="the text to inspect")
     parser.add_argument("--out", required=True, help="output directory")

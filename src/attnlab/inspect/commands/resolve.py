@@ -1,8 +1,9 @@
 """Find the model and tokenizer that ``--model`` names: a run, a checkpoint, a pretrained dir or name.
 
 Everything goes through :func:`attnlab.load` (one loader, one set of rules): an attnlab
-run or checkpoint directory, a HuggingFace directory, or a packaged name such as
-``minilm``. The loader is imported only when used.
+run or checkpoint directory, a HuggingFace directory, a ``.gguf`` file, or a packaged name
+such as ``minilm`` or ``smollm2``; every command that takes ``--model`` takes what
+``attnlab.load`` takes. The loader is imported only when used.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["ResolvedModel", "max_length_for", "resolve_model"]
+__all__ = ["MODEL_HELP", "ResolvedModel", "max_length_for", "resolve_model"]
+
+MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
+              "a .gguf file, or a packaged name (minilm, smollm2)")
 
 
 @dataclass
@@ -43,11 +47,7 @@ def resolve_model(spec: str) -> ResolvedModel:
     """
     path = Path(spec)
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
-        raise FileNotFoundError(f"--model {spec!r}: no such directory")
-    if path.is_file():
-        raise ValueError(
-            f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
-        )
+        raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
     from ...models.loading import detect_format, load
 
     kind = detect_format(spec)

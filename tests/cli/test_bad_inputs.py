@@ -4,6 +4,7 @@ and nothing written that would block the corrected command."""
 from __future__ import annotations
 
 import json
+import os
 import string
 from pathlib import Path
 
@@ -105,6 +106,69 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["image-attention", "--run", model, "--out", out], "not an image_text"),
         (["image-attention", "--run", str(root / "missing"), "--out", out], "does not exist"),
     ]
+
+
+def _output_cases(files: dict[str, Path], place: str) -> list[list[str]]:
+    """Every command with ``place`` as the output it writes."""
+    root, model = files["root"], str(files["model"])
+    data = str(root / "texts.txt")
+    return [
+        ["train", "--out", place, "--data", data],
+        ["demo", "--out", place],
+        ["inspect", "--model", model, "--text", "hi", "--out", place],
+        ["analyze", "--model", model, "--data", data, "--out", place],
+        ["explain", "--model", model, "--text", "hi", "--out", place],
+        ["generate", "--model", model, "--prompt", "hi", "--report", place],
+        ["compare", "--model", model, "--model", model, "--data", data, "--out", place],
+        ["image-attention", "--run", model, "--out", place],
+    ]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str], str]:
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, [line for line in captured.err.splitlines() if line.strip()], captured.err
+
+
+def test_every_commands_output_is_checked_before_any_work(files, capsys, monkeypatch):
+    # Regression: an --out / --report that is a file, lies under a file or cannot be written
+    # ended in FileExistsError / NotADirectoryError / PermissionError tracebacks, after the work.
+    root = files["root"]
+    (root / "texts.txt").write_text("a fine film\ndull and long\n", encoding="utf-8")
+    locked = root / "locked"
+    locked.mkdir(exist_ok=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if Path(path) == locked else real_access(path, mode, **kw)))  # also when tests run as root
+    expectations = {
+        str(root / "a_file.txt"): "is a file",
+        str(root / "a_file.txt" / "sub"): "lies under the file",
+        str(locked / "sub"): "may not write",
+    }
+    failures = []
+    for place, expected in expectations.items():
+        for argv in _output_cases(files, place):
+            code, lines, err = _run(argv, capsys)
+            if code != 2 or len(lines) != 1 or "Traceback" in err or expected not in lines[0]:
+                failures.append(f"{' '.join(argv)} -> exit {code}, stderr {err!r}")
+    assert not failures, "\n".join(failures)
+    assert not any(locked.iterdir())
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_an_output_under_a_read_only_directory_is_refused(files, tmp_path, capsys):
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code, lines, _ = _run(["explain", "--model", str(files["model"]), "--text", "hi", "--out",
+                               str(locked / "why")], capsys)
+    finally:
+        locked.chmod(0o755)
+    assert code == 2 and len(lines) == 1 and "may not write" in lines[0]
 
 
 def test_every_command_answers_bad_input_with_one_line_and_exit_2(files, capsys):

@@ -37,16 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from ..._files import check_output_dir
     from ..compute.attribution_target import is_causal_model
     from .explain_text import explain, write_explanation
     from .resolve import max_length_for, resolve_model
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    if Path(args.out).is_file():
-        raise ValueError(f"--out {args.out} is a file; name a directory for explanation.json, .png and .html")
+    check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model)
     methods = args.methods
     if methods is None:

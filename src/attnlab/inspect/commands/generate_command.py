@@ -31,12 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
+    from ..._files import check_output_dir
     from ...models.decoder.gguf_tokenizer import chat_prompt
     from .generate_text import generate_text
     from .resolve import resolve_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.report is not None:
+        check_output_dir(args.report, "--report", "report.html, generation.json and statistics.json")
     resolved = resolve_model(args.model)
     prompt = args.prompt
     if args.chat:

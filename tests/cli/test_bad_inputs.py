@@ -45,6 +45,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "data.xlsx").write_bytes(b"PK\x03\x04")
     (root / "latin1.csv").write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
     (root / "garbage.toml").write_text("[train\nepochs = ", encoding="utf-8")
+    labelled = "".join(f"{text},{'pos' if index % 2 else 'neg'}\n" for index, text in enumerate(TEXTS))
+    (root / "labelled.csv").write_text("text,label\n" + labelled, encoding="utf-8")
+    (root / "three_rows.csv").write_text("text,label\nfine,pos\ndull,neg\ngreat,pos\n", encoding="utf-8")
+    (root / "one_label.csv").write_text("text,label\n" + "a fine film,pos\n" * 20, encoding="utf-8")
+    (root / "t5").mkdir()
+    (root / "t5" / "config.json").write_text('{"model_type": "t5", "d_model": 32}', encoding="utf-8")
+    stale = root / "stale_run"
+    stale.mkdir()
+    (stale / "config.json").write_text(json.dumps(
+        {"model": {}, "data": {"validation_fraction": 0.0}, "train": {}}), encoding="utf-8")
     mine = root / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my own file\n", encoding="utf-8")
@@ -72,6 +82,18 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--resume", "--overwrite"], "pass one of them"),
         (["train", "--out", str(root / "mine")], "--overwrite"),
         (["train", "--epochs", "3"], "unrecognized arguments"),
+        # sizes and data checked before anything is written (each used to train, then fail, or leave files)
+        (["train", "--out", out, "--set", "data.max_length=1000000000"], "data.max_length=1000000000"),
+        (["train", "--out", out, "--set", "data.validation_fraction=0"], "data.validation_fraction"),
+        (["train", "--out", out, "--set", "data.test_fraction=1.5"], "data.test_fraction"),
+        (["train", "--out", out, "--data", str(root / "three_rows.csv")], "empty validation split"),
+        (["train", "--out", out, "--data", str(root / "one_label.csv")], "at least two labels"),
+        (["train", "--out", out, "--data", str(root / "labelled.csv"), "--set", 'data.labels=["good", "bad"]'],
+         "unknown labels"),
+        (["train", "--out", out, "--set", f"model.pretrained={json.dumps(str(root / 't5'))}"], "'t5'"),
+        (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "data.max_length=100000"],
+         "512 positions"),
+        (["train", "--out", str(root / "stale_run"), "--resume"], "data.validation_fraction"),
         (["demo", "--out", str(root / "a_file.txt")], "is a file"),
         (["demo", "--out", str(root / "mine")], "--overwrite"),
         (["demo", "--out", out, "--set", "train.epochs=x"], "epochs"),
@@ -94,6 +116,7 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "layer_9"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--method", "lime"], "invalid choice"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
+        (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--target", "happy"], "'happy'"),
         (["explain", "--model", model, "--text", "   ", "--out", out], "non-empty"),
         (["explain", "--model", model, "--text", "hi", "--out", str(root / "a_file.txt")], "is a file"),
@@ -276,3 +299,38 @@ def test_version():
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
+
+
+def test_generate_refuses_more_tokens_than_the_context_and_options_greedy_ignores(tiny_gguf, tmp_path, capsys):
+    # Regression: --max-new-tokens 1000000000 allocated a cache of that many positions
+    # (768 GB for smollm2), and --temperature without --sample was silently ignored.
+    report = tmp_path / "report"
+    cases = [
+        (["--max-new-tokens", "1000000000", "--report", str(report)], "context of 64 positions; ask for at most"),
+        (["--temperature", "0.5"], "--temperature shape(s) sampling"),
+        (["--top-k", "3", "--seed", "1"], "add --sample"),
+    ]
+    for extra, expected in cases:
+        code, lines, err = _run(["generate", "--model", str(tiny_gguf), "--prompt", "ab abc", *extra], capsys)
+        assert code == 2 and len(lines) == 1 and expected in lines[0], err
+    assert not report.exists()
+
+
+def test_sizes_past_the_limits_are_refused_in_python_before_any_allocation():
+    from attnlab import PositionalEncoding
+    from attnlab.layers.decoder_config import DecoderConfig
+    from attnlab.models.decoder import DecoderForCausalLM
+
+    with pytest.raises(ValueError, match=r"max_len=1000000000\).* needs about .* GiB of memory"):
+        PositionalEncoding(128, max_len=10**9)
+    model = DecoderForCausalLM(DecoderConfig(vocab_size=20, d_model=8, num_layers=1, num_heads=2, d_ff=16,
+                                             max_len=32)).eval()
+    with pytest.raises(ValueError, match="context of 32 positions.*at most 29 new tokens"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=10**7)
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    assert model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=29).sequences.shape == (1, 32)
+    from attnlab.inspect.compute.integrated_gradients import integrated_gradients
+
+    with pytest.raises(ValueError, match="steps=100000 is more than 1000"):  # numpy asked for 74.5 GiB
+        integrated_gradients(torch.nn.Identity(), torch.zeros(1, 3, dtype=torch.long), steps=100_000)

@@ -39,11 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ..compute.attribution_target import is_causal_model
+    from ..compute.integrated_gradients import MAX_STEPS
     from .explain_text import explain, write_explanation
     from .resolve import max_length_for, resolve_model
 
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
+                         f"50-300 is usual), got {args.steps}")
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model)
     methods = args.methods

@@ -24,3 +24,57 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     compilers = ("c++", "g++", "clang++")
     if item.get_closest_marker("needs_cxx") and not any(shutil.which(name) for name in compilers):
         pytest.skip("torch.compile on CPU needs a C++ compiler")
+
+
+def _llama_cpp_permute(weight, heads):
+    """llama.cpp's convert_hf_to_gguf permutation of a query or key projection."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A float32 GGUF file of a tiny random Llama (vocabulary 40, 2 layers, context 64), with a
+    byte-level BPE tokenizer in its metadata; made by transformers and gguf at test time."""
+    transformers = pytest.importorskip("transformers", reason="the tiny model is made with transformers")
+    gguf = pytest.importorskip("gguf", reason="reading GGUF needs the gguf package (pip install gguf)")
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                      hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True)
+    state = transformers.LlamaForCausalLM(config).state_dict()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(48)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *"abcdefghijklmnopqrstuvwxyz",
+              "Ġ", "ab", "Ġa", "abc", "Ġab", *(f"x{index}" for index in range(6))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(["a b", "Ġ a", "ab c", "Ġa b"])
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy())
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.o_proj": "attn_output", "self_attn.v_proj": "attn_v", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(2):
+        for hf, ours in names.items():
+            writer.add_tensor(f"blk.{i}.{ours}.weight", state[f"model.layers.{i}.{hf}.weight"].numpy())
+        for part, heads in (("q", 4), ("k", 2)):
+            weight = _llama_cpp_permute(state[f"model.layers.{i}.self_attn.{part}_proj.weight"], heads)
+            writer.add_tensor(f"blk.{i}.attn_{part}.weight", weight.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

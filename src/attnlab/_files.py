@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 __all__ = [
     "CorruptFileError", "json_dumps", "write_json", "read_json", "check_safetensors", "load_safetensors",
-    "load_safetensors_into", "follow_umask",
+    "load_safetensors_into", "follow_umask", "check_output_dir",
 ]
 
 
@@ -149,3 +149,36 @@ def follow_umask(path: Union[str, Path]) -> None:
     a model's weights should be as readable as the rest of its directory.
     """
     os.chmod(path, 0o666 & ~_umask())
+
+
+def check_output_dir(path: Union[str, Path], option: str = "--out", contents: str = "the results") -> Path:
+    """Check, before any work, that ``path`` can be made (or used) as an output directory.
+
+    Nothing is created: the path is either a directory already, or its nearest existing
+    ancestor is a directory this process may write into.
+
+    Args:
+        path: the output directory.
+        option: how the user named it (``--out``, ``--report``), for the message.
+        contents: what goes there, for the message.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: ``path`` is a file, lies under a file, or under a directory this process
+            cannot write into; the message names the place and what to do.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file; name a directory (new or existing) for {contents}")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path} lies under the file {existing}, so no directory can be made there; "
+                         f"choose another {option}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "into it" if existing == path else f"into {existing}, where it would be made"
+        raise ValueError(f"{option} {path}: this user may not write {where}; choose another {option}")
+    return path

@@ -70,6 +70,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError) as error:
+        # a path the user named that cannot be used; commands check their outputs up front,
+        # so this is a last line of defence (the path changed while the command ran)
+        print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ and nothing written that would block the corrected command."""
 from __future__ import annotations
 
 import json
+import os
 import string
 from pathlib import Path
 
@@ -44,6 +45,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "data.xlsx").write_bytes(b"PK\x03\x04")
     (root / "latin1.csv").write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
     (root / "garbage.toml").write_text("[train\nepochs = ", encoding="utf-8")
+    labelled = "".join(f"{text},{'pos' if index % 2 else 'neg'}\n" for index, text in enumerate(TEXTS))
+    (root / "labelled.csv").write_text("text,label\n" + labelled, encoding="utf-8")
+    (root / "three_rows.csv").write_text("text,label\nfine,pos\ndull,neg\ngreat,pos\n", encoding="utf-8")
+    (root / "one_label.csv").write_text("text,label\n" + "a fine film,pos\n" * 20, encoding="utf-8")
+    (root / "t5").mkdir()
+    (root / "t5" / "config.json").write_text('{"model_type": "t5", "d_model": 32}', encoding="utf-8")
+    stale = root / "stale_run"
+    stale.mkdir()
+    (stale / "config.json").write_text(json.dumps(
+        {"model": {}, "data": {"validation_fraction": 0.0}, "train": {}}), encoding="utf-8")
     mine = root / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my own file\n", encoding="utf-8")
@@ -71,10 +82,22 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--resume", "--overwrite"], "pass one of them"),
         (["train", "--out", str(root / "mine")], "--overwrite"),
         (["train", "--epochs", "3"], "unrecognized arguments"),
+        # sizes and data checked before anything is written (each used to train, then fail, or leave files)
+        (["train", "--out", out, "--set", "data.max_length=1000000000"], "data.max_length=1000000000"),
+        (["train", "--out", out, "--set", "data.validation_fraction=0"], "data.validation_fraction"),
+        (["train", "--out", out, "--set", "data.test_fraction=1.5"], "data.test_fraction"),
+        (["train", "--out", out, "--data", str(root / "three_rows.csv")], "empty validation split"),
+        (["train", "--out", out, "--data", str(root / "one_label.csv")], "at least two labels"),
+        (["train", "--out", out, "--data", str(root / "labelled.csv"), "--set", 'data.labels=["good", "bad"]'],
+         "unknown labels"),
+        (["train", "--out", out, "--set", f"model.pretrained={json.dumps(str(root / 't5'))}"], "'t5'"),
+        (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "data.max_length=100000"],
+         "512 positions"),
+        (["train", "--out", str(root / "stale_run"), "--resume"], "data.validation_fraction"),
         (["demo", "--out", str(root / "a_file.txt")], "is a file"),
         (["demo", "--out", str(root / "mine")], "--overwrite"),
         (["demo", "--out", out, "--set", "train.epochs=x"], "epochs"),
-        (["inspect", "--model", str(root / "missing"), "--text", "hi", "--out", out], "no such directory"),
+        (["inspect", "--model", str(root / "missing"), "--text", "hi", "--out", out], "no such file or directory"),
         (["inspect", "--model", str(root / "empty"), "--text", "hi", "--out", out], "holds no model"),
         (["inspect", "--model", str(files["truncated"]), "--text", "hi", "--out", out], "model.safetensors"),
         (["inspect", "--model", str(files["garbage"]), "--text", "hi", "--out", out], "config.json"),
@@ -93,18 +116,82 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "layer_9"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--method", "lime"], "invalid choice"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
+        (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--target", "happy"], "'happy'"),
         (["explain", "--model", model, "--text", "   ", "--out", out], "non-empty"),
         (["explain", "--model", model, "--text", "hi", "--out", str(root / "a_file.txt")], "is a file"),
         (["compare", "--model", model, "--data", "rotten_tomatoes", "--out", out], "exactly twice"),
         (["compare", "--model", model, "--model", str(root / "missing"), "--data", "rotten_tomatoes",
-          "--out", out], "no such directory"),
+          "--out", out], "no such file or directory"),
         (["compare", "--model", model, "--model", model, "--data", "rotten_tomatoes", "--out", out,
           "--limit", "0"], "--limit"),
         (["image-attention", "--run", model, "--out", out, "--examples", "0"], "--examples"),
         (["image-attention", "--run", model, "--out", out], "not an image_text"),
         (["image-attention", "--run", str(root / "missing"), "--out", out], "does not exist"),
     ]
+
+
+def _output_cases(files: dict[str, Path], place: str) -> list[list[str]]:
+    """Every command with ``place`` as the output it writes."""
+    root, model = files["root"], str(files["model"])
+    data = str(root / "texts.txt")
+    return [
+        ["train", "--out", place, "--data", data],
+        ["demo", "--out", place],
+        ["inspect", "--model", model, "--text", "hi", "--out", place],
+        ["analyze", "--model", model, "--data", data, "--out", place],
+        ["explain", "--model", model, "--text", "hi", "--out", place],
+        ["generate", "--model", model, "--prompt", "hi", "--report", place],
+        ["compare", "--model", model, "--model", model, "--data", data, "--out", place],
+        ["image-attention", "--run", model, "--out", place],
+    ]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str], str]:
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, [line for line in captured.err.splitlines() if line.strip()], captured.err
+
+
+def test_every_commands_output_is_checked_before_any_work(files, capsys, monkeypatch):
+    # Regression: an --out / --report that is a file, lies under a file or cannot be written
+    # ended in FileExistsError / NotADirectoryError / PermissionError tracebacks, after the work.
+    root = files["root"]
+    (root / "texts.txt").write_text("a fine film\ndull and long\n", encoding="utf-8")
+    locked = root / "locked"
+    locked.mkdir(exist_ok=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if Path(path) == locked else real_access(path, mode, **kw)))  # also when tests run as root
+    expectations = {
+        str(root / "a_file.txt"): "is a file",
+        str(root / "a_file.txt" / "sub"): "lies under the file",
+        str(locked / "sub"): "may not write",
+    }
+    failures = []
+    for place, expected in expectations.items():
+        for argv in _output_cases(files, place):
+            code, lines, err = _run(argv, capsys)
+            if code != 2 or len(lines) != 1 or "Traceback" in err or expected not in lines[0]:
+                failures.append(f"{' '.join(argv)} -> exit {code}, stderr {err!r}")
+    assert not failures, "\n".join(failures)
+    assert not any(locked.iterdir())
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_an_output_under_a_read_only_directory_is_refused(files, tmp_path, capsys):
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code, lines, _ = _run(["explain", "--model", str(files["model"]), "--text", "hi", "--out",
+                               str(locked / "why")], capsys)
+    finally:
+        locked.chmod(0o755)
+    assert code == 2 and len(lines) == 1 and "may not write" in lines[0]
 
 
 def test_every_command_answers_bad_input_with_one_line_and_exit_2(files, capsys):
@@ -212,3 +299,38 @@ def test_version():
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
+
+
+def test_generate_refuses_more_tokens_than_the_context_and_options_greedy_ignores(tiny_gguf, tmp_path, capsys):
+    # Regression: --max-new-tokens 1000000000 allocated a cache of that many positions
+    # (768 GB for smollm2), and --temperature without --sample was silently ignored.
+    report = tmp_path / "report"
+    cases = [
+        (["--max-new-tokens", "1000000000", "--report", str(report)], "context of 64 positions; ask for at most"),
+        (["--temperature", "0.5"], "--temperature shape(s) sampling"),
+        (["--top-k", "3", "--seed", "1"], "add --sample"),
+    ]
+    for extra, expected in cases:
+        code, lines, err = _run(["generate", "--model", str(tiny_gguf), "--prompt", "ab abc", *extra], capsys)
+        assert code == 2 and len(lines) == 1 and expected in lines[0], err
+    assert not report.exists()
+
+
+def test_sizes_past_the_limits_are_refused_in_python_before_any_allocation():
+    from attnlab import PositionalEncoding
+    from attnlab.layers.decoder_config import DecoderConfig
+    from attnlab.models.decoder import DecoderForCausalLM
+
+    with pytest.raises(ValueError, match=r"max_len=1000000000\).* needs about .* GiB of memory"):
+        PositionalEncoding(128, max_len=10**9)
+    model = DecoderForCausalLM(DecoderConfig(vocab_size=20, d_model=8, num_layers=1, num_heads=2, d_ff=16,
+                                             max_len=32)).eval()
+    with pytest.raises(ValueError, match="context of 32 positions.*at most 29 new tokens"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=10**7)
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    assert model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=29).sequences.shape == (1, 32)
+    from attnlab.inspect.compute.integrated_gradients import integrated_gradients
+
+    with pytest.raises(ValueError, match="steps=100000 is more than 1000"):  # numpy asked for 74.5 GiB
+        integrated_gradients(torch.nn.Identity(), torch.zeros(1, 3, dtype=torch.long), steps=100_000)

@@ -118,3 +118,31 @@ def test_every_entry_point_opens_the_decoder(llama_dir):
     assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)
     with pytest.raises(TypeError, match="not a TransformerEncoder"):
         __import__("attnlab").TransformerEncoder.from_pretrained(llama_dir)
+
+
+def test_explain_on_a_decoder_reads_the_last_tokens_attention(llama_dir, tmp_path, capsys):
+    # Regression: a decoder was explained at row 0 (which sees only itself): [1, 0, 0, ...].
+    out = tmp_path / "explained"
+    assert main(["explain", "--model", str(llama_dir), "--text", "the cat sat on", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "last token" in printed
+    explanation = json.loads((out / "explanation.json").read_text())
+    assert "last token" in explanation["explained_position"] and "'on'" in explanation["explained_position"]
+    for method in ("raw", "rollout", "flow"):
+        scores = explanation["scores"][method]
+        assert scores[0] < 0.99 and sum(value > 0 for value in scores) == len(scores), (method, scores)
+
+
+def test_every_model_command_takes_a_gguf_file_as_attnlab_load_does(tiny_gguf, tmp_path, capsys):
+    # Regression: --model file.gguf was refused ("must be a run/checkpoint directory or a pretrained name").
+    assert main(["generate", "--model", str(tiny_gguf), "--prompt", "ab abc", "--max-new-tokens", "3"]) == 0
+    assert main(["inspect", "--model", str(tiny_gguf), "--text", "ab abc", "--out", str(tmp_path / "seen"),
+                 "--format", "png"]) == 0
+    assert (tmp_path / "seen" / "report.html").is_file()
+    capsys.readouterr()
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    try:
+        code = main(["generate", "--model", str(tmp_path / "notes.txt"), "--prompt", "ab"])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2 and ".gguf" in capsys.readouterr().err

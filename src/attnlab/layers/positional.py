@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int
+from .._checks import check_memory, check_positive_int
 
 from ..attention.rotary import RotaryEmbedding
 
@@ -59,6 +59,8 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("max_len", max_len)
+        check_memory(12 * max_len * d_model, f"PositionalEncoding(d_model={d_model}, max_len={max_len})'s table",
+                     "max_len is the longest input the model takes: use the length your texts need")
         self.d_model = d_model
         self.max_len = max_len
         table = sinusoidal_table(max_len, d_model).to(device=device, dtype=dtype or torch.float32)

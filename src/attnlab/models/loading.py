@@ -28,7 +28,7 @@ from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder, find_encoder
 from .decoder.causal_lm import DecoderForCausalLM
-from .decoder.loading import is_decoder_source, load_decoder, load_decoder_tokenizer
+from .decoder.loading import DECODER_NAMES, is_decoder_source, load_decoder, load_decoder_tokenizer
 from .decoder.saving import check_decoder_weights, save_decoder_pretrained
 from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
 from .serialization import (
@@ -60,12 +60,11 @@ def detect_format(path_or_name: PathLike) -> str:
         return "huggingface"
     path = Path(path_or_name)
     if not path.exists():
-        raise FileNotFoundError(
-            f"no model at {str(path)!r}: the path does not exist (known names: {', '.join(PRETRAINED_NAMES)})"
-        )
+        names = ", ".join([*PRETRAINED_NAMES, *DECODER_NAMES])
+        raise FileNotFoundError(f"no model at {str(path)!r}: the path does not exist (known names: {names})")
     if path.is_file():
         raise FileNotFoundError(
-            f"{path} is a file; pass the directory that holds {MODEL_FILE} and {CONFIG_FILE}"
+            f"{path} is a file; pass a .gguf file or the directory that holds {MODEL_FILE} and {CONFIG_FILE}"
         )
     checkpoint = find_checkpoint_dir(path)
     if checkpoint is not None:

@@ -12,11 +12,14 @@ from typing import Optional
 
 import torch
 
+from .._checks import check_memory
+from .._files import read_json
 from ..data.text_files import read_labelled_texts
 from ..data.tokenization import TOKENIZER_KINDS, load_tokenizer_file
+from ..models.families import family_for
 from ..models.pretrained import pretrained_dir
 from .run_config import RunConfig
-from .tasks import DEFAULT_TASK
+from .tasks import DEFAULT_TASK, get_task
 
 __all__ = ["check_device", "check_run"]
 
@@ -71,4 +74,39 @@ def check_run(config: RunConfig, device: Optional[str]) -> None:
         load_tokenizer_file(data.tokenizer)
     pretrained = getattr(config.model, "pretrained", None)
     if pretrained:
-        pretrained_dir(pretrained)
+        _check_pretrained(config, pretrained)
+    else:
+        _check_position_table(config)
+    task = get_task(data.task)
+    if task.check is not None:
+        task.check(config)
+
+
+# bytes per position and model dimension of a fresh encoder's position table: the sinusoidal
+# table is built in float64 and kept in float32; learned positions are trained (weights,
+# gradients and Adam's two moments)
+_TABLE_BYTES = {"sinusoidal": 12, "learned": 16}
+
+
+def _check_position_table(config: RunConfig) -> None:
+    per_position = _TABLE_BYTES.get(config.model.position, 0)
+    max_length, d_model = config.data.max_length, config.model.d_model
+    check_memory(per_position * max(max_length, 16) * d_model,
+                 f"data.max_length={max_length} (a position table of max_length x model.d_model={d_model})",
+                 "data.max_length is where texts are cut: set it to what your texts need (64-512 is usual)")
+
+
+def _check_pretrained(config: RunConfig, pretrained: str) -> None:
+    """The checkpoint exists, is of a supported family, and takes ``data.max_length`` tokens."""
+    directory = pretrained_dir(pretrained)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"model.pretrained={pretrained!r}: {directory} has no config.json")
+    values = read_json(config_path)
+    if not isinstance(values, dict) or "encoder" in values or "decoder" in values:
+        return  # an attnlab checkpoint: the loader says what to do with it
+    family = family_for(values, source=f"model.pretrained={pretrained!r} ({config_path})")
+    limit = family.config_from_hf(values, str(config_path)).max_len
+    if config.data.max_length > limit:
+        raise ValueError(f"data.max_length={config.data.max_length} is more than model.pretrained={pretrained!r} "
+                         f"takes ({limit} positions); set data.max_length to {limit} or less")

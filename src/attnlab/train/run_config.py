@@ -90,6 +90,15 @@ class DataSettings:
             _positive("data.train_limit", self.train_limit)
         if self.max_length < 2:
             raise ValueError(f"data.max_length must be >= 2, got {self.max_length}")
+        for name, use in (("validation_fraction", "picks the best checkpoint at every evaluation"),
+                          ("test_fraction", "gives the final test report")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise ValueError(f"data.{name} must lie strictly between 0 and 1 (its split {use}), "
+                                 f"got {value!r}")
+        if self.validation_fraction + self.test_fraction >= 1:
+            raise ValueError(f"data.validation_fraction + data.test_fraction must be < 1 to leave training examples, "
+                             f"got {self.validation_fraction} + {self.test_fraction}")
 
 
 @dataclass

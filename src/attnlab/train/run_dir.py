@@ -22,6 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from .._files import check_output_dir
+
 __all__ = ["DEMO_MARK", "RUN_ENTRIES", "check_out_dir", "clear_run_entries", "is_run_dir"]
 
 DEMO_MARK = ".attnlab-demo"
@@ -72,13 +74,11 @@ def check_out_dir(
         ``None``, or a one-line notice for the user (entries replaced or kept).
 
     Raises:
-        ValueError: ``out`` is a file, or holds something the flags do not allow replacing;
+        ValueError: ``out`` is a file, cannot be written, or holds something the flags do not allow replacing;
             the message says which flag or directory to use.
         FileNotFoundError: ``--resume`` on a directory that holds no run.
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; name a directory (new or empty) for the run")
+    out = check_output_dir(out, "--out", "the run")
     if resume:
         if not is_run_dir(out):
             raise FileNotFoundError(f"cannot resume: {out} holds no attnlab run (no run config.json); "

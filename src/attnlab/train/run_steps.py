@@ -27,7 +27,7 @@ from .run_config import RunConfig
 from .trainer import TrainerState, TransformerTrainer
 
 __all__ = [
-    "CONFIG_FILE", "REPORT_FILE", "RunResult", "seed_everything", "barrier", "prepare_run_dir", "start_run",
+    "CONFIG_FILE", "REPORT_FILE", "RunResult", "check_split_sizes", "seed_everything", "barrier", "prepare_run_dir", "start_run",
     "trainer_options", "resume_checkpoint", "fit", "finish_run",
 ]
 
@@ -42,6 +42,29 @@ class RunResult:
 
     run_dir: Path
     report: dict[str, Any]
+
+
+def check_split_sizes(sizes: dict[str, int], config: RunConfig) -> None:
+    """Refuse, before anything is written, a split that would be empty.
+
+    Args:
+        sizes: ``{"train": n, "validation": n, "test": n}``.
+        config: the run's config, to name the settings.
+
+    Raises:
+        ValueError: naming the empty split and the setting that decides it.
+    """
+    data = config.data
+    total = sum(sizes.values())
+    if not sizes.get("train"):
+        raise ValueError(f"{total} examples leave none for training after data.validation_fraction="
+                         f"{data.validation_fraction} and data.test_fraction={data.test_fraction}; use more examples")
+    for split, setting in (("validation", "validation_fraction"), ("test", "test_fraction")):
+        if not sizes.get(split):
+            fraction = getattr(data, setting)
+            needed = "more examples" if total < 2 else f"at least data.{setting}={1 / total:.3g} or more examples"
+            raise ValueError(f"{total} examples give an empty {split} split at data.{setting}={fraction} "
+                             f"(round({total} x {fraction}) = 0); use {needed}")
 
 
 def seed_everything(seed: int) -> None:

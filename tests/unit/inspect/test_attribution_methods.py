@@ -194,3 +194,39 @@ def test_a_bare_encoder_takes_the_attention_methods_only():
         attribute_tokens(encoder, IDS, ["grad-attention"])
     with pytest.raises(ValueError, match="unknown attribution method 'lime'"):
         attribute_tokens(encoder, IDS, ["lime"])
+
+
+def _uniform_causal_decoder(num_layers: int = 2):
+    """A tiny decoder whose queries are zero: each position attends uniformly to its prefix."""
+    from attnlab.layers.decoder_config import DecoderConfig
+    from attnlab.models.decoder import DecoderForCausalLM
+
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=40, d_model=16, num_layers=num_layers, num_heads=2, d_ff=32, num_kv_heads=2)
+    model = DecoderForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            projection = layer.self_attn.qkv_proj
+            queries = config.num_heads * (config.d_model // config.num_heads)
+            projection.weight[:queries] = 0.0
+            if projection.bias is not None:
+                projection.bias[:queries] = 0.0
+    return model
+
+
+def test_a_causal_decoder_is_explained_at_its_last_token_not_row_0():
+    # Regression: raw, rollout and flow read row 0, which in a causal model attends only to
+    # itself, so every decoder came out [1, 0, 0, ...].
+    model = _uniform_causal_decoder()
+    T = 5
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    result = attribute_tokens(model, ids, ["raw", "rollout", "flow"])
+    # zero queries: the last token attends uniformly to all T positions
+    assert torch.allclose(result.scores["raw"], torch.full((1, T), 1 / T), atol=1e-6)
+    # rollout by hand: 0.5 * uniform causal attention + 0.5 * identity, per layer, then the last row
+    causal = torch.tril(torch.ones(T, T, dtype=torch.float64))
+    mixed = 0.5 * causal / causal.sum(-1, keepdim=True) + 0.5 * torch.eye(T, dtype=torch.float64)
+    expected = (mixed @ mixed)[-1].float()
+    assert torch.allclose(result.scores["rollout"][0], expected, atol=1e-6)
+    assert (result.scores["flow"][0] > 0).all()
+    assert query_weights(model, torch.tensor([[True, True, True, False]])).tolist() == [[0.0, 0.0, 1.0, 0.0]]

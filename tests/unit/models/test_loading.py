@@ -61,8 +61,11 @@ def test_load_detects_runs_checkpoints_and_huggingface_directories(tmp_path) -> 
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="holds no model attnlab knows"):
         attnlab.load(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError, match="the path does not exist"):
-        attnlab.load(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="the path does not exist.*minilm.*smollm2"):
+        attnlab.load(tmp_path / "missing")  # every packaged name is listed, decoders too
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(FileNotFoundError, match=r"is a file; pass a \.gguf file or the directory"):
+        attnlab.load(tmp_path / "notes.txt")
 
 
 def test_each_old_loader_points_to_the_one_that_opens_the_other_format(tmp_path) -> None:

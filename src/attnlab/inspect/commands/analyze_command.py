@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def _heads(value: str) -> tuple[str, list[int]]:
     """``LAYER:H,H`` with layers and heads numbered from 1, as in every report and file;
@@ -22,7 +24,7 @@ def _heads(value: str) -> tuple[str, list[int]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
+    from ..._files import check_output_dir
     from ...data.texts import load_texts
     from .analyze_texts import write_analysis
     from .resolve import max_length_for, resolve_model
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
     resolved = resolve_model(args.model)
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -12,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="models",
         metavar="MODEL",
-        help="run, checkpoint or pretrained directory or name; give it twice (A, then B)",
+        help=MODEL_HELP + "; give it twice (A, then B)",
     )
     parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
     parser.add_argument("--out", required=True, help="output directory")
@@ -34,8 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from ..._files import check_output_dir
     from ...data.texts import load_texts
     from .compare_models import compare_models, write_comparison
     from .resolve import max_length_for, resolve_model
@@ -46,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if Path(args.out).is_file():
-        raise ValueError(f"--out {args.out} is a file; name a directory for comparison.json and .html")
+    check_output_dir(args.out, "--out", "comparison.json and .html")
     resolved = [resolve_model(spec) for spec in args.models]
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ..compute.token_attribution import METHODS
+from .resolve import MODEL_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--text", required=True, help="the text to explain")
     parser.add_argument("--out", required=True, help="output directory")
@@ -36,15 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from ..._files import check_output_dir
+    from ..compute.attribution_target import is_causal_model
+    from ..compute.integrated_gradients import MAX_STEPS
     from .explain_text import explain, write_explanation
     from .resolve import max_length_for, resolve_model
 
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    if Path(args.out).is_file():
-        raise ValueError(f"--out {args.out} is a file; name a directory for explanation.json, .png and .html")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
+                         f"50-300 is usual), got {args.steps}")
+    check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model)
     methods = args.methods
     if methods is None:
@@ -52,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
+    if is_causal_model(resolved.model):
+        print("note: a causal decoder: the scores are the last token's attention (what predicts the next token)")
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     explanation = explain(
         resolved.model,

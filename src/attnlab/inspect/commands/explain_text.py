@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..._files import write_json
+from ..compute.attribution_target import is_causal_model
 from ..compute.token_attribution import METHODS, attribute_tokens, check_methods
 from ..draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..draw.plots import save_figure
@@ -37,6 +38,9 @@ class Explanation:
         target_name: its label name, when the model has them.
         probabilities: the model's class probabilities, when it has logits.
         integrated_gradients_delta: completeness error of integrated gradients, when run.
+        explained_position: the query position whose attention ``raw``, ``rollout`` and
+            ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
+            decoder the last token (the one that predicts the next token).
     """
 
     text: str
@@ -46,6 +50,7 @@ class Explanation:
     target_name: Optional[str] = None
     probabilities: Optional[list[float]] = None
     integrated_gradients_delta: Optional[float] = None
+    explained_position: str = "pooled position"
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON values (``explanation.json``)."""
@@ -58,12 +63,13 @@ class Explanation:
             "methods": list(self.scores),
             "scores": self.scores,
             "integrated_gradients_delta": self.integrated_gradients_delta,
+            "explained_position": self.explained_position,
         }
 
     def describe_target(self) -> str:
         """One line for people: the explained class, its name and probability."""
         if self.target is None:
-            return "attention of the pooled position"
+            return f"attention of the {self.explained_position}"
         name = f" ({self.target_name})" if self.target_name else ""
         probability = f", p = {self.probabilities[self.target]:.3f}" if self.probabilities is not None else ""
         return f"explained class {self.target}{name}{probability}"
@@ -117,6 +123,8 @@ def explain(
     baseline = baseline_for(input_ids, tokenizer, 0 if pad_id is None else pad_id)
     result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=baseline, steps=steps)
     explanation = Explanation(text, tokens, {name: result.scores[name][0].tolist() for name in methods})
+    if is_causal_model(model):  # row 0 of a causal model sees only itself: read the last token's row
+        explanation.explained_position = f"last token, {tokens[-1]!r}, which predicts the next token"
     if result.target is not None:
         explanation.target = int(result.target[0])
         names = getattr(model, "label_names", None)

@@ -18,9 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record every generated token's attention and write report.html, "
                              "generation.json and statistics.json here")
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="with --sample: divide the logits by this (default 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="with --sample: keep the K most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="with --sample: keep the smallest set of tokens whose probability reaches P")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (same seed, same text)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the decoding steps with torch.compile: faster steps after a "
@@ -31,24 +33,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
+    from ..._files import check_output_dir
     from ...models.decoder.gguf_tokenizer import chat_prompt
     from .generate_text import generate_text
     from .resolve import resolve_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    shaping = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                        ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+    if shaping and not args.sample:
+        raise ValueError(f"{', '.join(shaping)} shape(s) sampling, which greedy decoding ignores: add --sample, "
+                         f"or leave {'it' if len(shaping) == 1 else 'them'} out")
+    if args.report is not None:
+        check_output_dir(args.report, "--report", "report.html, generation.json and statistics.json")
     resolved = resolve_model(args.model)
     prompt = args.prompt
     if args.chat:
         if resolved.tokenizer.token_to_id("<|im_start|>") is None:
             raise ValueError(f"--chat wraps the prompt in ChatML, but {args.model}'s tokenizer has no <|im_start|>")
         prompt = chat_prompt(prompt)
+    _check_length(resolved, prompt, args)
     generation = generate_text(
         resolved.model, resolved.tokenizer, prompt, max_new_tokens=args.max_new_tokens, report_dir=args.report,
-        max_tokens=args.max_tokens, model_name=args.model, do_sample=args.sample, temperature=args.temperature,
+        max_tokens=args.max_tokens, model_name=args.model, do_sample=args.sample,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, compile=args.compile,
+        **({} if args.temperature is None else {"temperature": args.temperature}),
     )
     print(generation.text)
     for path in generation.files:
         print(f"wrote {path}")
     return 0
+
+
+def _check_length(resolved, prompt: str, args: argparse.Namespace) -> None:
+    """Refuse, before generating, more positions than the model has or a report too big to hold."""
+    from ..._checks import check_memory
+
+    config = getattr(resolved.model, "config", None)
+    context = getattr(config, "max_len", None)
+    prompt_length = len(resolved.tokenizer.encode(prompt).ids)
+    total = prompt_length + args.max_new_tokens
+    if context is not None and total > context:
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens} after the prompt's {prompt_length} tokens is more than "
+            f"{args.model}'s context of {context} positions; ask for at most {max(context - prompt_length, 0)}"
+        )
+    if args.report is not None and config is not None:
+        layers, heads = getattr(config, "num_layers", 1), getattr(config, "num_heads", 1)
+        check_memory(2 * layers * heads * total * total, f"--report over {total} positions (every layer's "
+                     f"and head's weights of every new token)", "ask for fewer --max-new-tokens")

@@ -75,14 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._files import read_json, write_json
+    from ..._files import check_output_dir, read_json, write_json
     from ...data.digits_text import load_digits_text
     from ...models import load_model
 
     if args.examples < 1:
         raise ValueError(f"--examples must be at least 1 (held-out examples to draw), got {args.examples}")
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out} is a file; name a directory for the pictures")
+    check_output_dir(args.out, "--out", "the pictures and alignment.json")
     loaded = load_model(args.run)
     if loaded.config.get("model_type") != "image_text":
         raise ValueError(f"{args.run} holds a {loaded.config.get('model_type')!r} model, not an image_text one")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import MODEL_HELP
+
 
 def _window(value: str) -> tuple[int, int]:
     try:
@@ -15,7 +17,7 @@ def _window(value: str) -> tuple[int, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="run directory, checkpoint directory, pretrained directory or name"
+        "--model", required=True, help=MODEL_HELP
     )
     parser.add_argument("--text", required=True, help="the text to inspect")
     parser.add_argument("--out", required=True, help="output directory")
@@ -46,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
+    from ..._files import check_output_dir
     from .inspect_text import write_inspection
     from .resolve import max_length_for, resolve_model
 
+    check_output_dir(args.out, "--out", "the pictures and report.html")
     resolved = resolve_model(args.model)
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     total = len(resolved.tokenizer.encode(args.text).ids)

@@ -1,10 +1,11 @@
 """Find the model and tokenizer that ``--model`` names: a run, a checkpoint, a pretrained dir or name.
 
 Everything goes through :func:`attnlab.load` (one loader, one set of rules): an attnlab
-run or checkpoint directory, a HuggingFace directory, or a packaged name such as
-``minilm``. A HuggingFace directory of an architecture attnlab does not re-implement
-(Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's attention
-function (:mod:`attnlab.hf`). The loaders are imported only when used.
+run or checkpoint directory, a HuggingFace directory, a ``.gguf`` file, or a packaged name
+such as ``minilm`` or ``smollm2``; every command that takes ``--model`` takes what
+``attnlab.load`` takes. A HuggingFace directory of an architecture attnlab does not
+re-implement (Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's
+attention function (:mod:`attnlab.hf`). The loaders are imported only when used.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["ResolvedModel", "max_length_for", "resolve_model"]
+__all__ = ["MODEL_HELP", "ResolvedModel", "max_length_for", "resolve_model"]
+
+MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
+              "a .gguf file, or a packaged name (minilm, smollm2)")
 
 
 @dataclass
@@ -45,14 +49,10 @@ def resolve_model(spec: str) -> ResolvedModel:
     """
     path = Path(spec)
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
-        raise FileNotFoundError(f"--model {spec!r}: no such directory")
-    if path.is_file():
-        raise ValueError(
-            f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
-        )
+        raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
     from ...hf.opening import is_transformers_only
 
-    if is_transformers_only(path):
+    if path.is_dir() and is_transformers_only(path):
         return _resolve_transformers(spec)
     from ...models.loading import detect_format, load
 

@@ -7,7 +7,8 @@ The graph has a node per (layer boundary, position): ``(0, s)`` are the input to
 by an edge of capacity ``A'_l[t, s]``, where ``A'_l`` is the head-mean attention mixed
 with the identity for the residual and renormalised, exactly as in rollout. A sink
 node is fed by every ``(L, t)`` with capacity ``w_t``, the query's weight in the
-pooled position (one-hot on ``[CLS]``, or uniform for mean pooling). A token's score
+pooled position (one-hot on ``[CLS]``, uniform for mean pooling, one-hot on the last
+real token of a causal decoder). A token's score
 is the maximum flow from ``(0, s)`` to the sink. Where rollout multiplies paths,
 flow takes the bottleneck of the best set of paths, so it is not linear in the
 attention.

@@ -3,10 +3,12 @@
 Dimension letters: ``B`` batch, ``T`` length, ``C`` classes.
 
 Attention-based scores read the attention *of the pooled position*: the first token
-(``[CLS]``) for first-token pooling and for a bare encoder, or the mean of every real
+(``[CLS]``) for first-token pooling and for a bare encoder, the mean of every real
 token's row for mean pooling (:class:`~attnlab.models.classifier.EncoderClassifier`'s
-default). :func:`query_weights` says how much each query position weighs in that
-pooled row, so every method reads it the same way.
+default), or the last real token for a causal decoder (the position that predicts the
+next token: in a causal model row 0 can attend only to itself). :func:`query_weights`
+says how much each query position weighs in that pooled row, so every method reads it
+the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from torch import Tensor, nn
 
 from ...layers.encoder import TransformerEncoder, find_encoder
 
-__all__ = ["encoder_of", "token_embedding_of", "pooling_of", "query_weights", "logits_of", "resolve_target"]
+__all__ = ["encoder_of", "is_causal_model", "token_embedding_of", "pooling_of", "query_weights", "logits_of",
+           "resolve_target"]
 
 
 def encoder_of(model: nn.Module) -> TransformerEncoder:
@@ -43,8 +46,22 @@ def token_embedding_of(model: nn.Module) -> tuple[nn.Module, Optional[int]]:
     return encoder_of(model).embedding, None  # raises the error that names what is needed
 
 
+def is_causal_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a causal (decoder-only) language model, whose positions see only their past."""
+    if getattr(model, "model_type", None) == "decoder":  # attnlab's DecoderForCausalLM
+        return True
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_decoder", False)) or type(model).__name__.endswith("ForCausalLM")
+
+
 def pooling_of(model: nn.Module) -> str:
-    """``"first"`` or ``"mean"``: how ``model`` pools tokens (``"first"`` for a bare encoder)."""
+    """``"first"``, ``"mean"`` or ``"last"``: how ``model`` pools tokens.
+
+    ``"first"`` for a bare encoder; ``"last"`` (the last real token, which predicts the
+    next one) for a causal decoder.
+    """
+    if is_causal_model(model):
+        return "last"
     pooling = getattr(model, "pooling", "first")
     return pooling if pooling in ("first", "mean") else "first"
 
@@ -58,14 +75,22 @@ def query_weights(model: nn.Module, mask: Tensor) -> Tensor:
 
     Returns:
         ``[B, T]`` float rows summing to 1: one-hot on position 0 for first-token
-        pooling, uniform over real tokens for mean pooling.
+        pooling, uniform over real tokens for mean pooling, one-hot on the last real
+        token for a causal decoder.
     """
     if mask.dim() != 2:
         raise ValueError(f"mask must be a [B, T] padding mask, got shape {tuple(mask.shape)}")
-    if pooling_of(model) == "mean":
+    pooling = pooling_of(model)
+    if pooling == "mean":
         real = mask.float()
         return real / real.sum(-1, keepdim=True).clamp_min(1.0)  # [B, T]
     weights = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if pooling == "last":
+        B, T = mask.shape
+        positions = torch.arange(T, device=mask.device).expand(B, T)
+        last = torch.where(mask.bool(), positions, -1).amax(-1).clamp_min(0)  # [B]: last real token
+        weights[torch.arange(B, device=mask.device), last] = 1.0
+        return weights
     weights[:, 0] = 1.0
     return weights
 

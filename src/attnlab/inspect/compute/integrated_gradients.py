@@ -22,7 +22,11 @@ from torch import Tensor, nn
 
 from .attribution_target import logits_of, resolve_target, token_embedding_of
 
-__all__ = ["IntegratedGradients", "integrated_gradients", "BACKENDS"]
+__all__ = ["IntegratedGradients", "integrated_gradients", "BACKENDS", "MAX_STEPS"]
+
+# Gauss-Legendre points come from a K x K eigenproblem (K = 10**5 asks numpy for 74.5 GiB);
+# far fewer points already integrate a model's smooth path to float32 precision.
+MAX_STEPS = 1000
 
 BACKENDS = ("attnlab", "captum")
 
@@ -122,7 +126,7 @@ def integrated_gradients(
         baseline_ids: ``[B, T]`` ids of the reference input; default the pad id at every
             position (keep ``[CLS]``/``[SEP]`` there to explain only the words).
         mask: ``[B, T]``, ``True`` on real tokens.
-        steps: quadrature points ``K``.
+        steps: quadrature points ``K``, at most :data:`MAX_STEPS` (50-300 is usual).
         internal_batch: at most this many path points per forward pass.
         backend: ``"attnlab"`` (this module) or ``"captum"`` (``LayerIntegratedGradients``).
 
@@ -136,6 +140,9 @@ def integrated_gradients(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps={steps} is more than {MAX_STEPS} quadrature points (the points alone would need "
+                         f"steps x steps floats); 50-300 integrate to float32 precision")
     embedding, pad_id = token_embedding_of(model)
     if baseline_ids is None:
         baseline_ids = torch.full_like(input_ids, pad_id if pad_id is not None else 0)

@@ -169,9 +169,16 @@ def generate(
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}")
     config = model.config
+    B, T = input_ids.shape
+    if T == 0:
+        raise ValueError("input_ids is empty ([B, 0]): generation continues a prompt of at least one token")
+    if T + max_new_tokens > config.max_len:
+        raise ValueError(
+            f"the prompt's {T} tokens + max_new_tokens={max_new_tokens} exceed the model's context of "
+            f"{config.max_len} positions (config.max_len); ask for at most {max(config.max_len - T, 0)} new tokens"
+        )
     eos = config.eos_id if eos_token_id is None else (None if eos_token_id < 0 else eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (config.pad_id if config.pad_id is not None else eos)
-    B, T = input_ids.shape
     device = input_ids.device
     keep = None
     if attention_mask is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 __all__ = ["Task", "TASKS", "DEFAULT_TASK", "register_task", "get_task", "task_names"]
 
@@ -48,6 +48,8 @@ class Task:
         sections: the task's own config sections, ``{name: settings dataclass}``.
         unused: shared settings (``"section.key"``) the task does not read; a config
             that sets one to anything but its default is refused.
+        check: ``check(config)``, run before anything is written (data, splits, labels);
+            raises ``ValueError`` / ``FileNotFoundError`` naming the setting to change.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Task:
     defaults: tuple[str, ...] = ()
     sections: Mapping[str, type] = field(default_factory=dict)
     unused: tuple[str, ...] = ()
+    check: Optional[Callable[[Any], None]] = None
 
 
 def register_task(task: Task) -> Task:

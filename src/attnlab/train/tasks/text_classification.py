@@ -23,7 +23,9 @@ from ...models.serialization import MODEL_FILE, TOKENIZER_FILE
 from ..checkpoint import TRAINER_STATE_FILE, find_resumable, set_rng_state
 from ..distributed import distributed_info
 from ..run_config import RunConfig
-from ..run_steps import RunResult, barrier, finish_run, fit, seed_everything, start_run, trainer_options
+from ..run_steps import (
+    RunResult, barrier, check_split_sizes, finish_run, fit, seed_everything, start_run, trainer_options,
+)
 from ..trainer import TransformerTrainer
 from . import DEFAULT_TASK, TASKS, Task
 
@@ -127,4 +129,10 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
                       report={"label_names": list(splits.label_names), "sizes": splits.sizes()})
 
 
-TASK = Task(DEFAULT_TASK, TASKS[DEFAULT_TASK][1], train_text_classification)
+def check_text_classification(config: RunConfig) -> None:
+    """Before anything is written: the data reads, its labels are valid and every split has examples."""
+    splits = load_splits(config)
+    check_split_sizes(splits.sizes(), config)
+
+
+TASK = Task(DEFAULT_TASK, TASKS[DEFAULT_TASK][1], train_text_classification, check=check_text_classification)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting of the default config, e.g. --set train.epochs=1")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
 
 
 def _show_predictions(run_dir: Path) -> None:
@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from .train.run_config import RunConfig
     from .train.run_dir import DEMO_MARK, check_out_dir
 
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # the trainer's plain progress lines (a log file, a job scheduler: no terminal for a bar)
+    # go through logging, as in `attnlab train`
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     config = RunConfig().with_overrides([f"train.seed={args.seed}", *args.overrides])
     check_run(config, None)
     notice = check_out_dir(args.out, overwrite=args.overwrite, demo=True, command="demo")

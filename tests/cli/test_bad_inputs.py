@@ -103,6 +103,11 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["inspect", "--model", str(files["garbage"]), "--text", "hi", "--out", out], "config.json"),
         (["inspect", "--model", model, "--text", "hi", "--out", out, "--max-length", "1000"], "--max-length 1000"),
         (["inspect", "--model", model, "--text", "hi", "--out", out, "--max-length", "1"], "at least 2"),
+        # refused before any picture is written (these used to come after them)
+        (["inspect", "--model", model, "--text", "hi", "--out", out, "--window", "5:2"], "--window"),
+        (["inspect", "--model", model, "--text", "hi", "--out", out, "--window", "50:60"], "below the text's"),
+        (["inspect", "--model", model, "--text", "hi", "--out", out, "--max-tokens", "0"], "--max-tokens"),
+        (["inspect", "--model", model, "--text", "hi", "--out", out, "--layer", "9"], "1..2"),
         (["analyze", "--model", model, "--data", str(root / "missing.csv"), "--out", out], "is neither a file"),
         (["analyze", "--model", model, "--data", str(root / "no_text_column.csv"), "--out", out],
          "no text column"),

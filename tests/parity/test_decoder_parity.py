@@ -206,3 +206,25 @@ def test_compiled_generation_without_capture_equals_eager(pair, left_padding, re
     eager = model.generate(ids, mask, max_new_tokens=20, eos_token_id=EOS, pad_token_id=0)
     compiled = model.generate(ids, mask, max_new_tokens=20, eos_token_id=EOS, pad_token_id=0, compile=True)
     assert compiled.sequences.tolist() == eager.sequences.tolist()
+
+
+def test_a_small_gpt2_with_gpt2s_default_special_ids_opens_and_generates_as_hf(tmp_path, caplog):
+    # Regression: a small-vocabulary GPT-2 config keeps bos/eos 50256; transformers opens it,
+    # attnlab refused to load it. The ids matter only when generation would use them.
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    assert config.eos_token_id == 50256 > VOCAB
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    model, _, _ = attnlab.load(tmp_path)
+    ids = torch.randint(0, VOCAB, (1, 5))
+    with caplog.at_level("WARNING"):
+        ours = model.generate(ids, max_new_tokens=6).sequences
+    assert "eos_id=50256 lies outside its vocabulary" in caplog.text
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                           pad_token_id=0)
+    assert torch.equal(ours, expected)
+    with pytest.raises(ValueError, match="eos_token_id=50256 lies outside the vocabulary of 97 tokens"):
+        model.generate(ids, max_new_tokens=2, eos_token_id=50256)
+    with pytest.raises(ValueError, match="pad_token_id=50256 lies outside the vocabulary"):
+        model.generate(ids, max_new_tokens=2, eos_token_id=3, pad_token_id=50256)

@@ -21,6 +21,9 @@ from .padding import PAD_TOKENS
 __all__ = ["BatchEncoding", "Tokenizer"]
 
 _PADDING_CHOICES = (True, False, "longest", "max_length", "do_not_pad")
+# HuggingFace's truncation values -> the backend's strategy (None: no truncation)
+_TRUNCATION_STRATEGIES = {True: "longest_first", "longest_first": "longest_first", "only_first": "only_first",
+                          "only_second": "only_second", False: None, "do_not_truncate": None}
 
 
 class BatchEncoding(dict):
@@ -141,6 +144,7 @@ class Tokenizer:
     def __call__(
         self,
         text: Union[str, Sequence[str]],
+        text_pair: Optional[Union[str, Sequence[str]]] = None,
         *,
         padding: Union[bool, str] = False,
         truncation: Union[bool, str] = False,
@@ -150,14 +154,18 @@ class Tokenizer:
         return_token_type_ids: Optional[bool] = None,
         add_special_tokens: bool = True,
     ) -> BatchEncoding:
-        """Encode one text or a batch, as a HuggingFace tokenizer does.
+        """Encode one text or a batch, as a HuggingFace tokenizer does; sentence pairs too.
 
         Args:
             text: a string or a list of strings.
+            text_pair: the second text of each pair (a string, or a list as long as
+                ``text``): ``[CLS] a [SEP] b [SEP]`` with ``token_type_ids`` 0 then 1.
             padding: ``True`` / ``"longest"`` pads to the longest text of the batch,
                 ``"max_length"`` to ``max_length``; ``False`` leaves lengths as they are.
             truncation: cut texts to ``max_length`` (default: the model's limit),
-                keeping the special tokens.
+                keeping the special tokens; for pairs ``True`` / ``"longest_first"`` takes
+                tokens from the longer text first, ``"only_first"`` / ``"only_second"`` from
+                one of them, as HuggingFace's.
             max_length: the length to cut or pad to.
             return_tensors: ``"pt"`` for ``[B, T]`` torch tensors (a single text gives
                 ``[1, T]``); ``None`` for lists.
@@ -168,6 +176,8 @@ class Tokenizer:
         """
         if padding not in _PADDING_CHOICES:
             raise ValueError(f"padding must be one of {_PADDING_CHOICES}, got {padding!r}")
+        if truncation not in _TRUNCATION_STRATEGIES:
+            raise ValueError(f"truncation must be one of {list(_TRUNCATION_STRATEGIES)}, got {truncation!r}")
         if return_tensors not in (None, "pt"):
             raise ValueError(
                 f"return_tensors must be 'pt' or None (attnlab works in torch), got {return_tensors!r}"
@@ -176,15 +186,25 @@ class Tokenizer:
         texts = [text] if single else list(text)
         if not all(isinstance(item, str) for item in texts):
             raise TypeError("text must be a string or a list of strings")
+        inputs: list = texts
+        if text_pair is not None:
+            seconds = [text_pair] if isinstance(text_pair, str) else list(text_pair)
+            if isinstance(text_pair, str) != single or not all(isinstance(item, str) for item in seconds):
+                raise TypeError("text_pair must be a string when text is one, or a list of strings when text is a list")
+            if len(seconds) != len(texts):
+                raise ValueError(f"text has {len(texts)} texts and text_pair {len(seconds)}; pass one second "
+                                 f"text per first text")
+            inputs = list(zip(texts, seconds))
         padding = "longest" if padding is True else (False if padding == "do_not_pad" else padding)
-        length = self._max_length(truncation, max_length, padding)
+        strategy = _TRUNCATION_STRATEGIES[truncation]
+        length = self._max_length(strategy is not None, max_length, padding)
         backend = self.backend
         previous_truncation, previous_padding = backend.truncation, backend.padding
         backend.no_padding()
         backend.no_truncation()
         try:
-            if truncation and length is not None:
-                backend.enable_truncation(length)
+            if strategy is not None and length is not None:
+                backend.enable_truncation(length, strategy=strategy)
             if padding:
                 pad_id = self.pad_token_id
                 if pad_id is None:
@@ -195,7 +215,13 @@ class Tokenizer:
                     length=length if padding == "max_length" else None,
                     direction=self.padding_side,
                 )
-            encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+            try:
+                encodings = backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+            except Exception as error:  # the backend raises a bare Exception for a cut it cannot make
+                if "Truncation error" not in str(error):
+                    raise
+                raise ValueError(f"truncation={truncation!r} cannot cut every input to max_length={length}: "
+                                 f"{error}; use truncation=True (longest first) or a larger max_length") from None
         finally:
             backend.no_padding()
             backend.no_truncation()

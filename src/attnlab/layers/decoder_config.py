@@ -72,10 +72,12 @@ class DecoderConfig:
         if self.position == "rotary":  # fails early on an odd head dim or an unknown scaling
             rotary_inverse_frequencies(self.attention_head_dim, self.rope_theta, self.rope_scaling,
                                        max_len=self.max_len)
+        # Ids past the vocabulary are accepted, as transformers accepts them (a small GPT-2 config
+        # keeps GPT-2's bos/eos 50256); generation says so when it would use one.
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name}={value} must lie in [0, vocab_size={self.vocab_size})")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a token id (an int >= 0) or None, got {value!r}")
 
     @property
     def attention_head_dim(self) -> int:

@@ -175,6 +175,18 @@ def test_article_call_and_result_access(encoder):
     assert encoder.training is False
 
 
+def test_the_result_is_mapping_like(encoder):
+    # Regression: `"entropy" in stats` raised KeyError("unknown statistic 0") through __getitem__.
+    stats = AttentionAnalyzer(encoder).analyze_attention_distribution([_padded([[5, 6, 7]])])
+    assert "entropy" in stats and "alignment_score" in stats and "nonsense" not in stats
+    assert list(stats) == stats.keys() and len(stats) == len(stats.statistics) > 0
+    assert dict(stats.items()) == {name: stats[name] for name in stats}
+    assert stats.values()[0] == stats[stats.keys()[0]]
+    assert stats.get("nonsense") is None and stats.get("entropy") == stats["entropy"]
+    with pytest.raises(KeyError, match="unknown statistic 'nonsense'"):
+        stats["nonsense"]
+
+
 @pytest.mark.parametrize("T, S", [(5, 5), (4, 7), (7, 4)])
 def test_default_band_equals_the_explicit_reference(T, S):
     torch.manual_seed(T * 10 + S)

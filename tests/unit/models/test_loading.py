@@ -122,3 +122,29 @@ def test_tokenizer_matches_huggingfaces_fast_tokenizer_on_minilm() -> None:
         assert set(mine) == set(expected)
         for key in expected:
             assert torch.equal(mine[key], expected[key]), (options, key)
+
+
+@needs_minilm
+def test_sentence_pairs_match_huggingfaces_tokenizer_on_minilm() -> None:
+    # Regression: tok(a, b, padding=True) and tok(a, text_pair=b) were TypeErrors.
+    transformers = pytest.importorskip("transformers")
+    from attnlab.models.pretrained import pretrained_dir
+
+    ours = attnlab.load("minilm").tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(str(pretrained_dir("minilm")))
+    first = ["Attention is all you need.", "A longer sentence, with punctuation; and more words than that!"]
+    second = ["Is it, though?", "Short."]
+    for options in ({"padding": True}, {"padding": True, "truncation": True, "max_length": 12},
+                    {"padding": True, "truncation": "only_first", "max_length": 12},
+                    {"padding": True, "truncation": "only_second", "max_length": 19},
+                    {"padding": "max_length", "max_length": 32}):
+        mine = ours(first, second, return_tensors="pt", **options)
+        expected = theirs(first, second, return_tensors="pt", **options)
+        assert set(mine) == set(expected) >= {"input_ids", "attention_mask", "token_type_ids"}
+        for key in expected:
+            assert torch.equal(mine[key], expected[key]), (options, key)
+    assert ours(first[0], text_pair=second[0]) == dict(theirs(first[0], text_pair=second[0]))
+    with pytest.raises(ValueError, match="text has 2 texts and text_pair 1"):
+        ours(first, second[:1])
+    with pytest.raises(ValueError, match="truncation='only_second' cannot cut"):  # HF: a bare Exception
+        ours(first, second, truncation="only_second", max_length=14)

@@ -52,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from .inspect_text import write_inspection
     from .resolve import max_length_for, resolve_model
 
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1 (positions shown before pooling), got {args.max_tokens}")
+    if args.window is not None and not 0 <= args.window[0] < args.window[1]:
+        raise ValueError(f"--window START:STOP needs 0 <= START < STOP, got {args.window[0]}:{args.window[1]}")
+    if args.layer is not None and args.layer < 1 or args.head < 1:
+        raise ValueError(f"--layer and --head count from 1, got --layer {args.layer} --head {args.head}")
     check_output_dir(args.out, "--out", "the pictures and report.html")
     resolved = resolve_model(args.model)
     max_length = max_length_for(resolved, args.max_length, fallback=512)

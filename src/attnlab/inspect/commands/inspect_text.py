@@ -92,8 +92,14 @@ def write_inspection(
         model_name: shown in the report.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1 (positions shown before pooling), got {max_tokens!r}")
     input_ids, tokens = encode_text(tokenizer, text, max_length)
+    if window is not None:
+        start, stop = window
+        if not 0 <= start < stop or start >= len(tokens):
+            raise ValueError(f"window must be (start, stop) with 0 <= start < stop and start below the text's "
+                             f"{len(tokens)} tokens, got {tuple(window)}")
     mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, T]
     with torch.no_grad(), capture_attention(model) as captured:
         forward_batch(model, {"input_ids": input_ids, "mask": mask})
@@ -105,6 +111,7 @@ def write_inspection(
     heads = attentions[names[layer - 1]].shape[0]
     if not 1 <= head <= heads:
         raise ValueError(f"head must lie in 1..{heads}, got {head}")
+    out.mkdir(parents=True, exist_ok=True)  # only once everything asked for is known to be drawable
 
     statistics = HeadStatistics(token_groups=special_token_groups(tokenizer))
     for name, weights in attentions.items():

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Optional, Union
+from typing import Any, Collection, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -74,8 +74,28 @@ class AttentionStatistics:
             raise KeyError(f"unknown statistic {name!r}; available: {sorted(self.statistics)}")
         return [self.statistics[name][layer] for layer in self.layers]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self.statistics
+
+    def __iter__(self) -> Iterator[str]:
+        """The statistic names, as a dict's keys (``for name in stats``)."""
+        return iter(self.statistics)
+
+    def __len__(self) -> int:
+        return len(self.statistics)
+
     def keys(self) -> list[str]:
         return list(self.statistics)
+
+    def values(self) -> list[list[list[Optional[float]]]]:
+        return [self[name] for name in self.statistics]
+
+    def items(self) -> list[tuple[str, list[list[Optional[float]]]]]:
+        """``(name, [L][H] values)`` pairs, as ``stats[name]`` gives them."""
+        return [(name, self[name]) for name in self.statistics]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.statistics else default
 
     def matrix(self, name: str) -> np.ndarray:
         """``[L, H]`` float array of one statistic (NaN where missing or a layer has fewer heads)."""

@@ -7,6 +7,7 @@ so far, ``H`` heads, ``V`` vocabulary.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,6 +20,8 @@ from ...outputs import LayerAttentions, ModelOutput
 from .compiled_decoding import CompiledDecoding, check_no_hooks, compiled_capacity
 
 __all__ = ["GenerationOutput", "generate", "next_token_scores"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -178,7 +181,19 @@ def generate(
             f"{config.max_len} positions (config.max_len); ask for at most {max(config.max_len - T, 0)} new tokens"
         )
     eos = config.eos_id if eos_token_id is None else (None if eos_token_id < 0 else eos_token_id)
+    if eos is not None and eos >= config.vocab_size:
+        if eos_token_id is not None:
+            raise ValueError(f"eos_token_id={eos_token_id} lies outside the vocabulary of {config.vocab_size} tokens; "
+                             f"pass a token id below {config.vocab_size}, or -1 to never stop")
+        logger.warning("the model's eos_id=%d lies outside its vocabulary of %d tokens (a config default?): no "
+                       "token can end a row, so every row runs max_new_tokens; pass eos_token_id to stop on one",
+                       eos, config.vocab_size)
+        eos = None
     pad = pad_token_id if pad_token_id is not None else (config.pad_id if config.pad_id is not None else eos)
+    if eos is not None and pad is not None and not 0 <= pad < config.vocab_size:
+        raise ValueError(f"{'pad_token_id' if pad_token_id is not None else 'the model config pad_id'}={pad} lies "
+                         f"outside the vocabulary of {config.vocab_size} tokens, and rows that end at eos "
+                         f"({eos}) continue with it; pass pad_token_id below {config.vocab_size}")
     device = input_ids.device
     keep = None
     if attention_mask is not None:

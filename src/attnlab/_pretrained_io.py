@@ -25,10 +25,13 @@ class PretrainedIO:
     """Mixin: open and save a model the way HuggingFace users do."""
 
     @classmethod
-    def from_pretrained(cls: type[Model], path_or_name: Union[str, Path], *, device=None) -> Model:
+    def from_pretrained(
+        cls: type[Model], path_or_name: Union[str, Path], *, device=None, dtype=None
+    ) -> Model:
         """Open an attnlab run or checkpoint directory, a HuggingFace directory or a
-        packaged name (``"minilm"``) as this class, in eval mode (see :func:`attnlab.load`)."""
-        return _loader().load_as(cls, path_or_name, device=device)
+        packaged name (``"minilm"``) as this class, in eval mode, in ``dtype`` (float32 by
+        default; ``"bfloat16"``, ``"float16"``, ``"auto"``: see :func:`attnlab.load`)."""
+        return _loader().load_as(cls, path_or_name, device=device, dtype=dtype)
 
     def save_pretrained(
         self, directory: Union[str, Path], *, tokenizer: Any = None, layout: str = "attnlab"

@@ -28,7 +28,8 @@ from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder, find_encoder
 from .decoder.causal_lm import DecoderForCausalLM
-from .decoder.loading import DECODER_NAMES, is_decoder_source, load_decoder, load_decoder_tokenizer
+from .checkpoint_tensors import DtypeLike, resolve_dtype
+from .decoder.loading import DECODER_NAMES, is_decoder_source, load_decoder_and_tokenizer
 from .decoder.saving import check_decoder_weights, save_decoder_pretrained
 from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
 from .serialization import (
@@ -84,12 +85,19 @@ def detect_format(path_or_name: PathLike) -> str:
     )
 
 
-def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
+def load(path_or_name: PathLike, *, device=None, dtype: DtypeLike = None) -> LoadedModel:
     """Open an attnlab run or checkpoint, or a HuggingFace directory or packaged name.
 
     Args:
         path_or_name: a directory (see the module docstring) or a name such as ``"minilm"``.
         device: where to put the model.
+        dtype: the parameters' dtype: ``"float32"`` (the default: torch's default dtype),
+            ``"bfloat16"``, ``"float16"`` (or those torch dtypes), or ``"auto"``: the
+            checkpoint's own (the dtype most of its safetensors values are stored in, else
+            its ``config.json``'s ``dtype`` / ``torch_dtype``; float32 for a GGUF file).
+            HuggingFace checkpoints (one ``model.safetensors`` or the shards of
+            ``model.safetensors.index.json``) are read and converted one tensor at a
+            time, so loading takes about the model's size in ``dtype``.
 
     Returns:
         :class:`~attnlab.models.serialization.LoadedModel` ``(model, tokenizer, config)``:
@@ -101,21 +109,23 @@ def load(path_or_name: PathLike, *, device=None) -> LoadedModel:
         >>> model, tokenizer, _ = attnlab.load("minilm")
         >>> out = model(**tokenizer(["attention is all you need"], return_tensors="pt"))
     """
+    dtype = resolve_dtype(dtype)
     kind = detect_format(path_or_name)
     if is_decoder_source(path_or_name):
-        model = load_decoder(path_or_name, device=device)
-        tokenizer = _decoder_tokenizer(model, load_decoder_tokenizer(path_or_name))
+        # one reading of a GGUF file serves the weights and the tokenizer
+        model, backend = load_decoder_and_tokenizer(path_or_name, device=device, dtype=dtype)
+        tokenizer = _decoder_tokenizer(model, backend)
         config_path = Path(path_or_name) / CONFIG_FILE
         config = read_json(config_path) if config_path.is_file() else model.config.to_dict()
         return LoadedModel(model, tokenizer, config)
     if kind in ("attnlab-run", "attnlab-checkpoint"):
-        loaded = load_model(path_or_name, device=device)
+        loaded = load_model(path_or_name, device=device, dtype=dtype)
         model, backend, config = loaded
         if isinstance(model, DecoderForCausalLM):
             return LoadedModel(model, _decoder_tokenizer(model, backend), config)
         tokenizer = None if backend is None else Tokenizer(backend, **_tokenizer_options(model))
         return LoadedModel(model, tokenizer, config)
-    model = from_pretrained(path_or_name, device=device)
+    model = from_pretrained(path_or_name, device=device, dtype=dtype)
     directory = pretrained_dir(path_or_name)
     config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
     try:
@@ -144,7 +154,7 @@ def _tokenizer_options(model: nn.Module) -> dict[str, Any]:
     return {"model_max_length": limit, "return_token_type_ids": bool(config.type_vocab_size)}
 
 
-def load_as(cls: type, path_or_name: PathLike, *, device=None) -> nn.Module:
+def load_as(cls: type, path_or_name: PathLike, *, device=None, dtype: DtypeLike = None) -> nn.Module:
     """``cls.from_pretrained(path)``: :func:`load`, then make sure the model is a ``cls``.
 
     A model with an encoder inside opens as a :class:`~attnlab.TransformerEncoder` too
@@ -153,7 +163,7 @@ def load_as(cls: type, path_or_name: PathLike, *, device=None) -> nn.Module:
     Raises:
         TypeError: the saved model is of another class; the message names it.
     """
-    model = load(path_or_name, device=device).model
+    model = load(path_or_name, device=device, dtype=dtype).model
     if isinstance(model, cls):
         return model
     encoder = find_encoder(model, ("encoder", "text_encoder"))

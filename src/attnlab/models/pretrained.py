@@ -34,10 +34,18 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from .._files import follow_umask, load_safetensors, read_json, write_json
+from .._files import follow_umask, read_json, write_json
 from ..layers.encoder import TransformerEncoder
 from ..layers.encoder_config import EncoderConfig
 from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
+from .checkpoint_tensors import (
+    INDEX_FILE,
+    CheckpointTensors,
+    DtypeLike,
+    config_dtype,
+    parameters_on_meta,
+    resolve_dtype,
+)
 from .classifier import EncoderClassifier
 from .families import FAMILIES, Family, family_for
 from .families._convert import hf_to_state, state_to_hf
@@ -147,26 +155,6 @@ def _read_json(path: Path) -> dict:
     return read_json(path)
 
 
-def _weights_file(directory: Path) -> Path:
-    weights = directory / WEIGHTS_FILE
-    if weights.is_file():
-        return weights
-    if (directory / "model.safetensors.index.json").is_file():
-        raise UnsupportedCheckpointError(
-            f"{directory} holds a sharded checkpoint (model.safetensors.index.json); "
-            f"only a single {WEIGHTS_FILE} is supported"
-        )
-    pickled = [name for name in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
-               if (directory / name).is_file()]
-    if pickled:
-        raise UnsupportedCheckpointError(
-            f"{directory} has {pickled} but no {WEIGHTS_FILE}; attnlab reads safetensors only and "
-            f"never unpickles weights. Convert the checkpoint once, e.g. with transformers: "
-            f"BertModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)"
-        )
-    raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}")
-
-
 def _task_of(values: dict, task: str, family: Family, names: set[str]) -> str:
     """The task ``"auto"`` means: the architecture's head, when the file holds that head.
 
@@ -266,7 +254,7 @@ def from_pretrained(
     dropout: Optional[float] = None,
     attention_dropout: Optional[float] = None,
     device: Optional[Union[str, torch.device]] = None,
-    dtype: Optional[torch.dtype] = None,
+    dtype: DtypeLike = None,
 ) -> Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM]:
     """Load a HuggingFace encoder checkpoint into attnlab's own modules.
 
@@ -277,7 +265,7 @@ def from_pretrained(
 
     Args:
         name_or_path: ``"minilm"`` or a directory with ``config.json`` and
-            ``model.safetensors``.
+            ``model.safetensors`` (or the shards ``model.safetensors.index.json`` names).
         task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
             :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
             ``label_names``, a ``*ForMaskedLM`` one an :class:`~attnlab.EncoderForMaskedLM`,
@@ -289,7 +277,12 @@ def from_pretrained(
         attention_dropout: replaces the checkpoint's attention-probability dropout;
             0 keeps the fused attention kernel during fine-tuning, which is faster.
         device: where to put the parameters.
-        dtype: parameter dtype (default: torch's default, float32).
+        dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
+            ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``, the
+            checkpoint's own (see :func:`~attnlab.models.checkpoint_tensors.resolve_dtype`).
+            Weights are read and converted one tensor at a time, into a model built
+            without parameter storage, so loading takes about the model's size in
+            ``dtype``.
 
     Returns:
         The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
@@ -331,12 +324,16 @@ def from_pretrained(
                if value is not None}
     if changes:
         config = dataclasses.replace(config, **changes)  # validated again in __post_init__
-    weights_path = _weights_file(directory)
-    tensors = load_safetensors(weights_path)
+    dtype = resolve_dtype(dtype)
+    tensors = CheckpointTensors.open(directory)
+    weights_path = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else INDEX_FILE)
     task = _task_of(values, task, family, set(tensors))
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    encoder = family.build(values, config, device=device, dtype=dtype)
-    model = _task_model(family, encoder, values, task, str(config_path))
+    if dtype == "auto":
+        dtype = tensors.stored_dtype() or config_dtype(values) or torch.float32
+    tensors = tensors.converted(dtype, device)
+    with parameters_on_meta():  # the checkpoint's tensors are assigned below
+        encoder = family.build(values, config, device=device, dtype=dtype)
+        model = _task_model(family, encoder, values, task, str(config_path))
     head = _head_modules(family, model, values)
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
     tied = ()
@@ -347,11 +344,11 @@ def from_pretrained(
     )
     if skipped:
         logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
-    state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
-    # assign=True hands the checkpoint's tensors to the module instead of copying them.
+    # assign=True hands the checkpoint's tensors (already in dtype, on device) to the module.
     if isinstance(model, EncoderForMaskedLM):
         state[_TIED] = state["encoder.embedding.weight"]
     model.load_state_dict(state, strict=True, assign=True)
+    assert not any(parameter.is_meta for parameter in model.parameters()), "a parameter was not loaded"
     if isinstance(model, EncoderForMaskedLM):
         model.tie_weights()  # assign=True gave the decoder its own Parameter
     family.after_load(encoder, values)

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
 import safetensors.torch
+import torch
 from torch import nn
 
 from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from ..layers.decoder_config import DecoderConfig
+from .checkpoint_tensors import CheckpointTensors, resolve_dtype
 from .classifier import EncoderClassifier
 from .decoder.causal_lm import DecoderForCausalLM
 from .families import build_from_checkpoint_config
@@ -174,13 +176,15 @@ def _find_tokenizer(checkpoint: Path) -> Optional[Path]:
     return None
 
 
-def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
+def load_model(path: Union[str, Path], *, device=None, dtype=None) -> LoadedModel:
     """Load a saved model (and its tokenizer) from a checkpoint or run directory.
 
     Args:
         path: a checkpoint directory (``model.safetensors`` + ``config.json``) or a run
             directory, whose ``checkpoints/best`` (else ``checkpoints/last``) is used.
         device: where to put the model.
+        dtype: the parameters' dtype: float32 by default, ``"bfloat16"``, ``"float16"``,
+            or ``"auto"``: the dtype the file stores (see :func:`attnlab.load`).
 
     Returns:
         :class:`LoadedModel` ``(model, tokenizer, config)`` with the model in eval mode.
@@ -199,7 +203,10 @@ def load_model(path: Union[str, Path], *, device=None) -> LoadedModel:
             f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
             f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"
         )
-    model = build_model(config, device=device)
+    dtype = resolve_dtype(dtype)
+    if dtype == "auto":
+        dtype = CheckpointTensors.open(checkpoint).stored_dtype() or torch.get_default_dtype()
+    model = build_model(config, device=device, dtype=dtype)
     missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False,
                                                 device=str(device or "cpu"))
     if missing or unexpected:

@@ -9,7 +9,7 @@ false. ``Conv1D`` stores its weight as ``[in, out]``, the transpose of ``nn.Line
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from torch import Tensor
 
@@ -107,32 +107,36 @@ def gpt2_config_from_decoder(config: DecoderConfig) -> dict[str, Any]:
     }
 
 
-def gpt2_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
+def gpt2_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
                           source: str = "model.safetensors") -> dict[str, Tensor]:
     """attnlab's state dict from GPT-2 tensors (``transformer.`` prefix optional).
+
+    Every name is checked before any tensor is looked up, and each is looked up once (see
+    :func:`~attnlab.models.decoder._llama_layout.llama_state_to_decoder`).
 
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
     prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
-    remaining = dict(tensors)
-    missing: list[str] = []
-    state: dict[str, Tensor] = {}
-    for hf, ours, conv1d in gpt2_tensor_names(config):
-        tensor = remaining.pop(prefix + hf, None)
-        if tensor is None:
-            missing.append(prefix + hf)
-            continue
-        state[ours] = tensor.t().contiguous() if conv1d else tensor  # Conv1D [in, out] -> Linear [out, in]
-    head = remaining.pop("lm_head.weight", None)
+    remaining = set(tensors)
+    plan = [(prefix + hf, ours, conv1d) for hf, ours, conv1d in gpt2_tensor_names(config)]
+    missing = [name for name, _, _ in plan if name not in remaining]
+    remaining -= {name for name, _, _ in plan}
+    has_head = "lm_head.weight" in remaining
+    remaining.discard("lm_head.weight")
     if not config.tie_embeddings:
-        if head is None:
+        if has_head:
+            plan.append(("lm_head.weight", "lm_head.weight", False))
+        else:
             missing.append("lm_head.weight")
-        state["lm_head.weight"] = head
     # Old checkpoints carry the causal mask as buffers (attn.bias, attn.masked_bias).
     unexpected = sorted(name for name in remaining if not name.endswith(("attn.bias", "attn.masked_bias")))
     if missing or unexpected:
         raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
+    state: dict[str, Tensor] = {}
+    for name, ours, conv1d in plan:
+        tensor = tensors[name]
+        state[ours] = tensor.t().contiguous() if conv1d else tensor  # Conv1D [in, out] -> Linear [out, in]
     return state
 
 

@@ -9,7 +9,7 @@ attnlab's one ``qkv_proj`` in that order, and split back when written.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -190,31 +190,40 @@ def llama_tensor_names(config: DecoderConfig) -> list[tuple[tuple[str, ...], str
     return names
 
 
-def llama_state_to_decoder(tensors: dict[str, Tensor], config: DecoderConfig,
+def llama_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
                            source: str = "model.safetensors") -> dict[str, Tensor]:
     """attnlab's state dict from HuggingFace Llama-family tensors (``model.`` prefix optional).
+
+    Every name is checked before any tensor is looked up, and each is looked up once, so a
+    mapping that reads on lookup (:class:`~attnlab.models.checkpoint_tensors.CheckpointTensors`)
+    reads the checkpoint one tensor at a time.
 
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
     prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
-    remaining = dict(tensors)
+    remaining = set(tensors)
     missing: list[str] = []
-    state: dict[str, Tensor] = {}
+    plan: list[tuple[list[str], str]] = []  # (HF names, attnlab name)
     for hf_names, ours in llama_tensor_names(config):
-        parts = [remaining.pop(prefix + name, None) for name in hf_names]
-        missing += [prefix + name for name, part in zip(hf_names, parts) if part is None]
-        if all(part is not None for part in parts):
-            state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # q, k, v: [(H + 2K) * D, ...]
-    head = remaining.pop("lm_head.weight", None)  # a tied checkpoint may still hold a copy
+        names = [prefix + name for name in hf_names]
+        missing += [name for name in names if name not in remaining]
+        remaining -= set(names)
+        plan.append((names, ours))
+    has_head = "lm_head.weight" in remaining  # a tied checkpoint may still hold a copy
+    remaining.discard("lm_head.weight")
     if not config.tie_embeddings:
-        if head is None:
-            missing.append("lm_head.weight")
+        if has_head:
+            plan.append((["lm_head.weight"], "lm_head.weight"))
         else:
-            state["lm_head.weight"] = head
+            missing.append("lm_head.weight")
     unexpected = sorted(name for name in remaining if not name.endswith("rotary_emb.inv_freq"))
     if missing or unexpected:
         raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
+    state: dict[str, Tensor] = {}
+    for names, ours in plan:
+        parts = [tensors[name] for name in names]
+        state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # q, k, v: [(H + 2K) * D, ...]
     return state
 
 

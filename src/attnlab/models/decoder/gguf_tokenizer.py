@@ -8,7 +8,7 @@ and tokens of type 3 (control) become special tokens (``<|im_start|>``, ...).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
@@ -24,18 +24,24 @@ def _strings(field) -> list[str]:
     return [bytes(field.parts[index]).decode("utf-8") for index in field.data]
 
 
-def tokenizer_from_gguf(path: Union[str, Path]) -> Tokenizer:
+def tokenizer_from_gguf(source: Any) -> Tokenizer:
     """Build the byte-level BPE tokenizer of a GGUF file (no padding, no truncation).
+
+    Args:
+        source: the file's path, or a ``GGUFReader`` of it (one reader serves the weights
+            and the tokenizer: :func:`~attnlab.models.decoder.gguf_weights.open_gguf`).
 
     Raises:
         UnsupportedCheckpointError: the file holds another kind of tokenizer (SentencePiece's ``llama``).
     """
-    from .gguf_weights import _reader
+    from .gguf_weights import open_gguf
 
-    reader = _reader(path)
+    reader = open_gguf(source)
     kind = reader.fields["tokenizer.ggml.model"].contents()
     if kind != "gpt2":
-        raise UnsupportedCheckpointError(f"{path}: tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")
+        where = source if isinstance(source, (str, Path)) else "the GGUF file"
+        raise UnsupportedCheckpointError(
+            f"{where}: tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")
     tokens = _strings(reader.fields["tokenizer.ggml.tokens"])
     merges = [tuple(merge.split(" ", 1)) for merge in _strings(reader.fields["tokenizer.ggml.merges"])]
     types = [int(value) for value in reader.fields["tokenizer.ggml.token_type"].contents()]

@@ -10,7 +10,7 @@ half" order that HuggingFace and attnlab use.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 from ...layers.decoder_config import DecoderConfig
 from .._bert_layout import UnsupportedCheckpointError
 
-__all__ = ["gguf_metadata", "read_gguf", "unpermute_rotary_rows"]
+__all__ = ["gguf_metadata", "open_gguf", "read_gguf", "unpermute_rotary_rows"]
 
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm.weight",
@@ -37,6 +37,13 @@ def _reader(path: Union[str, Path]):
     except ImportError:
         raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from None
     return GGUFReader(str(path))
+
+
+def open_gguf(source: Any):
+    """A ``GGUFReader`` of ``source``: a path is opened (parsing a GGUF file's metadata and
+    tensor table takes seconds: open it once and pass the reader on), a reader is returned
+    as it is."""
+    return _reader(source) if isinstance(source, (str, Path)) else source
 
 
 def gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -97,8 +104,12 @@ def _config(meta: dict[str, Any], source: str) -> DecoderConfig:
     )
 
 
-def read_gguf(path: Union[str, Path]) -> tuple[DecoderConfig, dict[str, Tensor]]:
+def read_gguf(source: Any, *, dtype: Optional[torch.dtype] = None) -> tuple[DecoderConfig, dict[str, Tensor]]:
     """``(config, state dict)`` of a Llama-family GGUF file, weights dequantised to float32.
+
+    Args:
+        source: the file's path, or a ``GGUFReader`` of it (see :func:`open_gguf`).
+        dtype: each tensor is converted to it as soon as it is dequantised (default: float32).
 
     Raises:
         ImportError: the ``gguf`` package is missing.
@@ -106,7 +117,9 @@ def read_gguf(path: Union[str, Path]) -> tuple[DecoderConfig, dict[str, Tensor]]
     """
     from gguf import dequantize
 
-    reader = _reader(path)
+    reader = open_gguf(source)
+    path = getattr(reader, "data", None)
+    path = getattr(path, "filename", None) or str(source)
     meta = gguf_metadata(reader)
     if "llama.vocab_size" not in meta and "tokenizer.ggml.tokens" in reader.fields:
         meta["llama.vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -115,7 +128,9 @@ def read_gguf(path: Union[str, Path]) -> tuple[DecoderConfig, dict[str, Tensor]]
     raw: dict[str, Tensor] = {}
     for tensor in reader.tensors:
         values = dequantize(tensor.data, tensor.tensor_type)  # numpy, in HuggingFace's [out, in] order
-        raw[tensor.name] = torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: F32 tensors are read-only maps
+        # a copy: F32 tensors are read-only maps
+        weights = torch.from_numpy(np.array(values, dtype=np.float32))
+        raw[tensor.name] = weights if dtype is None else weights.to(dtype)
     state: dict[str, Tensor] = {"embed_tokens.weight": raw.pop("token_embd.weight"),
                                 "norm.weight": raw.pop("output_norm.weight")}
     if "output.weight" in raw:

@@ -2,27 +2,36 @@
 
 The loader (:mod:`attnlab.models.loading` / :mod:`attnlab.models.pretrained`) sends a
 directory whose ``config.json`` names one of :data:`DECODER_MODEL_TYPES`, a ``.gguf`` file
-and the packaged name ``"smollm2"`` here. Weights are read with ``safetensors`` (nothing
-is unpickled) or with the ``gguf`` package; ``transformers`` is not needed.
+and the packaged name ``"smollm2"`` here. Weights are read with ``safetensors`` (one file
+or shards; nothing is unpickled) or with the ``gguf`` package; ``transformers`` is not needed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
-from ..._files import load_safetensors, read_json
+from ..._files import read_json
 from ...layers.decoder_config import DecoderConfig
 from .._bert_layout import UnsupportedCheckpointError
+from ..checkpoint_tensors import (
+    INDEX_FILE,
+    WEIGHTS_FILE,
+    CheckpointTensors,
+    DtypeLike,
+    config_dtype,
+    has_safetensors,
+    resolve_dtype,
+)
 from ._gpt2_layout import decoder_config_from_gpt2, gpt2_state_to_decoder
 from ._llama_layout import LLAMA_MODEL_TYPES, decoder_config_from_llama, llama_state_to_decoder
 from .causal_lm import DecoderForCausalLM
 
 __all__ = ["DECODER_MODEL_TYPES", "DECODER_NAMES", "decoder_config_from_hf", "is_decoder_source",
-           "load_decoder", "load_decoder_tokenizer"]
+           "load_decoder", "load_decoder_and_tokenizer", "load_decoder_tokenizer"]
 
 DECODER_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES)
 # name -> (import name of the package that ships the file, file inside it, pip requirement)
@@ -88,41 +97,56 @@ def decoder_config_from_hf(raw: dict, source: str = "config.json") -> DecoderCon
 
 
 def load_decoder(
-    source: PathLike, *, device: Optional[Union[str, torch.device]] = None, dtype: Optional[torch.dtype] = None
+    source: PathLike, *, device: Optional[Union[str, torch.device]] = None, dtype: DtypeLike = None,
+    gguf_reader: Any = None,
 ) -> DecoderForCausalLM:
     """A :class:`DecoderForCausalLM` from a HuggingFace directory, a ``.gguf`` file or ``"smollm2"``.
+
+    The model is built on the ``meta`` device and the checkpoint's tensors, read and
+    converted one at a time (``model.safetensors`` or the shards of
+    ``model.safetensors.index.json``; a GGUF file's tensors dequantised one at a time), are
+    assigned to it: loading holds about the model's size in ``dtype``, no more.
 
     Args:
         source: see :func:`is_decoder_source`.
         device: where to put the parameters.
-        dtype: parameter dtype (default: torch's default, float32; GGUF weights are
-            dequantised to float32 first).
+        dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
+            ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``: the
+            checkpoint's own (its safetensors' dtype, else ``config.json``'s ``dtype`` /
+            ``torch_dtype``; float32 for a GGUF file, whose weights are dequantised to it).
+        gguf_reader: a ``GGUFReader`` of ``source`` already open (see
+            :func:`load_decoder_and_tokenizer`), so the file is not parsed again.
 
     Raises:
         FileNotFoundError: no such file, or the package of a packaged name is missing.
         UnsupportedCheckpointError: an architecture or setting attnlab does not implement,
             or tensors that do not fit (all listed).
+        ValueError: ``dtype`` is none of the choices.
     """
+    dtype = resolve_dtype(dtype)
     gguf_path = _gguf_path(source)
     if gguf_path is not None:
         from .gguf_weights import read_gguf
 
-        config, state = read_gguf(gguf_path)
+        dtype = torch.float32 if dtype == "auto" else dtype
+        config, state = read_gguf(gguf_path if gguf_reader is None else gguf_reader, dtype=dtype)
+        state = {name: tensor.to(device) for name, tensor in state.items()} if device is not None else state
     else:
         directory = Path(source)
         raw = read_json(directory / "config.json")
         config = decoder_config_from_hf(raw, str(directory / "config.json"))
-        weights = directory / "model.safetensors"
-        if not weights.is_file():
+        if not has_safetensors(directory):
             raise UnsupportedCheckpointError(
-                f"{directory} has no model.safetensors (attnlab reads one safetensors file and never unpickles)"
+                f"{directory} has neither {WEIGHTS_FILE} nor {INDEX_FILE} (attnlab reads safetensors "
+                f"only and never unpickles)"
             )
-        tensors = load_safetensors(weights)
+        tensors = CheckpointTensors.open(directory)
+        if dtype == "auto":
+            dtype = tensors.stored_dtype() or config_dtype(raw) or torch.float32
+        weights = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else INDEX_FILE)
         convert = gpt2_state_to_decoder if raw["model_type"] == "gpt2" else llama_state_to_decoder
-        state = convert(tensors, config, str(weights))
-    dtype = torch.get_default_dtype() if dtype is None else dtype
+        state = convert(tensors.converted(dtype, device), config, str(weights))
     model = DecoderForCausalLM(config, device="meta")
-    state = {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()}
     if config.tie_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -132,6 +156,22 @@ def load_decoder(
                                           max_len=config.max_len, device=device)
     model.checkpoint_config = None if gguf_path is not None else raw
     return model.eval()
+
+
+def load_decoder_and_tokenizer(
+    source: PathLike, *, device: Optional[Union[str, torch.device]] = None, dtype: DtypeLike = None
+) -> tuple[DecoderForCausalLM, Any]:
+    """:func:`load_decoder` and :func:`load_decoder_tokenizer` together: a GGUF file is
+    opened and parsed once for both (parsing is most of the time a reader takes)."""
+    gguf_path = _gguf_path(source)
+    if gguf_path is None:
+        return load_decoder(source, device=device, dtype=dtype), load_decoder_tokenizer(source)
+    from .gguf_tokenizer import tokenizer_from_gguf
+    from .gguf_weights import open_gguf
+
+    reader = open_gguf(gguf_path)
+    model = load_decoder(source, device=device, dtype=dtype, gguf_reader=reader)
+    return model, tokenizer_from_gguf(reader)
 
 
 def load_decoder_tokenizer(source: PathLike):

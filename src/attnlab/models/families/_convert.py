@@ -85,7 +85,7 @@ def _normalise(name: str) -> str:
 def hf_to_state(
     family: Family,
     values: dict[str, Any],
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     shapes: dict[str, tuple[int, ...]],
     *,
     head: Mapping[str, str] = {},
@@ -98,7 +98,9 @@ def hf_to_state(
     Args:
         family: the layout.
         values: the checkpoint's ``config.json``.
-        tensors: HF name -> tensor, as read from ``model.safetensors``.
+        tensors: HF name -> tensor, as read from ``model.safetensors``; a
+            :class:`~attnlab.models.checkpoint_tensors.CheckpointTensors` is read one
+            tensor at a time, after every name and shape has been checked on its headers.
         shapes: the attnlab model's ``state_dict`` names and shapes.
         head: the task head's module paths -> full HF module paths (empty for an encoder).
         ignored: more HF names (prefixes) to skip, besides the family's.
@@ -111,7 +113,7 @@ def hf_to_state(
     Raises:
         UnsupportedCheckpointError: listing every missing, unexpected or misshapen tensor.
     """
-    given = {_normalise(name): tensor for name, tensor in tensors.items()}
+    given = {_normalise(name): name for name in tensors}  # normalised -> stored name
     prefix = family.base_prefix
     head_names = {f"{path}.{leaf}" for path in head.values() for leaf in ("weight", "bias")} | set(
         head.values()
@@ -137,8 +139,9 @@ def hf_to_state(
                 missing[name] = None
                 continue
             used.add(found)
-            if tuple(given[found].shape) != tuple(expected):
-                mismatched[name] = f"checkpoint {tuple(given[found].shape)}, config expects {tuple(expected)}"
+            stored = _stored_shape(tensors, given[found])
+            if stored != tuple(expected):
+                mismatched[name] = f"checkpoint {stored}, config expects {tuple(expected)}"
     unused = sorted(set(given) - used)
     skip = family.ignored + tuple(ignored)
     ignorable = [
@@ -154,9 +157,15 @@ def hf_to_state(
         raise problems_error(f"{source} does not match a {family.name} model of this config{hint}", problems)
     state = {}
     for ours, theirs in names.items():
-        parts = [given[lookup(name)] for name in theirs]
+        parts = [tensors[given[lookup(name)]] for name in theirs]  # read here, one at a time
         state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # [3E, E] or [3E]
     return state, sorted(ignorable + (extra if not strict else []))
+
+
+def _stored_shape(tensors: Mapping[str, Tensor], name: str) -> tuple[int, ...]:
+    """A tensor's shape without reading it when ``tensors`` knows it from a header."""
+    shape = getattr(tensors, "shape", None)
+    return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
 
 
 def state_to_hf(

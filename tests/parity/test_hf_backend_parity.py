@@ -127,6 +127,15 @@ CASES: dict[str, Case] = {
                     _decoder(head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=3,
                              layer_types=["sliding_attention", "full_attention"]),
                     "decoder", layers=(1, 2), reference="eager", kinds="causal, sliding (layer 1), sinks, GQA"),
+    "granite": Case("GraniteConfig", "GraniteModel", _decoder(attention_multiplier=0.3), "decoder",
+                    kinds="causal, GQA, custom scaling"),
+    "starcoder2": Case("Starcoder2Config", "Starcoder2Model", _decoder(sliding_window=3), "decoder",
+                       kinds="causal, sliding, GQA"),
+    "opt": Case("OPTConfig", "OPTModel",
+                {"vocab_size": VOCAB, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "max_position_embeddings": 64, "word_embed_proj_dim": 32,
+                 "init_std": 0.2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                "decoder", kinds="causal"),
     "gpt2": Case("GPT2Config", "GPT2Model",
                  {"vocab_size": VOCAB, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
                   "initializer_range": 0.2}, "decoder", kinds="causal"),
@@ -151,11 +160,14 @@ CASES: dict[str, Case] = {
                 "decoder_start_token_id": 0}, "seq2seq", kinds="self, causal, cross, position bias"),
     "bart": Case("BartConfig", "BartModel", _bart(), "seq2seq", kinds="self, causal, cross"),
     "marian": Case("MarianConfig", "MarianModel", _bart(), "seq2seq", kinds="self, causal, cross"),
+    "mbart": Case("MBartConfig", "MBartModel", _bart(), "seq2seq", kinds="self, causal, cross"),
     "whisper": Case("WhisperConfig", "WhisperModel",
                     _bart(num_mel_bins=8, max_source_positions=4, max_target_positions=16),
                     "speech", kinds="self (audio), causal, cross"),
     "vit": Case("ViTConfig", "ViTModel", _vit(), "vision", kinds="self (vision)"),
     "deit": Case("DeiTConfig", "DeiTModel", _vit(), "vision", kinds="self (vision)"),
+    "beit": Case("BeitConfig", "BeitModel", _vit(use_relative_position_bias=True), "vision",
+                 kinds="self (vision), relative position bias"),
     "dinov2": Case("Dinov2Config", "Dinov2Model", _vit(), "vision", kinds="self (vision)"),
     "clip": Case("CLIPConfig", "CLIPModel", {**_towers(), "projection_dim": 16}, "dual",
                  kinds="causal (text), self (vision)"),
@@ -171,6 +183,7 @@ CASES: dict[str, Case] = {
 REFUSED = {
     "falcon": ("FalconConfig", "FalconModel",
                {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}),
+    "bloom": ("BloomConfig", "BloomModel", {"vocab_size": VOCAB, "hidden_size": 32, "n_layer": 2, "n_head": 4}),
     # the vision tower's attention-pooling head is a torch nn.MultiheadAttention
     "siglip": ("SiglipConfig", "SiglipModel", _towers()),
 }
@@ -238,6 +251,18 @@ def _run(model: nn.Module, inputs: dict, **extra) -> Any:
         return model(**inputs, **extra)
 
 
+_EAGER: dict[str, Any] = {}
+
+
+def _eager(name: str) -> Any:
+    """The case's eager outputs with weights (computed once: the weights never change)."""
+    if name not in _EAGER:
+        model = _model(name)
+        model.set_attn_implementation("eager")
+        _EAGER[name] = _run(model, _inputs(CASES[name]), output_attentions=True)
+    return _EAGER[name]
+
+
 def _real_rows(case: Case, inputs: dict) -> Optional[Tensor]:
     """``[B, T, 1]`` True on real positions of a decoder's left-padded batch (pad rows of a
     causal decoder have no key, where attnlab and eager differ by design), else ``None``."""
@@ -297,22 +322,45 @@ def _eager_weights(case: Case, output: Any, name: str) -> Tensor:
     return _returned_attentions(case, output, stack)[index]
 
 
-def _compare_weights(got: Tensor, want: Tensor, sinks: bool) -> tuple[float, int]:
-    """Max difference on rows that have a key; the number of rows without one.
+def _rows_without_keys(case: Case, layer: str, inputs: dict, shape: torch.Size) -> Tensor:
+    """``[B, H, T]`` True on the query rows that have no key to attend, from the inputs alone.
 
-    A row of eager weights equal over all ``S`` keys is a row with no key to attend
-    (eager adds the dtype's minimum to every score; a row with a key puts exactly 0 on
-    each masked key, and random scores are never all equal): attnlab must give zeros there.
+    A left-padded decoder's pad rows (causal: only pad keys before them); ModernBERT's
+    local layers (``layer_2`` here, window of ``local_attention`` keys around the query):
+    the rows whose window holds only padding. No other case has such rows.
     """
+    B, H, T, S = shape
+    if case.kind == "decoder":
+        return ~inputs["attention_mask"].bool()[:, None, :].expand(B, H, T)
+    if case.config == "ModernBertConfig" and layer == "layer_2":
+        half = case.kwargs["local_attention"] // 2
+        positions = torch.arange(T)
+        window = (positions[:, None] - positions[None, :]).abs() <= half  # [T, S]
+        allowed = window[None] & inputs["attention_mask"].bool()[:, None, :]  # [B, T, S]
+        return ~allowed.any(-1)[:, None, :].expand(B, H, T)
+    return torch.zeros(B, H, T, dtype=torch.bool)
+
+
+def _compare_weights(got: Tensor, want: Tensor, empty: Tensor, sinks: bool) -> float:
+    """Max difference on the rows that have a key (``empty``: ``[B, H, T]``, those without):
+    attnlab gives zeros on the others, eager spreads them uniformly over the masked keys."""
     assert got.shape == want.shape, (got.shape, want.shape)
-    empty = (want == want[..., :1]).all(-1) & (want.shape[-1] > 1)  # [B, H, T]
     assert torch.all(got[empty] == 0)
+    if not sinks:  # with sinks, eager's rows without keys are all sink (zeros) too
+        assert torch.allclose(want[empty], torch.full((), 1.0 / want.shape[-1]))
     sums = got.sum(-1)[~empty]
     if sinks:  # the sink takes its share of each row
         assert torch.all(sums < 1.0) and torch.all(sums > 0.0)
     else:
         assert torch.allclose(sums, torch.ones(()), atol=WEIGHT_TOLERANCE)
-    return (got - want).abs()[~empty].max().item(), int(empty.sum())
+    return (got - want).abs()[~empty].max().item()
+
+
+def _check_layer(case: Case, layer: str, inputs: dict, got: Tensor, want: Any) -> tuple[float, int]:
+    """attnlab's weights of ``layer`` against eager's: (max difference, rows without keys)."""
+    reference = _eager_weights(case, want, layer)
+    empty = _rows_without_keys(case, layer, inputs, reference.shape)
+    return _compare_weights(got, reference, empty, "sinks" in case.kinds), int(empty.sum())
 
 
 # -- output projection of an attention module ----------------------------------------------
@@ -366,8 +414,7 @@ def test_attach_without_layers_equals_sdpa(name: str) -> None:
 def test_chosen_layer_weights_equal_eager(name: str) -> None:
     case, model = CASES[name], _model(name)
     inputs = _inputs(case)
-    model.set_attn_implementation("eager")
-    want = _run(model, inputs, output_attentions=True)
+    want = _eager(name)
     with attach(model, layers=list(case.layers)) as seen:
         got = _run(model, inputs, output_attentions=True)
     sites = {site.name: site for site in attention_sites(model)}
@@ -376,37 +423,34 @@ def test_chosen_layer_weights_equal_eager(name: str) -> None:
     assert sorted(recorded) == sorted(chosen)
     worst, empty_rows = 0.0, 0
     for layer in chosen:
-        difference, empty = _compare_weights(recorded[layer], _eager_weights(case, want, layer), "sinks" in case.kinds)
+        difference, empty = _check_layer(case, layer, inputs, recorded[layer], want)
         worst, empty_rows = max(worst, difference), empty_rows + empty
-    if case.kind == "decoder":
-        # the left-padded sequence's PAD pad rows have no key, in every head of every layer
-        assert empty_rows == len(chosen) * PAD * _heads(model, chosen[0])
-    MEASURED.setdefault(name, {})["weights"] = worst
+    MEASURED.setdefault(name, {}).update(weights=worst, rows_without_keys=empty_rows)
     assert worst <= WEIGHT_TOLERANCE
 
 
 # In these models output_attentions never reaches the attention function (GPT-2's and
-# StableLM's attention modules take it as a forward argument and keep it; SigLIP's layers
-# do not pass it down), so attnlab's function cannot tell that the call asked for weights:
+# StableLM's attention modules take it as a forward argument and keep it; OPT's and
+# SigLIP's layers do not pass it down), so attnlab's function cannot tell that the call asked for weights:
 # it returns None and transformers' out.attentions stays empty (attnlab's own
 # seen.attentions has the weights, checked above).
-_OUTPUT_ATTENTIONS_NOT_PASSED = {"gpt2", "stablelm", "siglip_text", "siglip_vision"}
+_OUTPUT_ATTENTIONS_NOT_PASSED = {"gpt2", "opt", "siglip_text", "siglip_vision", "stablelm"}
 
 
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, reason="output_attentions does not reach the attention function")
+        strict=True, raises=AssertionError, reason="output_attentions does not reach the attention function")
     ) if name in _OUTPUT_ATTENTIONS_NOT_PASSED else name
     for name in sorted(CASES)
 ])
-def test_transformers_attentions_under_attach_equal_eager(name: str) -> None:
-    """transformers' own ``out.attentions`` under ``attach``: the layers left on the fused
-    path return None, which transformers' output recorder drops, so each stack's tuple
-    holds exactly its chosen layers, in order."""
+def test_output_attentions_under_attach_equals_eager(name: str) -> None:
+    """``output_attentions=True`` under ``attach``. With chosen layers, transformers' own
+    ``out.attentions``: the layers left on the fused path return None, which transformers'
+    output recorder drops, so each stack's tuple holds exactly its chosen layers, in order.
+    With none chosen, every layer is exact (as eager)."""
     case, model = CASES[name], _model(name)
     inputs = _inputs(case)
-    model.set_attn_implementation("eager")
-    want = _run(model, inputs, output_attentions=True)
+    want = _eager(name)
     with attach(model, layers=list(case.layers)) as seen:
         got = _run(model, inputs, output_attentions=True)
     recorded = {**dict(seen.attentions.items()), **dict(seen.cross_attentions.items())}
@@ -416,11 +460,16 @@ def test_transformers_attentions_under_attach_equal_eager(name: str) -> None:
         assert len(returned) == len(members) > 0
         for layer, weights in zip(members, returned):
             assert torch.equal(weights, recorded[layer])
-            _compare_weights(weights, _eager_weights(case, want, layer), "sinks" in case.kinds)
+            _check_layer(case, layer, inputs, weights, want)
+    # no layer chosen: output_attentions=True makes every layer exact, as eager
+    with attach(model) as seen:
+        _run(model, inputs, output_attentions=True)
+    recorded = {**dict(seen.attentions.items()), **dict(seen.cross_attentions.items())}
+    assert sorted(recorded) == sorted(site.name for site in attention_sites(model))
+    for layer, weights in recorded.items():
+        difference, _ = _check_layer(case, layer, inputs, weights, want)
+        assert difference <= WEIGHT_TOLERANCE
 
-
-def _heads(model: nn.Module, layer: str) -> int:
-    return next(site.heads for site in attention_sites(model) if site.name == layer)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -473,3 +522,25 @@ def test_attention_outside_the_interface_is_refused(name: str) -> None:
         with attach(model):
             pass
     assert model.config._attn_implementation == implementation
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="one attention module called for every layer is served as one layer")
+def test_attention_module_shared_by_layers_is_refused_or_told_apart() -> None:
+    """ALBERT runs one attention module for every layer. attnlab names modules, so it sees one
+    layer (``layer_1``), whose recorded weights are those of the last call (the last layer,
+    not the first) and whose head mask hits every layer: it must tell the calls apart or
+    refuse the model."""
+    config = transformers.AlbertConfig(**_bert(embedding_size=16))
+    model = transformers.AlbertModel(config).eval()
+    case = Case("AlbertConfig", "AlbertModel", {}, "encoder")
+    inputs = _inputs(case)
+    model.set_attn_implementation("eager")
+    want = _run(model, inputs, output_attentions=True)
+    try:
+        with attach(model, layers=[1]) as seen:
+            _run(model, inputs)
+    except ValueError:
+        return  # refused
+    difference, _ = _check_layer(case, "layer_1", inputs, seen.attentions["layer_1"], want)
+    assert difference <= WEIGHT_TOLERANCE

@@ -104,9 +104,10 @@ def exact_attention(
     B, H, T, D = query.shape
     K, S = key.shape[1], key.shape[2]
     groups = H // K
-    # Grouped heads multiply their shared keys and values through broadcasting instead of
-    # copies of them (transformers' repeat_kv): query [B, K, g, t, D] against key [B, K, 1, S, D].
-    key, value = key[:, :, None], value[:, :, None]  # [B, K, 1, S, D]
+    # Grouped heads: each key-value head serves g consecutive query heads, as transformers'
+    # repeat_kv lays them out (the same products as eager, to its last bit)
+    key = key[:, :, None].expand(B, K, groups, S, D).reshape(B, H, S, D)
+    value = value[:, :, None].expand(B, K, groups, S, value.shape[-1]).reshape(B, H, S, -1)
     scaling = 1.0 / math.sqrt(D) if scaling is None else scaling
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.float()
@@ -115,7 +116,7 @@ def exact_attention(
     for start in range(0, T, step):
         rows = slice(start, min(T, start + step))
         t = rows.stop - rows.start
-        block = query[:, :, rows].reshape(B, K, groups, t, D)
+        block = query[:, :, rows]
         # the softmax runs in float32, as transformers' eager functions do; every step on
         # the [B, H, t, S] scores works in place (a fresh tensor of that size per step
         # costs page faults on top of the pass itself)
@@ -161,8 +162,7 @@ def exact_attention(
         weights = weights.to(query.dtype)
         if dropout > 0.0 and module.training:
             weights = F.dropout(weights, p=dropout)
-        grouped = weights.reshape(B, K, groups, t, S)
-        outputs.append(torch.matmul(grouped, value).reshape(B, H, t, -1))  # [B, H, t, D]
+        outputs.append(torch.matmul(weights, value))  # [B, H, t, D]
         if on_weights is not None:
             keep = on_weights(weights, start, T)
             if keep is not None:
@@ -203,7 +203,7 @@ def attnlab_attention_forward(
     (the model left on ``attn_implementation="attnlab"`` outside any ``attach``) gives its
     weights when the call asks for ``output_attentions``, as ``eager`` would.
     """
-    from .backend import route_of  # the routes live with the sessions that set them
+    from ._routes import route_of
 
     # attnlab's own inspection tools (capture_attention, mask_heads, the explain methods)
     # reach a served module through these keywords, as they reach attnlab's modules.

@@ -28,19 +28,14 @@ from ..inspect.compute.causal_statistics import CausalStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..outputs import LayerAttentions
 from ._kernel import BACKEND_NAME, register
+from ._routes import _ROUTES, route_of
 from ._sites import AttentionSite, attention_sites, unrouted_attention
 
 __all__ = ["AttachedModel", "attach", "route_of"]
 
-_ROUTES: "weakref.WeakKeyDictionary[nn.Module, _Route]" = weakref.WeakKeyDictionary()
 
 # The most attention weights one block of query rows holds in statistics mode.
 _STATISTICS_BLOCK_CELLS = 1 << 22
-
-
-def route_of(module: nn.Module) -> Optional["_Route"]:
-    """The route of ``module`` inside an active :func:`attach` block, else ``None``."""
-    return _ROUTES.get(module)
 
 
 class _Route:

@@ -266,7 +266,8 @@ def _read_toml(path: Union[str, Path]) -> dict[str, Any]:
     """The tables of a TOML config file, with errors that name the file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
+        problem = "is a directory; name a TOML file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"config file {path} {problem}")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

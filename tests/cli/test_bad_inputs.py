@@ -94,6 +94,8 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "data.max_length=100000"],
          "512 positions"),
         (["train", "--out", str(root / "stale_run"), "--resume"], "data.validation_fraction"),
+        (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "model.d_model=64"],
+         "has no effect beside model.pretrained"),
         (["demo", "--out", str(root / "a_file.txt")], "is a file"),
         (["demo", "--out", str(root / "mine")], "--overwrite"),
         (["demo", "--out", out, "--set", "train.epochs=x"], "epochs"),

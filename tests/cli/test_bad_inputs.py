@@ -94,6 +94,8 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "data.max_length=100000"],
          "512 positions"),
         (["train", "--out", str(root / "stale_run"), "--resume"], "data.validation_fraction"),
+        (["train", "--out", out, "--set", 'model.pretrained="minilm"', "--set", "model.d_model=64"],
+         "has no effect beside model.pretrained"),
         (["demo", "--out", str(root / "a_file.txt")], "is a file"),
         (["demo", "--out", str(root / "mine")], "--overwrite"),
         (["demo", "--out", out, "--set", "train.epochs=x"], "epochs"),
@@ -113,6 +115,14 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "no text column"),
         (["analyze", "--model", model, "--data", str(root / "bad.jsonl"), "--out", out], "bad.jsonl:2"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--limit", "0"], "--limit"),
+        # messages that name what is wrong, not something else
+        (["analyze", "--model", model, "--data", str(root / "mine"), "--out", out], "is a directory"),
+        (["train", "--out", out, "--data", str(root / "mine")], "is a directory"),
+        (["train", "--out", out, "--config", str(root / "mine")], "is a directory; name a TOML file"),
+        (["analyze", "--model", model, "--data", str(root / "labelled.csv"), "--split", "train", "--out", out],
+         "drop --split"),
+        (["analyze", "--model", model, "--data", str(root / "no_label.csv"), "--out", out, "--importance"],
+         "label names ['neg', 'pos']"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--batch-size", "0"],
          "--batch-size"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "0:1"],
@@ -339,3 +349,13 @@ def test_sizes_past_the_limits_are_refused_in_python_before_any_allocation():
 
     with pytest.raises(ValueError, match="steps=100000 is more than 1000"):  # numpy asked for 74.5 GiB
         integrated_gradients(torch.nn.Identity(), torch.zeros(1, 3, dtype=torch.long), steps=100_000)
+
+
+def test_importance_reads_the_models_label_names(files, tmp_path, capsys):
+    # Regression: string labels ("pos", "neg") gave "--importance needs a label for every text",
+    # after the whole statistics pass.
+    out = tmp_path / "analysis"
+    assert main(["analyze", "--model", str(files["model"]), "--data", str(files["root"] / "labelled.csv"),
+                 "--out", str(out), "--importance", "--no-progress", "--format", "png"]) == 0
+    statistics = json.loads((out / "statistics.json").read_text())
+    assert len(statistics["head_importance"]) == 2  # [L][H]

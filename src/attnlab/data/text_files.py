@@ -44,7 +44,8 @@ def detect_format(path: Path, format: Optional[str] = None, *, allowed: Sequence
 
 def _read_text(path: Path) -> str:
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
+        problem = "is a directory; name a CSV, TSV, JSONL or TXT file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"data file {path} {problem}")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")

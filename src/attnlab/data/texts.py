@@ -10,7 +10,7 @@ set (all splits in order, or the one named).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from .rotten_tomatoes import load_rotten_tomatoes
 from .text_files import read_texts
@@ -20,7 +20,9 @@ __all__ = ["EMBEDDED", "load_texts"]
 EMBEDDED = "rotten_tomatoes"
 
 
-def _label(value: Any) -> Optional[int]:
+def _label(value: Any, label_names: Optional[Sequence[str]] = None) -> Optional[int]:
+    if label_names and value is not None and str(value) in label_names:
+        return list(label_names).index(str(value))
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -28,7 +30,8 @@ def _label(value: Any) -> Optional[int]:
 
 
 def load_texts(
-    spec: str, *, split: Optional[str] = None, text_column: Optional[str] = None, limit: Optional[int] = None
+    spec: str, *, split: Optional[str] = None, text_column: Optional[str] = None, limit: Optional[int] = None,
+    label_names: Optional[Sequence[str]] = None,
 ) -> list[tuple[str, Optional[int]]]:
     """``[(text, label or None), ...]`` from a file or the embedded data set.
 
@@ -39,6 +42,8 @@ def load_texts(
         split: for the embedded data: ``train``, ``validation`` or ``test`` (default all).
         text_column: the column holding the text (see :func:`~attnlab.data.read_texts`).
         limit: keep the first ``limit`` texts.
+        label_names: the model's class names: a label that is one of them becomes its
+            index (``"pos"`` -> 1); otherwise a label is kept when it reads as a class id.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -52,6 +57,11 @@ def load_texts(
                 raise ValueError(f"split must be train, validation or test, got {name!r}") from error
             rows.extend((text, _label(label)) for text, label in examples)
         return rows[:limit]
+    if split is not None:
+        raise ValueError(f"--split {split!r} selects a part of the embedded {EMBEDDED!r}; a file is read whole: "
+                         f"drop --split")
     if not Path(spec).is_file():
+        if Path(spec).is_dir():
+            raise FileNotFoundError(f"--data {spec!r} is a directory; name a .txt/.csv/.jsonl file or {EMBEDDED!r}")
         raise FileNotFoundError(f"--data {spec!r} is neither a file nor {EMBEDDED!r}")
-    return [(text, _label(label)) for text, label in read_texts(spec, text_column=text_column)][:limit]
+    return [(text, _label(label, label_names)) for text, label in read_texts(spec, text_column=text_column)][:limit]

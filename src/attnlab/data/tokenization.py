@@ -72,7 +72,8 @@ def load_tokenizer_file(path: Union[str, Path]) -> Tokenizer:
     """Load a ``tokenizer.json``; it must know a ``[PAD]`` token."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        problem = "is a directory; name its tokenizer.json" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"tokenizer file {path} {problem}")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:  # the library raises a bare Exception on malformed files

@@ -67,7 +67,8 @@ def check_run(config: RunConfig, device: Optional[str]) -> None:
     if data.path is not None and data.task == DEFAULT_TASK:
         path = Path(data.path)
         if not path.is_file():
-            raise FileNotFoundError(f"data file {path} does not exist (--data / data.path)")
+            problem = "is a directory; name a CSV or JSONL file" if path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"data file {path} {problem} (--data / data.path)")
         read_labelled_texts(path, text_column=data.text_column, label_column=data.label_column,
                             format=data.format)
     if data.tokenizer not in TOKENIZER_KINDS:

@@ -27,14 +27,16 @@ from .trainer import METRICS, PRECISIONS
 
 __all__ = [
     "ModelSettings", "DataSettings", "TrainSettings", "RunConfig", "parse_override", "resolve_run_config",
-    "task_sections", "check_choice", "FINE_TUNING_DEFAULTS", "fine_tuning_defaults",
+    "task_sections", "check_choice", "FINE_TUNING_DEFAULTS", "fine_tuning_defaults", "ARCHITECTURE_FIELDS",
 ]
 
 
 @dataclass
 class ModelSettings:
-    """The classifier. ``pretrained`` names a checkpoint to start from (then the
-    architecture fields are ignored and the checkpoint's tokenizer is used)."""
+    """The classifier. ``pretrained`` names a checkpoint to start from: its architecture
+    and tokenizer are used, so the architecture fields (:data:`ARCHITECTURE_FIELDS`) may not
+    be set beside it (a config that sets one is refused, rather than record sizes the model
+    does not have); dropouts and pooling still apply."""
 
     pretrained: Optional[str] = None
     d_model: int = 128
@@ -57,6 +59,10 @@ class ModelSettings:
         check_choice("model.pooling", self.pooling, POOLINGS)
         if self.d_model % self.num_heads:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+
+
+# what a pretrained checkpoint decides (model.pretrained); the other [model] fields apply to it too
+ARCHITECTURE_FIELDS = ("d_model", "num_layers", "num_heads", "d_ff", "position", "norm_first")
 
 
 @dataclass
@@ -191,6 +197,12 @@ class RunConfig:
             value = getattr(getattr(self, section), key)
             if value != getattr(_SECTIONS[section](), key):
                 raise ValueError(f"{setting}={value!r} is not used by task {task.name!r}; remove it")
+        if self.model.pretrained:
+            for name in ARCHITECTURE_FIELDS:
+                value = getattr(self.model, name)
+                if value != getattr(ModelSettings, name):
+                    raise ValueError(f"model.{name}={value!r} has no effect beside model.pretrained="
+                                     f"{self.model.pretrained!r}: the checkpoint decides the architecture; remove it")
 
     def __getattr__(self, name: str) -> Any:
         # only called for names not found normally: a task's own section, by name
@@ -266,7 +278,8 @@ def _read_toml(path: Union[str, Path]) -> dict[str, Any]:
     """The tables of a TOML config file, with errors that name the file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
+        problem = "is a directory; name a TOML file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"config file {path} {problem}")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

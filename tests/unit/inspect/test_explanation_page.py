@@ -27,9 +27,14 @@ def test_each_method_is_shown_on_its_own_scale():
     assert normalized_scores([0.0, 0.0]) == [0.0, 0.0]
 
 
-def test_picture_has_a_row_per_method():
+def test_picture_has_a_row_per_method_with_the_range_its_colours_stand_for():
+    # Regression: each row was rescaled under an unlabelled -1..1 bar.
     figure = plot_explanation(TOKENS, SCORES)
-    assert [label.get_text() for label in figure.axes[0].get_yticklabels()] == list(SCORES)
+    labels = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert labels == ["raw\n0.1..0.3", "integrated-gradients\n±2"]
+    assert "row's scale" in figure.axes[1].get_ylabel()
+    long = plot_explanation(["tok"] * 100, {"raw": [1.0] * 100}, title="t", max_tokens=80)
+    assert long.axes[0].get_title() == "t (first 80 of 100 tokens)"
 
 
 def test_fragments_do_not_share_ids():

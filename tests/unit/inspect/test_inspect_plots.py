@@ -59,3 +59,16 @@ def test_long_input_model_view_is_pooled():
     figure = plot_model(long, tile_tokens=32)
     image = figure.axes[0].images[0].get_array()
     assert image.shape[0] < 2 * 40 and image.shape[1] < 2 * 40  # two tiles of at most 32 + gaps
+
+
+def test_statistic_colours_start_at_zero_and_cells_tell_close_values_apart():
+    # Regression: 3.278..3.290 was stretched over the whole colour map (and printed 3.28 / 3.29).
+    values = np.array([[3.278, 3.290], [3.281, 3.284]])
+    figure = plot_statistic(values, "entropy")
+    image = figure.axes[0].images[0]
+    assert image.get_clim() == pytest.approx((0.0, 3.290))
+    assert {text.get_text() for text in figure.axes[0].texts} == {"3.278", "3.290", "3.281", "3.284"}
+    shares = plot_statistic(np.array([[0.2, 0.3]]), "normalized_entropy").axes[0].images[0]
+    assert shares.get_clim() == (0.0, 1.0)
+    signed = plot_statistic(np.array([[-0.5, 2.0]]), "difference").axes[0].images[0]
+    assert signed.get_clim() == pytest.approx((-0.5, 2.0))

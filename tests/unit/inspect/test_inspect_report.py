@@ -185,3 +185,19 @@ def test_a_models_layer_attentions_go_straight_into_the_report_and_rollout():
     page = render_report(one_example, ["a", "b", "c", "d"])
     assert "layer_2" in page
     assert attention_rollout(out.attentions).shape == (2, 1, 4, 4)
+
+
+def test_difference_tables_shade_by_size_and_plain_tables_from_zero():
+    # Regression: B - A tables were shaded by signed value, so the largest change (-0.9) was palest.
+    import re
+
+    from attnlab.inspect.draw.report import stats_tables_html
+
+    def shades(page):
+        return [(colour, float(alpha)) for colour, alpha in re.findall(r"rgba\(([\d,]+),([\d.]+)\)", page)]
+
+    signed = shades(stats_tables_html({"difference": [[-0.9, 0.1, 0.3]]}, ["layer_1"], signed=True))
+    assert signed[0] == ("178,24,43", 0.58) and signed[0][1] > signed[2][1] > signed[1][1]
+    assert signed[1][0] == signed[2][0] == "33,102,172"
+    plain = shades(stats_tables_html({"entropy": [[3.278, 3.290]]}, ["layer_1"]))
+    assert abs(plain[0][1] - plain[1][1]) < 0.01  # near-equal values look near-equal

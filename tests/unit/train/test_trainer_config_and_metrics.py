@@ -21,10 +21,15 @@ def test_accuracy_and_macro_f1_match_scikit_learn():
 def test_run_config_from_toml_and_overrides(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[model]\nd_model = 32\nnum_heads = 2\n[train]\nlearning_rate = 1e-4\n')
-    config = RunConfig.from_toml(path).with_overrides(["train.epochs=2", "max_length=32", "model.pretrained=minilm"])
+    config = RunConfig.from_toml(path).with_overrides(["train.epochs=2", "max_length=32"])
     assert (config.model.d_model, config.train.learning_rate, config.train.epochs) == (32, 1e-4, 2)
-    assert config.data.max_length == 32 and config.model.pretrained == "minilm"
+    assert config.data.max_length == 32
     assert RunConfig.from_dict(config.to_dict()) == config
+    # sizes beside a pretrained checkpoint would be ignored (and recorded in config.json): refused
+    with pytest.raises(ValueError, match=r"model.d_model=32 has no effect beside model.pretrained='minilm'"):
+        config.with_overrides(["model.pretrained=minilm"])
+    pretrained = RunConfig().with_overrides(["model.pretrained=minilm", "model.dropout=0.2", "max_length=32"])
+    assert pretrained.model.pretrained == "minilm" and RunConfig.from_dict(pretrained.to_dict()) == pretrained
     assert parse_override("data.labels=['neg', 'pos']") == ("data", "labels", ["neg", "pos"])
     assert parse_override("train.max_steps=none") == ("train", "max_steps", None)
     assert parse_override("data.path=my file.csv") == ("data", "path", "my file.csv")

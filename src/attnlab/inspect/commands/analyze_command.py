@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
     resolved = resolve_model(args.model)
     max_length = max_length_for(resolved, args.max_length, fallback=128)
-    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
+    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
+                      label_names=getattr(resolved.model, "label_names", None))
     lengths = [len(encoding.ids) for encoding in resolved.tokenizer.encode_batch([text for text, _ in rows])]
     longer = sum(length > max_length for length in lengths)
     if longer:

@@ -22,7 +22,7 @@ from ..draw.report import inline_frame, render_summary, stats_tables_html
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Analysis", "analyze_rows", "write_analysis", "write_statistics"]
+__all__ = ["Analysis", "analyze_rows", "check_importance_inputs", "write_analysis", "write_statistics"]
 
 
 @dataclass
@@ -43,6 +43,23 @@ class Analysis:
     def _repr_html_(self) -> str:
         """The summary page inline in Jupyter and VS Code (offline, in a frame)."""
         return inline_frame(self.summary.read_text(encoding="utf-8"), height=800)
+
+
+def check_importance_inputs(model: nn.Module, rows: Sequence[tuple[str, Optional[int]]]) -> None:
+    """Head importance needs a classifier and a class for every text: say which is missing."""
+    classes = getattr(model, "num_labels", None)
+    if not isinstance(classes, int):
+        raise ValueError(f"--importance needs a classifier (class logits and a loss); this "
+                         f"{type(model).__name__} has none: leave --importance out")
+    missing = sum(label is None for _, label in rows)
+    if missing:
+        names = getattr(model, "label_names", None)
+        accepted = f"the model's label names {list(names)} or class ids" if names else "class ids"
+        raise ValueError(f"--importance needs a label for every text; {missing} of {len(rows)} have none that the "
+                         f"model knows (a label column holding {accepted} 0..{classes - 1})")
+    out_of_range = [label for _, label in rows if not 0 <= label < classes]
+    if out_of_range:
+        raise ValueError(f"--importance: label {out_of_range[0]} is not a class of the model (0..{classes - 1})")
 
 
 def analyze_rows(
@@ -73,6 +90,8 @@ def analyze_rows(
         head_mask: heads to switch off, ``{"layer_k": [heads]}`` (0-based).
         progress: show a progress bar.
     """
+    if importance:  # checked before the statistics pass, not after it
+        check_importance_inputs(model, rows)
     pad_id = pad_id_for(tokenizer, model)
 
     def batches():
@@ -105,8 +124,6 @@ def analyze_rows(
         batches(), head_mask=head_mask, progress=progress, total=len(rows)
     )
     if importance:
-        if any(label is None for _, label in rows):
-            raise ValueError("--importance needs a label for every text")
         statistics.head_importance = analyzer.head_importance(batches()).tolist()
     statistics.settings.update(
         {

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out", "comparison.json and .html")
     resolved = [resolve_model(spec) for spec in args.models]
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
-    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit)
+    rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
+                      label_names=getattr(resolved[0].model, "label_names", None))
     comparison = compare_models(
         resolved[0].model,
         resolved[0].tokenizer,

@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if is_causal_model(resolved.model):
         print("note: a causal decoder: the scores are the last token's attention (what predicts the next token)")
     max_length = max_length_for(resolved, args.max_length, fallback=512)
+    total = len(resolved.tokenizer.encode(args.text).ids)
+    if total > max_length:
+        print(f"note: the text has {total} tokens; the first {max_length} are explained (--max-length)")
     explanation = explain(
         resolved.model,
         resolved.tokenizer,

@@ -53,7 +53,7 @@ def comparison_fragment(comparison: Mapping[str, Any]) -> str:
         ):
             tables.append(
                 f'<div class="side" data-side="{key}"><h3>{label}</h3>'
-                f"{stats_tables_html({name: values[key]}, layers)}</div>"
+                f"{stats_tables_html({name: values[key]}, layers, signed=key == 'difference')}</div>"
             )
         description = STATISTIC_DESCRIPTIONS.get(name, "")
         sections.append(

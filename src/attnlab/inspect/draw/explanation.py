@@ -43,6 +43,9 @@ def plot_explanation(
 ) -> Figure:
     """Methods (rows) x tokens (columns), each row on its own scale (:func:`normalized_scores`).
 
+    Each row's label gives the range its colours stand for, and the colour bar says how
+    rows are scaled; a text longer than ``max_tokens`` says in the title how much is drawn.
+
     Args:
         tokens: the ``T`` tokens.
         scores: ``{method: [T] scores}``.
@@ -55,11 +58,23 @@ def plot_explanation(
     figure = Figure(figsize=(max(4.0, 0.32 * T + 2.2), 0.45 * len(methods) + 1.3))
     axes = figure.add_subplot()
     image = axes.imshow(matrix, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto")
-    axes.set_yticks(range(len(methods)), methods)
+    axes.set_yticks(range(len(methods)), [f"{m}\n{_row_range(scores[m])}" for m in methods], fontsize=8)
     axes.set_xticks(range(T), [str(t) for t in tokens[:T]], rotation=90, fontsize=8)
-    axes.set_title(title or "token scores per method, each row on its own scale", fontsize=10)
-    figure.colorbar(image, ax=axes, fraction=0.03, pad=0.01)
+    cut = f" (first {T} of {len(tokens)} tokens)" if len(tokens) > T else ""
+    axes.set_title((title or "token scores per method") + cut, fontsize=10)
+    bar = figure.colorbar(image, ax=axes, fraction=0.03, pad=0.01)
+    bar.set_label("score on its row's scale:\n1 = row's largest, 0 = smallest\n(or 0, when signed)", fontsize=7)
     return figure
+
+
+def _row_range(scores: Sequence[float]) -> str:
+    """What a row's colours span: ``0.012..0.31`` (never negative) or ``±0.42`` (signed)."""
+    values = np.nan_to_num(np.asarray(scores, dtype=np.float64))
+    if not values.size:
+        return ""
+    if values.min() >= 0:
+        return f"{values.min():.3g}..{values.max():.3g}"
+    return f"±{np.abs(values).max():.3g}"
 
 
 _STYLE = """

@@ -259,14 +259,26 @@ def plot_model(
 def plot_statistic(matrix: ArrayLike, name: str, *, layers: Optional[Sequence[str]] = None) -> Figure:
     """A layers x heads table of one statistic, values written in the cells.
 
+    The colour scale starts at 0 for a statistic that cannot be negative (0..1 for shares
+    and normalised values), so that heads that differ by a hair are not drawn as opposite
+    ends of the scale; the cells carry as many decimals as tell the values apart.
+
     Shape:
         ``matrix`` ``[L, H]`` (NaN where missing).
     """
     values = _numpy(matrix)
     L, H = values.shape
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    vmin, vmax = (0.0 if low >= 0 else low), (1.0 if 0 <= low and high <= 1 else high)
+    if vmax <= vmin:
+        vmax = vmin + 1.0
+    spread = high - low
+    decimals = 2 if spread <= 0 or spread >= 0.1 else min(5, 1 + int(np.ceil(-np.log10(spread))))
     figure = Figure(figsize=(min(1.5 + 0.6 * H, 16), min(1.0 + 0.45 * L, 12)))
     ax = figure.add_subplot()
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=CMAP, aspect="auto", interpolation="nearest")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=CMAP, aspect="auto", interpolation="nearest",
+                      vmin=vmin, vmax=vmax)
     ax.set_xticks(range(H), [str(h + 1) for h in range(H)], fontsize=8)
     ax.set_yticks(
         range(L), list(layers) if layers is not None else [f"layer_{l + 1}" for l in range(L)], fontsize=8
@@ -274,21 +286,20 @@ def plot_statistic(matrix: ArrayLike, name: str, *, layers: Optional[Sequence[st
     ax.set_xlabel("head")
     ax.set_title(name)
     if L * H <= 400:
-        finite = values[np.isfinite(values)]
-        middle = float(finite.mean()) if finite.size else 0.0
+        middle = (vmin + vmax) / 2
         for l in range(L):
             for h in range(H):
                 if np.isfinite(values[l, h]):
                     ax.text(
                         h,
                         l,
-                        f"{values[l, h]:.2f}",
+                        f"{values[l, h]:.{decimals}f}",
                         ha="center",
                         va="center",
                         fontsize=6,
                         color="black" if values[l, h] > middle else "white",
                     )
-    figure.colorbar(image, ax=ax, shrink=0.8)
+    figure.colorbar(image, ax=ax, shrink=0.8, label=name)
     return figure
 
 

@@ -106,31 +106,40 @@ def stats_tables_html(
     layers: Sequence[str],
     *,
     descriptions: Optional[Mapping[str, str]] = None,
+    signed: bool = False,
 ) -> str:
     """One ``layers x heads`` HTML table per statistic, cells shaded by value.
+
+    The shade starts at 0 for values that cannot be negative (so heads that differ by a
+    hair look alike); ``signed`` tables (differences) are shaded by size, blue above 0 and
+    red below, so the largest change is the darkest whatever its sign.
 
     Args:
         tables: ``{statistic: [L][H] values}`` (``None`` or NaN where missing).
         layers: row names.
         descriptions: optional one-line explanation per statistic.
+        signed: shade by ``|value|``, the sign by hue.
     """
     parts = []
     for name, matrix in tables.items():
         values = [v for row in matrix for v in row if v is not None and math.isfinite(v)]
         low, high = (min(values), max(values)) if values else (0.0, 1.0)
+        if signed:
+            low, high = 0.0, max((abs(v) for v in values), default=0.0)
+        elif low >= 0:
+            low, high = 0.0, (1.0 if high <= 1 else high)
         heads = max((len(row) for row in matrix), default=0)
         header = "".join(f"<th>{h + 1}</th>" for h in range(heads))
         body = []
         for layer, row in zip(layers, matrix):
             cells = []
             for value in row:
-                shade = (
-                    0.0
-                    if value is None or not math.isfinite(value) or high == low
-                    else (value - low) / (high - low)
-                )
+                finite = value is not None and math.isfinite(value)
+                size = abs(value) if finite and signed else value
+                shade = 0.0 if not finite or high == low else (size - low) / (high - low)
+                colour = "178,24,43" if signed and finite and value < 0 else "33,102,172"
                 cells.append(
-                    f'<td style="background: rgba(33,102,172,{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>'
+                    f'<td style="background: rgba({colour},{0.08 + 0.5 * shade:.3f})">{_format(value)}</td>'
                 )
             body.append(f"<tr><th>{html.escape(layer)}</th>{''.join(cells)}</tr>")
         caption = html.escape(name)

@@ -118,3 +118,16 @@ def test_every_entry_point_opens_the_decoder(llama_dir):
     assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)
     with pytest.raises(TypeError, match="not a TransformerEncoder"):
         __import__("attnlab").TransformerEncoder.from_pretrained(llama_dir)
+
+
+def test_dtype_flag_chooses_the_weights_dtype_and_the_command_says_which(llama_dir, capsys):
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"dtype: float32 for {llama_dir} (the default; --dtype to change)"
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"dtype: bfloat16 for {llama_dir} (--dtype)"
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--dtype", "auto"]) == 0  # the file is float32
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"dtype: float32 for {llama_dir} (--dtype auto: the checkpoint's own)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..compute.token_attribution import METHODS
+from .resolve import add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,19 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens kept from the text (default: as many as the model takes)",
     )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .explain_text import explain, write_explanation
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     if Path(args.out).is_file():
         raise ValueError(f"--out {args.out} is a file; name a directory for explanation.json, .png and .html")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     methods = args.methods
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import add_dtype_argument
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -27,17 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compilation of seconds to a minute (worth it for long generations)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ...models.decoder.gguf_tokenizer import chat_prompt
     from .generate_text import generate_text
-    from .resolve import resolve_model
+    from .resolve import dtype_line, resolve_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     prompt = args.prompt
     if args.chat:
         if resolved.tokenizer.token_to_id("<|im_start|>") is None:

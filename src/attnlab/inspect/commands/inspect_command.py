@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import add_dtype_argument
+
 
 def _window(value: str) -> tuple[int, int]:
     try:
@@ -42,14 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=_window, default=None, help="START:STOP positions of the single-head picture"
     )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from .inspect_text import write_inspection
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     total = len(resolved.tokenizer.encode(args.text).ids)
     if total > max_length:

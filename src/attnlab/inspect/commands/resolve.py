@@ -2,11 +2,14 @@
 
 Everything goes through :func:`attnlab.load` (one loader, one set of rules): an attnlab
 run or checkpoint directory, a HuggingFace directory, or a packaged name such as
-``minilm``. The loader is imported only when used.
+``minilm``. The loader is imported only when used. Every command that loads a model takes
+``--dtype`` (:func:`add_dtype_argument`; float32 by default) and prints the dtype it used
+in one line (:func:`dtype_line`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +17,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["ResolvedModel", "max_length_for", "resolve_model"]
+__all__ = ["DEFAULT_DTYPE", "ResolvedModel", "add_dtype_argument", "dtype_line", "max_length_for",
+           "resolve_model"]
+
+DEFAULT_DTYPE = "float32"
 
 
 @dataclass
@@ -26,16 +32,38 @@ class ResolvedModel:
         tokenizer: an :class:`attnlab.data.Tokenizer` (wraps a ``tokenizers.Tokenizer``).
         name: what ``--model`` said.
         source: ``"run"``, ``"checkpoint"`` or ``"pretrained"``.
+        dtype: what ``--dtype`` asked for (``"auto"``: the checkpoint's own).
     """
 
     model: nn.Module
     tokenizer: Any
     name: str
     source: str
+    dtype: str = DEFAULT_DTYPE
 
 
-def resolve_model(spec: str) -> ResolvedModel:
-    """Load the model and tokenizer ``spec`` names (see the module docstring).
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``: the dtype the model's weights are loaded in."""
+    from ...models.checkpoint_tensors import DTYPE_CHOICES
+
+    parser.add_argument(
+        "--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES,
+        help="dtype of the model's weights: float32 (default), bfloat16, float16, or auto (the "
+             "checkpoint's own, from its safetensors or config.json)",
+    )
+
+
+def dtype_line(resolved: ResolvedModel) -> str:
+    """One line saying which dtype ``resolved``'s weights are in and why."""
+    names = {str(parameter.dtype).removeprefix("torch.") for parameter in resolved.model.parameters()}
+    used = "/".join(sorted(names)) or "none"
+    why = {DEFAULT_DTYPE: "the default; --dtype to change", "auto": "--dtype auto: the checkpoint's own"}
+    return f"dtype: {used} for {resolved.name} ({why.get(resolved.dtype, '--dtype')})"
+
+
+def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
+    """Load the model and tokenizer ``spec`` names (see the module docstring), in ``dtype``
+    (``--dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``).
 
     Raises:
         FileNotFoundError: ``spec`` is a path that does not exist.
@@ -48,14 +76,16 @@ def resolve_model(spec: str) -> ResolvedModel:
         raise ValueError(
             f"--model must be a run/checkpoint directory or a pretrained name, got the file {spec}"
         )
+    from ...models.checkpoint_tensors import resolve_dtype
     from ...models.loading import detect_format, load
 
+    resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
     kind = detect_format(spec)
-    loaded = load(spec)
+    loaded = load(spec, dtype=dtype)
     if loaded.tokenizer is None:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
     source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
-    return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
+    return ResolvedModel(loaded.model, loaded.tokenizer, spec, source, dtype)
 
 
 def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallback: int) -> int:

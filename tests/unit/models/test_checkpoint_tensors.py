@@ -142,3 +142,16 @@ def test_parameters_on_meta_leaves_buffers_real_and_ends_even_on_error():
         with parameters_on_meta():
             raise RuntimeError("inside")
     assert not nn.Linear(3, 2).weight.is_meta
+
+
+def test_an_attnlab_checkpoint_opens_in_the_dtype_asked_and_auto_keeps_its_own(tmp_path):
+    torch.manual_seed(0)
+    config = bert_style_config(vocab_size=40, d_model=16, num_layers=1, num_heads=2, d_ff=24, max_len=16,
+                               pad_id=0)
+    classifier = attnlab.EncoderClassifier(attnlab.TransformerEncoder.from_config(config), 2).to(torch.bfloat16)
+    classifier.save_pretrained(tmp_path / "run")
+    dtypes = {requested: {parameter.dtype for parameter in attnlab.load(tmp_path / "run", dtype=requested)
+                          .model.parameters()} for requested in (None, "auto", "float16")}
+    assert dtypes == {None: {torch.float32}, "auto": {torch.bfloat16}, "float16": {torch.float16}}
+    again = attnlab.load(tmp_path / "run", dtype="auto").model
+    assert torch.equal(again.encoder.embedding.weight, classifier.encoder.embedding.weight)

@@ -140,6 +140,11 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
           "--out", out], "no such file or directory"),
         (["compare", "--model", model, "--model", model, "--data", "rotten_tomatoes", "--out", out,
           "--limit", "0"], "--limit"),
+        *[([command, "--model", model, *rest, "--dtype", "fp8"], "argument --dtype: invalid choice")
+          for command, rest in (("inspect", ["--text", "hi", "--out", out]), ("generate", ["--prompt", "hi"]),
+                                ("analyze", ["--data", "rotten_tomatoes", "--out", out]),
+                                ("explain", ["--text", "hi", "--out", out]),
+                                ("compare", ["--model", model, "--data", "rotten_tomatoes", "--out", out]))],
         (["image-attention", "--run", model, "--out", out, "--examples", "0"], "--examples"),
         (["image-attention", "--run", model, "--out", out], "not an image_text"),
         (["image-attention", "--run", str(root / "missing"), "--out", out], "does not exist"),

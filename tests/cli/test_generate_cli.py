@@ -146,3 +146,16 @@ def test_every_model_command_takes_a_gguf_file_as_attnlab_load_does(tiny_gguf, t
     except SystemExit as stop:
         code = stop.code
     assert code == 2 and ".gguf" in capsys.readouterr().err
+
+
+def test_dtype_flag_chooses_the_weights_dtype_and_the_command_says_which(llama_dir, capsys):
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"dtype: float32 for {llama_dir} (the default; --dtype to change)"
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"dtype: bfloat16 for {llama_dir} (--dtype)"
+    assert main(["generate", "--model", str(llama_dir), "--prompt", "the cat", "--max-new-tokens", "2",
+                 "--dtype", "auto"]) == 0  # the file is float32
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"dtype: float32 for {llama_dir} (--dtype auto: the checkpoint's own)")

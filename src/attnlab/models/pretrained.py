@@ -42,8 +42,8 @@ from .checkpoint_tensors import (
     INDEX_FILE,
     CheckpointTensors,
     DtypeLike,
+    building,
     config_dtype,
-    parameters_on_meta,
     resolve_dtype,
 )
 from .classifier import EncoderClassifier
@@ -280,9 +280,9 @@ def from_pretrained(
         dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
             ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``, the
             checkpoint's own (see :func:`~attnlab.models.checkpoint_tensors.resolve_dtype`).
-            Weights are read and converted one tensor at a time, into a model built
-            without parameter storage, so loading takes about the model's size in
-            ``dtype``.
+            Weights are read and converted one tensor at a time and assigned to the
+            model (built without parameter storage from 50M values on), so loading takes
+            about the model's size in ``dtype``.
 
     Returns:
         The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
@@ -331,7 +331,7 @@ def from_pretrained(
     if dtype == "auto":
         dtype = tensors.stored_dtype() or config_dtype(values) or torch.float32
     tensors = tensors.converted(dtype, device)
-    with parameters_on_meta():  # the checkpoint's tensors are assigned below
+    with building(tensors.numel()):  # a large model's parameters on meta: its tensors are assigned below
         encoder = family.build(values, config, device=device, dtype=dtype)
         model = _task_model(family, encoder, values, task, str(config_path))
     head = _head_modules(family, model, values)

@@ -12,6 +12,7 @@ from torch import nn
 
 import attnlab
 from attnlab._files import CorruptFileError
+from attnlab.models import checkpoint_tensors
 from attnlab.models.checkpoint_tensors import CheckpointTensors, parameters_on_meta, resolve_dtype
 from attnlab.models.pretrained import bert_style_config, save_pretrained
 
@@ -99,8 +100,11 @@ def test_a_missing_shard_and_a_damaged_index_are_named(tmp_path):
         CheckpointTensors.open(directory)
 
 
-def test_an_encoder_is_built_without_parameter_storage_and_each_tensor_is_read_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("large", [True, False], ids=["large-on-meta", "small-initialised"])
+def test_an_encoder_is_read_one_tensor_at_a_time_into_storage_free_parameters(large, tmp_path, monkeypatch):
     encoder = _tiny_bert_dir(tmp_path / "bert")
+    if large:  # as if it had 50M values: its parameters are built on the meta device
+        monkeypatch.setattr(checkpoint_tensors, "META_BUILD_VALUES", 0)
     reads: list[str] = []
     read = CheckpointTensors.__getitem__
 
@@ -123,7 +127,8 @@ def test_an_encoder_is_built_without_parameter_storage_and_each_tensor_is_read_o
     monkeypatch.setattr(nn.init, "normal_", recording_normal)
     loaded = attnlab.load(tmp_path / "bert", dtype="bfloat16").model
     assert len(reads) == len(set(reads)) > 0
-    assert initialised and all(tensor.is_meta for tensor in initialised)  # no storage to fill at random
+    # a large model's parameters have no storage to fill at random; a small one's are filled, then replaced
+    assert initialised and all(tensor.is_meta == large for tensor in initialised)
     assert {parameter.dtype for parameter in loaded.parameters()} == {torch.bfloat16}
     assert torch.equal(loaded.embedding.weight, encoder.embedding.weight.to(torch.bfloat16))
 
@@ -137,3 +142,16 @@ def test_parameters_on_meta_leaves_buffers_real_and_ends_even_on_error():
         with parameters_on_meta():
             raise RuntimeError("inside")
     assert not nn.Linear(3, 2).weight.is_meta
+
+
+def test_an_attnlab_checkpoint_opens_in_the_dtype_asked_and_auto_keeps_its_own(tmp_path):
+    torch.manual_seed(0)
+    config = bert_style_config(vocab_size=40, d_model=16, num_layers=1, num_heads=2, d_ff=24, max_len=16,
+                               pad_id=0)
+    classifier = attnlab.EncoderClassifier(attnlab.TransformerEncoder.from_config(config), 2).to(torch.bfloat16)
+    classifier.save_pretrained(tmp_path / "run")
+    dtypes = {requested: {parameter.dtype for parameter in attnlab.load(tmp_path / "run", dtype=requested)
+                          .model.parameters()} for requested in (None, "auto", "float16")}
+    assert dtypes == {None: {torch.float32}, "auto": {torch.bfloat16}, "float16": {torch.float16}}
+    again = attnlab.load(tmp_path / "run", dtype="auto").model
+    assert torch.equal(again.encoder.embedding.weight, classifier.encoder.embedding.weight)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP
+from .resolve import MODEL_HELP, add_dtype_argument
 
 
 def _heads(value: str) -> tuple[str, list[int]]:
@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...data.texts import load_texts
     from .analyze_texts import write_analysis
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved.model, "label_names", None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP
+from .resolve import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,13 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also compare head importance (needs labels and classifiers)",
     )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...data.texts import load_texts
     from .compare_models import compare_models, write_comparison
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
     if len(args.models) != 2:
         raise ValueError(f"--model must be given exactly twice (A and B), got {len(args.models)}")
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_output_dir(args.out, "--out", "comparison.json and .html")
-    resolved = [resolve_model(spec) for spec in args.models]
+    resolved = [resolve_model(spec, dtype=args.dtype) for spec in args.models]
+    print("; ".join(dtype_line(model) for model in resolved))
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved[0].model, "label_names", None))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..compute.token_attribution import METHODS
-from .resolve import MODEL_HELP
+from .resolve import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens kept from the text (default: as many as the model takes)",
     )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,13 +42,14 @@ def run(args: argparse.Namespace) -> int:
     from ..compute.attribution_target import is_causal_model
     from ..compute.integrated_gradients import MAX_STEPS
     from .explain_text import explain, write_explanation
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
     if not 1 <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
                          f"50-300 is usual), got {args.steps}")
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     methods = args.methods
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)

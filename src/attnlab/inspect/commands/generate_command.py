@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .resolve import add_dtype_argument
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compilation of seconds to a minute (worth it for long generations)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...models.decoder.gguf_tokenizer import chat_prompt
     from .generate_text import generate_text
-    from .resolve import resolve_model
+    from .resolve import dtype_line, resolve_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                          f"or leave {'it' if len(shaping) == 1 else 'them'} out")
     if args.report is not None:
         check_output_dir(args.report, "--report", "report.html, generation.json and statistics.json")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     prompt = args.prompt
     if args.chat:
         if resolved.tokenizer.token_to_id("<|im_start|>") is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP
+from .resolve import MODEL_HELP, add_dtype_argument
 
 
 def _window(value: str) -> tuple[int, int]:
@@ -44,13 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=_window, default=None, help="START:STOP positions of the single-head picture"
     )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ..._files import check_output_dir
     from .inspect_text import write_inspection
-    from .resolve import max_length_for, resolve_model
+    from .resolve import dtype_line, max_length_for, resolve_model
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1 (positions shown before pooling), got {args.max_tokens}")
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if args.layer is not None and args.layer < 1 or args.head < 1:
         raise ValueError(f"--layer and --head count from 1, got --layer {args.layer} --head {args.head}")
     check_output_dir(args.out, "--out", "the pictures and report.html")
-    resolved = resolve_model(args.model)
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     total = len(resolved.tokenizer.encode(args.text).ids)
     if total > max_length:

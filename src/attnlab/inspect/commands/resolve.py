@@ -5,11 +5,14 @@ run or checkpoint directory, a HuggingFace directory, a ``.gguf`` file, or a pac
 such as ``minilm`` or ``smollm2``; every command that takes ``--model`` takes what
 ``attnlab.load`` takes. A HuggingFace directory of an architecture attnlab does not
 re-implement (Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's
-attention function (:mod:`attnlab.hf`). The loaders are imported only when used.
+attention function (:mod:`attnlab.hf`). The loaders are imported only when used. Every
+command that loads a model takes ``--dtype`` (:func:`add_dtype_argument`; float32 by
+default) and prints the dtype it used in one line (:func:`dtype_line`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +20,12 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["MODEL_HELP", "ResolvedModel", "max_length_for", "resolve_model"]
+__all__ = ["DEFAULT_DTYPE", "MODEL_HELP", "ResolvedModel", "add_dtype_argument", "dtype_line",
+           "max_length_for", "resolve_model"]
 
 MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
               "a .gguf file, or a packaged name (minilm, smollm2)")
+DEFAULT_DTYPE = "float32"
 
 
 @dataclass
@@ -32,16 +37,38 @@ class ResolvedModel:
         tokenizer: an :class:`attnlab.data.Tokenizer` (wraps a ``tokenizers.Tokenizer``).
         name: what ``--model`` said.
         source: ``"run"``, ``"checkpoint"``, ``"pretrained"`` or ``"transformers"``.
+        dtype: what ``--dtype`` asked for (``"auto"``: the checkpoint's own).
     """
 
     model: nn.Module
     tokenizer: Any
     name: str
     source: str
+    dtype: str = DEFAULT_DTYPE
 
 
-def resolve_model(spec: str) -> ResolvedModel:
-    """Load the model and tokenizer ``spec`` names (see the module docstring).
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``: the dtype the model's weights are loaded in."""
+    from ...models.checkpoint_tensors import DTYPE_CHOICES
+
+    parser.add_argument(
+        "--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES,
+        help="dtype of the model's weights: float32 (default), bfloat16, float16, or auto (the "
+             "checkpoint's own, from its safetensors or config.json)",
+    )
+
+
+def dtype_line(resolved: ResolvedModel) -> str:
+    """One line saying which dtype ``resolved``'s weights are in and why."""
+    names = {str(parameter.dtype).removeprefix("torch.") for parameter in resolved.model.parameters()}
+    used = "/".join(sorted(names)) or "none"
+    why = {DEFAULT_DTYPE: "the default; --dtype to change", "auto": "--dtype auto: the checkpoint's own"}
+    return f"dtype: {used} for {resolved.name} ({why.get(resolved.dtype, '--dtype')})"
+
+
+def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
+    """Load the model and tokenizer ``spec`` names (see the module docstring), in ``dtype``
+    (``--dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``).
 
     Raises:
         FileNotFoundError: ``spec`` is a path that does not exist.
@@ -51,20 +78,22 @@ def resolve_model(spec: str) -> ResolvedModel:
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
         raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
     from ...hf.opening import is_transformers_only
+    from ...models.checkpoint_tensors import resolve_dtype
 
+    resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
     if path.is_dir() and is_transformers_only(path):
-        return _resolve_transformers(spec)
+        return _resolve_transformers(spec, dtype)
     from ...models.loading import detect_format, load
 
     kind = detect_format(spec)
-    loaded = load(spec)
+    loaded = load(spec, dtype=dtype)
     if loaded.tokenizer is None:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
     source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
-    return ResolvedModel(loaded.model, loaded.tokenizer, spec, source)
+    return ResolvedModel(loaded.model, loaded.tokenizer, spec, source, dtype)
 
 
-def _resolve_transformers(spec: str) -> ResolvedModel:
+def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
     from ...hf.opening import open_transformers
     from ...models.pretrained import load_tokenizer
 
@@ -72,12 +101,12 @@ def _resolve_transformers(spec: str) -> ResolvedModel:
         tokenizer = load_tokenizer(spec)
     except FileNotFoundError:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one") from None
-    model = open_transformers(spec)
+    model = open_transformers(spec, dtype=dtype)
     limit = getattr(model.config, "max_position_embeddings", None)
     tokenizer.model_max_length = limit if isinstance(limit, int) and limit > 0 else None
     print(f"{spec}: {type(model.model).__name__} through transformers, attention served by attnlab "
           f"(exact weights where asked, fused sdpa elsewhere)")
-    return ResolvedModel(model, tokenizer, spec, "transformers")
+    return ResolvedModel(model, tokenizer, spec, "transformers", dtype)
 
 
 def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallback: int) -> int:

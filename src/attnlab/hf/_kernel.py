@@ -214,6 +214,9 @@ def attnlab_attention_forward(
     _unsupported_keywords(module, kwargs)
     route = route_of(module)
     asked = bool(kwargs.get("output_attentions")) or bool(need_weights)
+    if route is not None:
+        route.count_call()
+        asked = asked or route.session.output_attentions_asked
     exact = route.exact(asked) if route is not None else asked
     T = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

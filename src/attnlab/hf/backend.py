@@ -27,7 +27,7 @@ from ..inspect.compute.capture import is_served, serve_as_attention
 from ..inspect.compute.causal_statistics import CausalStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..outputs import LayerAttentions
-from ._kernel import BACKEND_NAME, register
+from ._kernel import BACKEND_NAME, UnsupportedAttention, register
 from ._routes import _ROUTES, route_of
 from ._sites import AttentionSite, attention_sites, unrouted_attention
 
@@ -46,6 +46,18 @@ class _Route:
         self.head_scale: Optional[Tensor] = None  # [H] multipliers of each head's output
         self.patch: Optional[tuple[Tensor, Tensor]] = None  # ([H] bool heads, [B, T, H, D] values)
         self.record_output = False
+
+    def count_call(self) -> None:
+        """Refuse a module called twice in one forward: its layers cannot be told apart."""
+        calls = self.session._calls
+        if self.site.module in calls:
+            raise UnsupportedAttention(
+                f"{type(self.site.module).__name__} at {self.site.path} runs more than once in one forward "
+                f"(layers sharing one attention module, as ALBERT's); attnlab tells layers apart by module "
+                f"and cannot serve this model" + (" (attnlab.load opens ALBERT with a module per layer)"
+                                                  if "albert" in type(self.site.module).__name__.lower() else "")
+            )
+        calls.add(self.site.module)
 
     def exact(self, asked: bool) -> bool:
         if self.session.statistics_mode:
@@ -147,6 +159,8 @@ class AttachedModel:
         self._head_statistics = HeadStatistics(**statistics_options)
         self._causal_statistics = CausalStatistics()
         self._padding: dict[str, Optional[Tensor]] = {}
+        self._calls: set[nn.Module] = set()  # modules called in the current forward
+        self.output_attentions_asked = False  # what the model's own call asked
 
     # -- what the forward left -------------------------------------------------------
     def _record(self, site: AttentionSite, weights: Tensor) -> None:
@@ -173,8 +187,19 @@ class AttachedModel:
         )
         self._causal_statistics = CausalStatistics()
 
-    # -- statistics ------------------------------------------------------------------
-    def _remember_padding(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # -- each forward -----------------------------------------------------------------
+    def _new_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """A (sub)model's forward begins: a new pass through its attention modules."""
+        self._calls = set()
+
+    def _remember_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The model's own call: its padding (for the statistics) and whether it asked for
+        ``output_attentions`` (some models keep that flag instead of passing it down)."""
+        self._new_forward(module, args, kwargs)
+        asked = kwargs.get("output_attentions")
+        self.output_attentions_asked = bool(
+            asked if asked is not None else getattr(getattr(module, "config", None), "output_attentions", False)
+        )
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1 and isinstance(args[1], Tensor):
             mask = args[1]
@@ -359,7 +384,10 @@ def attach(
             config._attn_implementation_internal = BACKEND_NAME
         for site in sites:
             _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
-        handles.append(model.register_forward_pre_hook(session._remember_padding, with_kwargs=True))
+        handles.append(model.register_forward_pre_hook(session._remember_call, with_kwargs=True))
+        for submodule in model.modules():  # a submodel called on its own starts a pass too
+            if submodule is not model and hasattr(submodule, "set_attn_implementation"):
+                handles.append(submodule.register_forward_pre_hook(session._new_forward, with_kwargs=True))
         session.set_head_mask(head_mask)
         serve_as_attention(newly_served)
         yield session

@@ -260,10 +260,11 @@ class AttachedModel:
         return result
 
     # -- interventions -----------------------------------------------------------------
-    def _route(self, name: str) -> _Route:
+    def module_of(self, name: str) -> nn.Module:
+        """The attention module named ``name`` (``layer_2``, ``cross.layer_1``, ...)."""
         for site in self.sites:
             if site.name == name:
-                return _ROUTES[site.module]
+                return site.module
         raise ValueError(f"no attention layer {name!r}; this model has {', '.join(s.name for s in self.sites)}")
 
     def set_head_mask(self, head_mask: Union[Tensor, Mapping[str, Iterable[int]], None]) -> Optional[Tensor]:

@@ -25,10 +25,10 @@ def _llama(layers: int = 3) -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def _bert_classifier() -> nn.Module:
+def _bert_classifier(initializer_range: float = 0.02) -> nn.Module:
     config = transformers.BertConfig(
         vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_labels=3, max_position_embeddings=64,
+        num_labels=3, max_position_embeddings=64, initializer_range=initializer_range,
     )
     return transformers.BertForSequenceClassification(config).eval()
 
@@ -236,3 +236,37 @@ def _texts(tmp_path):
     path = tmp_path / "texts.csv"
     path.write_text("text\nw1 w2 w3 w4\nw5 w6 w7\nw8 w9 w10 w11 w12\n", encoding="utf-8")
     return path
+
+
+def test_head_patching_equals_attnlabs_own_bert_of_the_same_weights(tmp_path):
+    from attnlab.inspect import head_patching_sweep, patch_heads
+
+    model = _bert_classifier(initializer_range=0.3)  # weights large enough for heads to move the logits
+    model.save_pretrained(tmp_path)
+    ours = attnlab.load(tmp_path).model.eval()
+    source, target = torch.randint(1, 100, (2, 6)), torch.randint(1, 100, (2, 6))
+    got = hf.patch_heads(model, source, target, {"layer_2": [0, 3]}, label=1)
+    expected = patch_heads(ours, source, target, {"layer_2": [0, 3]}, label=1)
+    for field in ("clean", "source", "patched"):
+        assert torch.allclose(getattr(got, field), getattr(expected, field), atol=1e-5), field
+    assert got.change.abs().max() > 1e-2, "the patched heads must matter"
+    sweep = hf.head_patching_sweep(model, source, target, label=1)
+    assert torch.allclose(sweep, head_patching_sweep(ours, source, target, label=1), atol=1e-5)
+    with pytest.raises(ValueError, match="one shape"):
+        hf.patch_heads(model, source, target[:, :4], {"layer_1": [0]})
+    with pytest.raises(ValueError, match="layer_2 has 4 heads"):
+        hf.patch_heads(model, source, target, {"layer_2": [4]})
+
+
+def test_head_patching_reads_a_language_models_next_token_logit():
+    model = _llama(layers=2)
+    source, target = torch.randint(1, 100, (1, 6)), torch.randint(1, 100, (1, 6))
+    with torch.no_grad():
+        clean = model(input_ids=target).logits[:, -1]
+        source_logits = model(input_ids=source).logits[:, -1]
+    result = hf.patch_heads(model, source, target, {"layer_1": [0, 1, 2, 3], "layer_2": [0, 1, 2, 3]}, label=7)
+    assert torch.allclose(result.clean, clean[:, 7], atol=1e-6)
+    # every head of every layer patched: the target run becomes the source run, except
+    # for what the residual stream carries around the attention
+    assert torch.allclose(result.source, source_logits[:, 7], atol=1e-6)
+    assert result.label == 7 and not torch.allclose(result.patched, result.clean)

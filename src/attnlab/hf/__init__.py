@@ -15,6 +15,7 @@ Every attention module whose model calls ``transformers.AttentionInterface`` is 
 
 from .attribution import TransformersClassifier, explain_tokens
 from .backend import AttachedModel, attach
+from .generation import generate
 from .patching import head_patching_sweep, patch_heads
 from ._kernel import BACKEND_NAME, UnsupportedAttention, attnlab_attention_forward
 from ._sites import AttentionSite, attention_sites
@@ -29,6 +30,7 @@ __all__ = [
     "attention_sites",
     "attnlab_attention_forward",
     "explain_tokens",
+    "generate",
     "head_patching_sweep",
     "patch_heads",
 ]

@@ -270,3 +270,18 @@ def test_head_patching_reads_a_language_models_next_token_logit():
     # for what the residual stream carries around the attention
     assert torch.allclose(result.source, source_logits[:, 7], atol=1e-6)
     assert result.label == 7 and not torch.allclose(result.patched, result.clean)
+
+
+def test_generate_gives_attnlabs_generation_output_equal_to_a_full_eager_pass():
+    model = _llama(layers=2)
+    ids, mask = _left_padded()
+    generated = hf.generate(model, ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert generated.sequences.shape == (2, 12) and generated.prompt_length == 9
+    assert len(generated.attentions) == 4  # the prompt's pass and one row per generated token
+    maps = generated.attention_maps()  # [B, H, N, N] per layer
+    full = _eager(model, input_ids=generated.sequences, attention_mask=generated.attention_mask.long())
+    keys = generated.attention_mask[:, None, :, None]  # rows of real queries
+    for got, want in zip(maps, full.attentions):
+        assert torch.allclose(torch.where(keys, got, 0.0), torch.where(keys, want, 0.0), atol=1e-5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        hf.generate(model, ids, max_new_tokens=0)

@@ -71,8 +71,10 @@ def generate(
         full_mask = torch.cat([mask, torch.ones(B, sequences.shape[1] - T, dtype=mask.dtype)], dim=1)
         steps = [LayerAttentions(step) for step in out.attentions]
         if sequences.shape[1] > T:  # the last generated token's own row: one more cached step
-            last = model(input_ids=sequences[:, -1:], attention_mask=full_mask, past_key_values=out.past_key_values,
-                         use_cache=True, output_attentions=True)
+            cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            positions = (full_mask.cumsum(-1) - 1).clamp_min(0)[:, -1:]  # as generate numbers left-padded rows
+            last = model(input_ids=sequences[:, -1:], attention_mask=full_mask, position_ids=positions,
+                         cache=cache, use_cache=True, output_attentions=True)
             steps.append(LayerAttentions(last.attentions))
     return GenerationOutput(sequences=sequences, attention_mask=full_mask.bool(), prompt_length=T,
                             attentions=tuple(steps))

@@ -279,7 +279,9 @@ def test_generate_gives_attnlabs_generation_output_equal_to_a_full_eager_pass():
     assert generated.sequences.shape == (2, 12) and generated.prompt_length == 9
     assert len(generated.attentions) == 4  # the prompt's pass and one row per generated token
     maps = generated.attention_maps()  # [B, H, N, N] per layer
-    full = _eager(model, input_ids=generated.sequences, attention_mask=generated.attention_mask.long())
+    real = generated.attention_mask.long()
+    positions = (real.cumsum(-1) - 1).clamp_min(0)  # generate numbers a left-padded row from its first real token
+    full = _eager(model, input_ids=generated.sequences, attention_mask=real, position_ids=positions)
     keys = generated.attention_mask[:, None, :, None]  # rows of real queries
     for got, want in zip(maps, full.attentions):
         assert torch.allclose(torch.where(keys, got, 0.0), torch.where(keys, want, 0.0), atol=1e-5)

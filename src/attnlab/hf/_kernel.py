@@ -84,7 +84,7 @@ def exact_attention(
     position_bias: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
     rows_per_block: Optional[int] = None,
-    on_weights: Optional[Callable[[Tensor, int, int], Optional[Tensor]]] = None,
+    on_weights: Optional[Callable[[Tensor, int, int, int], Optional[Tensor]]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Attention with explicit weights, block by block of query rows.
 
@@ -95,8 +95,9 @@ def exact_attention(
         position_bias: additive ``[B|1, H, T, S]`` (T5).
         sinks: ``[H]`` logits of a virtual key that takes mass but gives no value (GPT-OSS).
         rows_per_block: query rows per block (all at once when ``None``).
-        on_weights: called with each block's weights ``[B, H, t, S]``, its first row and
-            ``T``; what it returns is kept (``None``: nothing kept).
+        on_weights: called with each block's weights ``[B, H, t, s]`` (``s <= S``: a causal
+            block stops at its last row's key, the rest being zeros), its first row, ``T``
+            and ``S``; what it returns is kept (``None``: nothing kept).
 
     Returns:
         ``(output [B, T, H, D], weights [B, H, T, S] or None)``.
@@ -111,20 +112,32 @@ def exact_attention(
     scaling = 1.0 / math.sqrt(D) if scaling is None else scaling
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.float()
+    # A causal map with no other mask is computed in blocks of rows against the keys up to
+    # the block's last row only: the part above the diagonal, about half the products and
+    # passes, is never computed (eager computes it and masks it away).
+    # (Not when the kept weights must carry gradients to the output: blocks written into one
+    # buffer would leave the buffer outside the graph.)
+    keeps_graph = rows_per_block is None and torch.is_grad_enabled() and query.requires_grad
+    triangular = causal and attention_mask is None and T > 1 and not keeps_graph
     step = T if rows_per_block is None else max(1, rows_per_block)
+    if triangular:
+        step = min(step, max(64, -(-T // 8)))
+    single = step >= T
     outputs, kept = [], []
+    full = None  # the kept weights, when blocks of rows are written into them
     for start in range(0, T, step):
         rows = slice(start, min(T, start + step))
         t = rows.stop - rows.start
+        keys = min(S, rows.stop) if triangular else S  # the keys up to the block's last row
         block = query[:, :, rows]
         # the softmax runs in float32, as transformers' eager functions do; every step on
         # the [B, H, t, S] scores works in place (a fresh tensor of that size per step
         # costs page faults on top of the pass itself)
-        scores = torch.matmul(block, key.transpose(-2, -1)).reshape(B, H, t, S).mul_(scaling).float()
+        scores = torch.matmul(block, key[:, :, :keys].transpose(-2, -1)).mul_(scaling).float()  # [B, H, t, keys]
         if softcap is not None:  # out of place: tanh keeps its output for the backward
             scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
-            scores.add_(_query_rows(position_bias, rows))
+            scores.add_(_query_rows(position_bias, rows)[..., :keys])
         allowed, additive_mask = None, False
         if attention_mask is not None:
             block_mask = _query_rows(attention_mask, rows)
@@ -134,19 +147,26 @@ def exact_attention(
                 scores.add_(block_mask)
                 additive_mask = True
         if causal:
+            # only the last t columns can lie above the diagonal: mask those alone
             positions = torch.arange(start, rows.stop, device=query.device)[:, None]  # [t, 1]
-            below = torch.arange(S, device=query.device)[None, :] <= positions  # [t, S]
-            allowed = below if allowed is None else allowed & below
+            first = max(0, keys - t) if triangular else 0
+            below = torch.arange(first, keys, device=query.device)[None, :] <= positions  # [t, keys - first]
+            if triangular:
+                scores[..., first:].masked_fill_(~below, float("-inf"))
+            else:
+                allowed = below if allowed is None else allowed & below
         if allowed is not None:  # as 0 / -inf: a broadcast add is faster than a broadcast masked_fill
             scores.add_(torch.zeros(allowed.shape, dtype=scores.dtype, device=scores.device)
                         .masked_fill_(~allowed, float("-inf")))
         # Rows without an admissible key get finite scores for the softmax and zero weights
         # after it; read from the (head-broadcast) mask where that is all there is.
-        if allowed is not None and not additive_mask and position_bias is None:
+        if triangular:
+            empty = None  # every row keeps its own position
+        elif allowed is not None and not additive_mask and position_bias is None:
             empty = ~allowed.any(-1, keepdim=True)  # [B|1, 1|H, t, 1]: only the mask can empty a row
         else:
             empty = torch.isneginf(scores).all(-1, keepdim=True)  # [B, H, t, 1]
-        has_empty = bool(empty.any())
+        has_empty = empty is not None and bool(empty.any())
         if has_empty:
             scores.masked_fill_(empty, 0.0)
         if sinks is not None:
@@ -162,13 +182,17 @@ def exact_attention(
         weights = weights.to(query.dtype)
         if dropout > 0.0 and module.training:
             weights = F.dropout(weights, p=dropout)
-        outputs.append(torch.matmul(weights, value))  # [B, H, t, D]
+        outputs.append(torch.matmul(weights, value[:, :, :keys]))  # [B, H, t, D]
         if on_weights is not None:
-            keep = on_weights(weights, start, T)
-            if keep is not None:
+            keep = on_weights(weights, start, T, S)
+            if keep is not None and single and keys == S:
                 kept.append(keep)
+            elif keep is not None:
+                if full is None:
+                    full = keep.new_zeros(B, keep.shape[1], T, S)
+                full[:, :, rows, :keys] = keep
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    weights = None if not kept else (kept[0] if len(kept) == 1 else torch.cat(kept, dim=2))
+    weights = full if full is not None else (kept[0] if kept else None)
     return output.transpose(1, 2).contiguous(), weights  # [B, T, H, D]
 
 
@@ -232,7 +256,7 @@ def attnlab_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, causal=causal,
             softcap=softcap, position_bias=position_bias, sinks=s_aux,
             rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
-            on_weights=(route.weights_block if route is not None else (lambda weights, start, rows: weights)) if exact else None,
+            on_weights=(route.weights_block if route is not None else (lambda weights, start, rows, keys: weights)) if exact else None,
         )
     if head_mask is not None:
         output = output * head_mask.to(output.dtype)[:, None]  # [H, 1] on [B, T, H, D]

@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import is_served, serve_as_attention
@@ -70,8 +71,10 @@ class _Route:
         B, H, _, _ = query.shape
         return max(1, _STATISTICS_BLOCK_CELLS // max(1, B * H * key.shape[2]))
 
-    def weights_block(self, weights: Tensor, start: int, rows: int) -> Optional[Tensor]:
+    def weights_block(self, weights: Tensor, start: int, rows: int, keys: int) -> Optional[Tensor]:
         if self.session.statistics_mode:
+            if weights.shape[-1] < keys:  # a causal block that stops at its last row: the rest is zeros
+                weights = F.pad(weights, (0, keys - weights.shape[-1]))
             self.session._update_statistics(self, weights, start, rows)
             return None
         return weights

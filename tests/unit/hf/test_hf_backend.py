@@ -287,3 +287,29 @@ def test_generate_gives_attnlabs_generation_output_equal_to_a_full_eager_pass():
         assert torch.allclose(torch.where(keys, got, 0.0), torch.where(keys, want, 0.0), atol=1e-5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         hf.generate(model, ids, max_new_tokens=0)
+
+
+def test_a_long_causal_map_in_blocks_of_rows_equals_eager():
+    # Past 64 rows an unpadded causal map is computed in blocks of rows, each against the
+    # keys up to its last row: weights, outputs, gradients and statistics as eager's.
+    model = _llama(layers=2)
+    ids = torch.randint(1, 100, (2, 150))
+    eager = _eager(model, input_ids=ids)
+    with torch.no_grad(), hf.attach(model, layers="all") as seen:
+        logits = model(input_ids=ids).logits
+    for name, want in zip(seen.attentions.keys(), eager.attentions):
+        assert torch.allclose(seen.attentions[name], want, atol=1e-6), name
+    assert torch.allclose(logits, eager.logits, atol=1e-5)
+    with hf.attach(model, layers="all", grad=True) as seen:  # weights in the graph: one block
+        logits = model(input_ids=ids).logits
+    assert torch.allclose(seen.attentions["layer_2"], eager.attentions[1], atol=1e-6)
+    (gradient,) = torch.autograd.grad(logits[0, -1, 3], seen.attentions["layer_1"])
+    assert gradient[:, :, :, 100:].abs().sum() > 0
+    with torch.no_grad(), hf.attach(model, statistics=True) as seen:
+        model(input_ids=ids)
+    expected = HeadStatistics()
+    real = torch.ones(2, 150, dtype=torch.bool)
+    for index, weights in enumerate(eager.attentions):
+        expected.update(f"layer_{index + 1}", weights, real, real)
+    for layer, values in expected.means().items():
+        assert seen.statistics()[layer]["entropy"] == pytest.approx(values["entropy"], abs=1e-5)

@@ -1,21 +1,4 @@
-"""The script and extra style of ``generation.html`` (see :mod:`.generation_report`)."""
 
-from __future__ import annotations
-
-__all__ = ["GENERATION_SCRIPT", "GENERATION_STYLE"]
-
-GENERATION_STYLE = r"""
-#text { line-height: 2.1; font-family: ui-monospace, monospace; font-size: 13px; }
-#text .token { padding: 2px 1px; border-radius: 3px; white-space: pre; }
-#text .generated { border-bottom: 2px solid #9aa5b1; }
-#text .current { outline: 2px solid rgb(214,96,77); }
-table.layers-heads { border-collapse: collapse; font-size: 11px; }
-table.layers-heads td, table.layers-heads th { border: 1px solid #e3e6ea; padding: 2px 5px; }
-table.layers-heads td { cursor: pointer; font-family: ui-monospace, monospace; white-space: pre; }
-table.layers-heads td.selected { outline: 2px solid rgb(33,102,172); }
-"""
-
-GENERATION_SCRIPT = r"""
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("attnlab-data").textContent);
@@ -141,4 +124,3 @@ GENERATION_SCRIPT = r"""
   select(0, state.layer, state.head);
   document.body.dataset.ready = "true";
 })();
-"""

@@ -1,74 +1,4 @@
-"""The report page's stylesheet and script, inlined into every page (no network when opened).
 
-The script reads its data from ``<script id="attnlab-data" type="application/json">`` and
-writes token text only through ``textContent``, never as HTML.
-"""
-
-STYLE = """
-:root { --accent: 33, 102, 172; --back: 214, 96, 77; --line: #d0d4da; }
-* { box-sizing: border-box; }
-body {
-  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d232b;
-  background: #fafbfc;
-}
-header { padding: 14px 22px; background: #fff; border-bottom: 1px solid var(--line); }
-header h1 { font-size: 19px; margin: 0 0 4px; }
-.meta { color: #59636e; margin: 2px 0; word-break: break-word; }
-main { padding: 10px 22px 40px; }
-section {
-  background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 12px 16px;
-  margin: 14px 0;
-}
-section h2 { font-size: 16px; margin: 0 0 8px; }
-.controls { display: flex; flex-wrap: wrap; gap: 4px; align-items: center; margin: 4px 0; }
-.controls .label { width: 52px; color: #59636e; }
-button {
-  font: inherit; font-size: 12px; padding: 3px 9px; border: 1px solid var(--line);
-  background: #fff; border-radius: 4px; cursor: pointer;
-}
-button:hover { border-color: rgb(var(--accent)); }
-button.selected { background: rgb(var(--accent)); color: #fff; border-color: rgb(var(--accent)); }
-.strip { display: flex; flex-wrap: wrap; gap: 3px; margin: 6px 0; }
-.strip .token {
-  padding: 2px 5px; border-radius: 3px; border: 1px solid #e3e6ea; white-space: pre;
-  cursor: default; font-family: ui-monospace, monospace; font-size: 12px;
-}
-.strip .token.current { outline: 2px solid #1d232b; }
-.strip-title { color: #59636e; font-size: 12px; margin-top: 6px; }
-#hover-info { min-height: 2.6em; color: #333; font-size: 12px; }
-#hover-info .who { font-family: ui-monospace, monospace; }
-.heat-wrap { overflow: auto; max-height: 78vh; border: 1px solid #eef0f2; }
-table.heat { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 11px; }
-table.heat td { width: 16px; min-width: 16px; height: 16px; padding: 0; border: 0; }
-table.heat th { font-weight: normal; white-space: pre; padding: 0 4px; color: #333; }
-table.heat thead th {
-  writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; padding: 4px 0;
-  max-height: 120px; overflow: hidden;
-}
-table.heat tbody th { text-align: right; max-width: 160px; overflow: hidden; text-overflow: ellipsis; }
-table.heat tr.highlight th { background: #ffe9a8; }
-table.heat tr.highlight td { box-shadow: inset 0 1px 0 #1d232b, inset 0 -1px 0 #1d232b; }
-table.heat th.col-highlight { background: #ffe9a8; }
-#grid { display: grid; gap: 3px; align-items: center; }
-#grid canvas {
-  width: 56px; height: 56px; image-rendering: pixelated; border: 2px solid transparent;
-  cursor: pointer;
-}
-#grid canvas.selected { border-color: rgb(var(--accent)); }
-#grid .axis { font-size: 11px; color: #59636e; text-align: center; }
-.tables { display: flex; flex-wrap: wrap; gap: 0 26px; align-items: flex-start; }
-table.stats { border-collapse: collapse; margin: 6px 0 16px; font-size: 12px; }
-table.stats th, table.stats td {
-  border: 1px solid #e3e6ea; padding: 3px 7px; text-align: right;
-  font-variant-numeric: tabular-nums;
-}
-table.stats caption { text-align: left; font-weight: 600; padding: 4px 0; }
-.note { color: #59636e; font-size: 12px; }
-.figures img { max-width: 100%; border: 1px solid #eef0f2; margin: 6px 0; }
-details summary { cursor: pointer; }
-"""
-
-SCRIPT = r"""
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("attnlab-data").textContent);
@@ -332,4 +262,3 @@ SCRIPT = r"""
   select(0, 0);
   document.body.dataset.ready = "true";
 })();
-"""

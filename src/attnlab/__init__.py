@@ -14,6 +14,10 @@ One loader opens everything: ``model, tokenizer, config = attnlab.load(path_or_n
 classes have ``from_pretrained`` / ``save_pretrained``.
 """
 
+from . import _moved
+
+_moved.install()  # old module paths (attnlab.models.pretrained, ...) keep importing
+
 from . import attention, data, inspect, layers, models, outputs, train
 from .attention import (
     AttentionResult,

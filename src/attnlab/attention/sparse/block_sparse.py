@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._block_window_kernel import block_window_attention
-from .functional import attention
+from ..functional import attention
 
 __all__ = ["BlockSparseResult", "BlockSparseWeights", "block_sparse_attention", "block_sparse_mask"]
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .._checks import check_positive_int
+from ..._checks import check_positive_int
 from .block_sparse import block_sparse_mask
 
 __all__ = ["block_pattern_density", "draw_sparsity_pattern"]

@@ -16,13 +16,13 @@ from typing import Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
-from .._masked_mean import masked_mean
-from .._precision import Linear, linear
+from ..._checks import check_positive_int, check_probability
+from ..._masked_mean import masked_mean
+from ..._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
-from .functional import AttentionResult, attention
-from .masks import combine_masks, head_mask_scale, keep_mask, refuse_key_padding_mask
-from .rotary import RotaryEmbedding
+from ..functional import AttentionResult, attention
+from ..masks import combine_masks, head_mask_scale, keep_mask, refuse_key_padding_mask
+from ..rotary import RotaryEmbedding
 
 __all__ = ["SparseAttention", "DENSE_WEIGHTS_MAX_LEN", "WEIGHTS_LAYOUTS"]
 

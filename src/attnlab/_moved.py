@@ -21,6 +21,8 @@ __all__ = ["MOVED", "new_name", "install"]
 MOVED: dict[str, str] = {
     "attnlab.attention.block_sparse": "attnlab.attention.sparse.block_sparse",
     "attnlab.attention.sparse_pattern": "attnlab.attention.sparse.pattern",
+    "attnlab.layers.scaled_rotary": "attnlab.attention.rotary",
+    "attnlab.layers.swiglu_ffn": "attnlab.layers.ffn",
 }
 
 

@@ -2,7 +2,7 @@
 
 :data:`MOVED` maps an old dotted path (a module, or a package and everything under it)
 to where it lives now. ``import attnlab.models.pretrained`` then gives the module
-``attnlab.checkpoints.hf_encoder`` itself (the same object, so a name patched through
+``attnlab.checkpoints.encoders.loading`` itself (the same object, so a name patched through
 either path is patched once). New code imports the new paths; this table only keeps
 code written against the old ones working.
 """
@@ -19,6 +19,21 @@ from typing import Optional
 __all__ = ["MOVED", "new_name", "install"]
 
 MOVED: dict[str, str] = {
+    "attnlab.models._bert_layout": "attnlab.checkpoints.encoders._bert_layout",
+    "attnlab.models.checkpoint_tensors": "attnlab.checkpoints.tensors",
+    "attnlab.models.decoder._gpt2_layout": "attnlab.checkpoints.decoders._gpt2_layout",
+    "attnlab.models.decoder._llama_layout": "attnlab.checkpoints.decoders._llama_layout",
+    "attnlab.models.decoder.gguf_tokenizer": "attnlab.checkpoints.gguf.tokenizer",
+    "attnlab.models.decoder.gguf_weights": "attnlab.checkpoints.gguf.weights",
+    "attnlab.models.decoder.loading": "attnlab.checkpoints.decoders.loading",
+    "attnlab.models.decoder.saving": "attnlab.checkpoints.decoders.saving",
+    "attnlab.models.factory": "attnlab.checkpoints.factory",
+    "attnlab.models.families": "attnlab.checkpoints.encoders",
+    "attnlab.models.families._convert": "attnlab.checkpoints._convert",
+    "attnlab.models.families._table": "attnlab.checkpoints._table",
+    "attnlab.models.loading": "attnlab.checkpoints.loading",
+    "attnlab.models.pretrained": "attnlab.checkpoints.encoders.loading",
+    "attnlab.models.serialization": "attnlab.checkpoints.attnlab_layout",
     "attnlab.attention.block_sparse": "attnlab.attention.sparse.block_sparse",
     "attnlab.attention.sparse_pattern": "attnlab.attention.sparse.pattern",
     "attnlab.layers.scaled_rotary": "attnlab.attention.rotary",

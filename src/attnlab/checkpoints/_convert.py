@@ -99,7 +99,7 @@ def hf_to_state(
         family: the layout.
         values: the checkpoint's ``config.json``.
         tensors: HF name -> tensor, as read from ``model.safetensors``; a
-            :class:`~attnlab.models.checkpoint_tensors.CheckpointTensors` is read one
+            :class:`~attnlab.checkpoints.tensors.CheckpointTensors` is read one
             tensor at a time, after every name and shape has been checked on its headers.
         shapes: the attnlab model's ``state_dict`` names and shapes.
         head: the task head's module paths -> full HF module paths (empty for an encoder).

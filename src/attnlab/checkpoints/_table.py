@@ -12,7 +12,7 @@ A :class:`Family` says, for one HuggingFace layout:
 * how its ``*ForSequenceClassification`` head maps onto
   :class:`~attnlab.EncoderClassifier` (``classifier``).
 
-The conversion itself (:mod:`attnlab.models.families._convert`) is the same for every
+The conversion itself (:mod:`attnlab.checkpoints._convert`) is the same for every
 family; tensor shapes are checked against the encoder the config builds.
 """
 
@@ -21,16 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ...layers import EncoderConfig, TransformerEncoder
-from .._bert_layout import UnsupportedCheckpointError
+from ..layers import EncoderConfig, TransformerEncoder
+from .errors import UnsupportedCheckpointError, problems_error
 
 __all__ = ["ClassifierTable", "Family", "MaskedLMTable", "UnsupportedCheckpointError", "problems_error"]
-
-
-def problems_error(what: str, problems: list[str]) -> UnsupportedCheckpointError:
-    """One error listing every problem, a line each."""
-    lines = "\n".join(f"  - {problem}" for problem in problems)
-    return UnsupportedCheckpointError(f"{what}:\n{lines}")
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from torch import nn
 from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
 from ..layers import EncoderConfig, TransformerEncoder
 from ..layers.decoder_config import DecoderConfig
-from .checkpoint_tensors import CheckpointTensors, resolve_dtype
-from .classifier import EncoderClassifier
-from .decoder.causal_lm import DecoderForCausalLM
-from .families import build_from_checkpoint_config
-from .image_text import ImageTextModel
-from .masked_lm import EncoderForMaskedLM
+from .tensors import CheckpointTensors, resolve_dtype
+from ..models.classifier import EncoderClassifier
+from ..models.decoder.causal_lm import DecoderForCausalLM
+from .encoders import build_from_checkpoint_config
+from ..models.image_text import ImageTextModel
+from ..models.masked_lm import EncoderForMaskedLM
 
 __all__ = [
     "LoadedModel",

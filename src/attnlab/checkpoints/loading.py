@@ -4,11 +4,11 @@
 
 * an attnlab **run directory** (``attnlab train --out DIR``: ``checkpoints/best`` or
   ``checkpoints/last``) or an attnlab **checkpoint directory** (``model.safetensors`` and
-  a ``config.json`` with an ``"encoder"`` entry) -> :func:`~attnlab.models.load_model`;
+  a ``config.json`` with an ``"encoder"`` entry) -> :func:`~attnlab.checkpoints.load_model`;
 * a **HuggingFace directory** (``config.json`` with HuggingFace's ``model_type``) or a
-  packaged name such as ``"minilm"`` -> :func:`~attnlab.models.pretrained.from_pretrained`;
+  packaged name such as ``"minilm"`` -> :func:`~attnlab.checkpoints.encoders.loading.from_pretrained`;
 * a **decoder**: a GPT-2 / Llama / Mistral / Qwen2 directory, a ``.gguf`` file or the
-  packaged ``"smollm2"`` -> :func:`~attnlab.models.decoder.loading.load_decoder`; a decoder
+  packaged ``"smollm2"`` -> :func:`~attnlab.checkpoints.decoders.loading.load_decoder`; a decoder
   saved in attnlab's layout (a ``"decoder"`` entry) is an attnlab checkpoint.
 
 It returns ``(model, tokenizer, config)`` with the model in eval mode and the tokenizer as
@@ -19,20 +19,23 @@ module through ``Class.from_pretrained(path)`` and ``model.save_pretrained(dir)`
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from torch import nn
 
+from .._pretrained_io import register_loader
+
 from .._files import read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder, find_encoder
-from .decoder.causal_lm import DecoderForCausalLM
-from .checkpoint_tensors import DtypeLike, resolve_dtype
-from .decoder.loading import DECODER_NAMES, is_decoder_source, load_decoder_and_tokenizer
-from .decoder.saving import check_decoder_weights, save_decoder_pretrained
-from .pretrained import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
-from .serialization import (
+from ..models.decoder.causal_lm import DecoderForCausalLM
+from .tensors import DtypeLike, resolve_dtype
+from .decoders.loading import DECODER_NAMES, is_decoder_source, load_decoder_and_tokenizer
+from .decoders.saving import check_decoder_weights, save_decoder_pretrained
+from .encoders.loading import PRETRAINED_NAMES, from_pretrained, load_tokenizer, pretrained_dir, save_pretrained
+from .attnlab_layout import (
     CONFIG_FILE,
     MODEL_FILE,
     LoadedModel,
@@ -41,7 +44,7 @@ from .serialization import (
     save_model,
 )
 
-__all__ = ["FORMATS", "detect_format", "load", "load_as", "save"]
+__all__ = ["FORMATS", "detect_format", "from_pretrained", "load", "load_as", "load_tokenizer", "pretrained_dir", "save"]
 
 PathLike = Union[str, Path]
 FORMATS = ("attnlab-run", "attnlab-checkpoint", "huggingface")
@@ -100,7 +103,7 @@ def load(path_or_name: PathLike, *, device=None, dtype: DtypeLike = None) -> Loa
             time, so loading takes about the model's size in ``dtype``.
 
     Returns:
-        :class:`~attnlab.models.serialization.LoadedModel` ``(model, tokenizer, config)``:
+        :class:`~attnlab.checkpoints.attnlab_layout.LoadedModel` ``(model, tokenizer, config)``:
         the model in eval mode, a callable :class:`~attnlab.data.tokenizer.Tokenizer`
         (``None`` when the directory has none; a decoder's pads on the left), and the
         directory's ``config.json`` dict (a GGUF file's: its ``DecoderConfig`` as a dict).
@@ -188,7 +191,7 @@ def save(
             :func:`load` and ``Class.from_pretrained`` open, any attnlab model) or
             ``"huggingface"`` (the family's layout that ``transformers`` opens: an encoder's
             (BERT's for a dense encoder of attnlab's own), a decoder's GPT-2, Llama, Mistral
-            or Qwen2 layout; see :mod:`attnlab.models.decoder.saving`).
+            or Qwen2 layout; see :mod:`attnlab.checkpoints.decoders.saving`).
     """
     if layout not in ("attnlab", "huggingface"):
         raise ValueError(f"layout must be 'attnlab' or 'huggingface', got {layout!r}")
@@ -201,3 +204,6 @@ def save(
     if layout == "attnlab":
         return save_model(model, directory, tokenizer=backend)
     return save_pretrained(model, directory, backend)
+
+
+register_loader(sys.modules[__name__])  # Class.from_pretrained and save_pretrained call load_as and save

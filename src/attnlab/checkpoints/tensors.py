@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .._files import CorruptFileError, read_json
-from ._bert_layout import UnsupportedCheckpointError
+from .errors import UnsupportedCheckpointError
 
 __all__ = ["DTYPES", "DTYPE_CHOICES", "INDEX_FILE", "META_BUILD_VALUES", "WEIGHTS_FILE", "CheckpointTensors",
            "DtypeLike", "building", "config_dtype", "dtype_name", "has_safetensors", "parameters_on_meta",

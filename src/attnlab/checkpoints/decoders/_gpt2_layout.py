@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
-from .._bert_layout import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 from ._llama_layout import first_id, hf_activation, hf_activation_name
 
 __all__ = ["decoder_config_from_gpt2", "decoder_state_to_gpt2", "gpt2_config_from_decoder",
@@ -112,7 +112,7 @@ def gpt2_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
     """attnlab's state dict from GPT-2 tensors (``transformer.`` prefix optional).
 
     Every name is checked before any tensor is looked up, and each is looked up once (see
-    :func:`~attnlab.models.decoder._llama_layout.llama_state_to_decoder`).
+    :func:`~attnlab.checkpoints.decoders._llama_layout.llama_state_to_decoder`).
 
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.

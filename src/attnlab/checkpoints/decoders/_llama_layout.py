@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
-from .._bert_layout import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 
 __all__ = ["LLAMA_MODEL_TYPES", "decoder_config_from_llama", "decoder_state_to_llama", "first_id",
            "hf_activation", "hf_activation_name", "llama_config_from_decoder", "llama_state_to_decoder",
@@ -195,7 +195,7 @@ def llama_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
     """attnlab's state dict from HuggingFace Llama-family tensors (``model.`` prefix optional).
 
     Every name is checked before any tensor is looked up, and each is looked up once, so a
-    mapping that reads on lookup (:class:`~attnlab.models.checkpoint_tensors.CheckpointTensors`)
+    mapping that reads on lookup (:class:`~attnlab.checkpoints.tensors.CheckpointTensors`)
     reads the checkpoint one tensor at a time.
 
     Raises:

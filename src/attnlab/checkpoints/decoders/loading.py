@@ -1,6 +1,6 @@
 """Open HuggingFace decoder directories (GPT-2, Llama, Mistral, Qwen2) and GGUF files.
 
-The loader (:mod:`attnlab.models.loading` / :mod:`attnlab.models.pretrained`) sends a
+The loader (:mod:`attnlab.checkpoints.loading` / :mod:`attnlab.checkpoints.encoders.loading`) sends a
 directory whose ``config.json`` names one of :data:`DECODER_MODEL_TYPES`, a ``.gguf`` file
 and the packaged name ``"smollm2"`` here. Weights are read with ``safetensors`` (one file
 or shards; nothing is unpickled) or with the ``gguf`` package; ``transformers`` is not needed.
@@ -16,8 +16,8 @@ import torch
 
 from ..._files import read_json
 from ...layers.decoder_config import DecoderConfig
-from .._bert_layout import UnsupportedCheckpointError
-from ..checkpoint_tensors import (
+from ..errors import UnsupportedCheckpointError
+from ..tensors import (
     INDEX_FILE,
     WEIGHTS_FILE,
     CheckpointTensors,
@@ -28,7 +28,7 @@ from ..checkpoint_tensors import (
 )
 from ._gpt2_layout import decoder_config_from_gpt2, gpt2_state_to_decoder
 from ._llama_layout import LLAMA_MODEL_TYPES, decoder_config_from_llama, llama_state_to_decoder
-from .causal_lm import DecoderForCausalLM
+from ...models.decoder.causal_lm import DecoderForCausalLM
 
 __all__ = ["DECODER_MODEL_TYPES", "DECODER_NAMES", "decoder_config_from_hf", "is_decoder_source",
            "load_decoder", "load_decoder_and_tokenizer", "load_decoder_tokenizer"]
@@ -126,7 +126,7 @@ def load_decoder(
     dtype = resolve_dtype(dtype)
     gguf_path = _gguf_path(source)
     if gguf_path is not None:
-        from .gguf_weights import read_gguf
+        from ..gguf.weights import read_gguf
 
         dtype = torch.float32 if dtype == "auto" else dtype
         config, state = read_gguf(gguf_path if gguf_reader is None else gguf_reader, dtype=dtype)
@@ -166,8 +166,8 @@ def load_decoder_and_tokenizer(
     gguf_path = _gguf_path(source)
     if gguf_path is None:
         return load_decoder(source, device=device, dtype=dtype), load_decoder_tokenizer(source)
-    from .gguf_tokenizer import tokenizer_from_gguf
-    from .gguf_weights import open_gguf
+    from ..gguf.tokenizer import tokenizer_from_gguf
+    from ..gguf.weights import open_gguf
 
     reader = open_gguf(gguf_path)
     model = load_decoder(source, device=device, dtype=dtype, gguf_reader=reader)
@@ -179,7 +179,7 @@ def load_decoder_tokenizer(source: PathLike):
     one a GGUF file describes in its metadata. ``None`` when there is none."""
     gguf_path = _gguf_path(source)
     if gguf_path is not None:
-        from .gguf_tokenizer import tokenizer_from_gguf
+        from ..gguf.tokenizer import tokenizer_from_gguf
 
         return tokenizer_from_gguf(gguf_path)
     path = Path(source) / "tokenizer.json"

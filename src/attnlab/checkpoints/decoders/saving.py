@@ -8,7 +8,7 @@ decoder opened from a HuggingFace directory keeps that ``config.json``
 GGUF file, one built from a :class:`DecoderConfig`) gets a ``config.json`` built from its
 config: GPT-2 for learned positions, else Llama, Mistral (a sliding window) or Qwen2
 (biases on q, k, v only). Weights are written in the model's dtype (a GGUF model's are
-dequantised float32). attnlab's own layout is :func:`attnlab.models.serialization.save_model`'s.
+dequantised float32). attnlab's own layout is :func:`attnlab.checkpoints.attnlab_layout.save_model`'s.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, Callable, Optional, Union
 from torch import Tensor
 
 from ..._files import follow_umask, write_json
-from .._bert_layout import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 from ._gpt2_layout import decoder_state_to_gpt2, gpt2_config_from_decoder
 from ._llama_layout import LLAMA_MODEL_TYPES, decoder_state_to_llama, first_id, llama_config_from_decoder
-from .causal_lm import DecoderForCausalLM
+from ...models.decoder.causal_lm import DecoderForCausalLM
 from .loading import DECODER_MODEL_TYPES, decoder_config_from_hf
 
 __all__ = ["check_decoder_weights", "decoder_to_hf", "save_decoder_pretrained"]
@@ -142,7 +142,7 @@ def save_decoder_pretrained(model: DecoderForCausalLM, directory: Union[str, Pat
     ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` opens.
 
     Args:
-        model: a decoder, e.g. from :func:`~attnlab.models.decoder.loading.load_decoder`.
+        model: a decoder, e.g. from :func:`~attnlab.checkpoints.decoders.loading.load_decoder`.
         directory: created if needed; existing files of the same names are replaced.
         tokenizer: a ``tokenizers.Tokenizer``, saved as ``tokenizer.json`` with a
             ``tokenizer_config.json`` naming its BOS, EOS and pad tokens (no chat template).

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...layers import EncoderConfig, TransformerEncoder
-from ._table import ClassifierTable, Family, UnsupportedCheckpointError
+from .._table import ClassifierTable, Family
+from ..errors import UnsupportedCheckpointError
 from .albert import ALBERT
 from .bert import BERT
 from .deberta_v2 import DEBERTA_V2
@@ -60,7 +61,7 @@ def build_from_checkpoint_config(
     :class:`~attnlab.EncoderConfig` (which may carry changed dropouts), freshly initialised.
 
     attnlab's own checkpoints of a fine-tuned family encoder keep both, so they reopen
-    with the family's components (see :mod:`attnlab.models.serialization`).
+    with the family's components (see :mod:`attnlab.checkpoints.attnlab_layout`).
     """
     family = family_for(values)
     encoder = family.build(values, config, device=device, dtype=dtype)

@@ -1,6 +1,6 @@
 """A BERT ``config.json`` and attnlab's :class:`~attnlab.EncoderConfig`, both ways.
 
-The tensor names are the BERT family's table (:mod:`attnlab.models.families.bert`).
+The tensor names are the BERT family's table (:mod:`attnlab.checkpoints.encoders.bert`).
 Every setting attnlab cannot reproduce is collected and reported at once in an
 :class:`UnsupportedCheckpointError`.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..layers.encoder_config import EncoderConfig
+from ...layers.encoder_config import EncoderConfig
+from ..errors import UnsupportedCheckpointError
 
 __all__ = [
     "UnsupportedCheckpointError",
@@ -17,10 +18,6 @@ __all__ = [
     "encoder_config_from_bert",
     "bert_config_from_encoder",
 ]
-
-
-class UnsupportedCheckpointError(ValueError):
-    """A checkpoint (or a model to export) that does not fit the BERT layout."""
 
 
 # The EncoderConfig options that make attnlab's encoder compute what BERT computes.
@@ -115,7 +112,7 @@ def bert_config_from_encoder(config: EncoderConfig) -> dict[str, Any]:
     if problems:
         raise _problems_error(
             "this encoder cannot be written in the BERT layout; build it with "
-            "attnlab.models.pretrained.bert_style_config(...) or these options",
+            "attnlab.checkpoints.encoders.loading.bert_style_config(...) or these options",
             problems,
         )
     return {

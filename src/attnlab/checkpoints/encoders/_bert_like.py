@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ...layers import EncoderConfig, TransformerEncoder
-from ._table import UnsupportedCheckpointError, problems_error
+from ..errors import UnsupportedCheckpointError, problems_error
 
 __all__ = [
     "ACTIVATIONS_FROM_HF",

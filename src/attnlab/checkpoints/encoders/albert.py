@@ -14,7 +14,7 @@ from torch import nn
 
 from ...layers import EncoderConfig, TransformerEncoder
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, hidden_act_head
 
 __all__ = ["ALBERT", "share_layer_parameters"]

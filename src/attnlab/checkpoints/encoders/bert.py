@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ...layers import TransformerEncoder
-from .._bert_layout import bert_config_from_encoder, encoder_config_from_bert
+from ._bert_layout import bert_config_from_encoder, encoder_config_from_bert
 from ._bert_like import ACTIVATIONS_FROM_HF
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 
 __all__ = ["BERT", "BERT_EMBEDDINGS", "BERT_LAYER", "BERT_QKV", "hidden_act_head"]
 

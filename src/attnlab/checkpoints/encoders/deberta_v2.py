@@ -16,7 +16,7 @@ from typing import Any
 from ...attention.disentangled import POSITION_TERMS, DisentangledSelfAttention, RelativePositionTable
 from ...layers import EncoderConfig, TransformerEncoderLayer
 from ._bert_like import ACTIVATIONS_FROM_HF, read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, BERT_LAYER, hidden_act_head
 
 __all__ = ["DEBERTA_V2", "position_terms"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...layers import EncoderConfig
 from ._bert_like import ACTIVATIONS_FROM_HF, read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 
 __all__ = ["DISTILBERT"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...layers import EncoderConfig
 from ._bert_like import BERT_KEYS, read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, BERT_LAYER, BERT_QKV
 
 __all__ = ["ELECTRA", "factorised_embeddings"]

@@ -2,7 +2,7 @@
 
 A checkpoint directory holds ``config.json``, ``model.safetensors`` and usually
 ``tokenizer.json``. :func:`from_pretrained` reads ``model_type`` from the config, picks
-the family's conversion table and block spec (:mod:`attnlab.models.families`: BERT,
+the family's conversion table and block spec (:mod:`attnlab.checkpoints.encoders`: BERT,
 RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT, MPNet) and builds attnlab's own
 :class:`~attnlab.TransformerEncoder`, or an :class:`~attnlab.EncoderClassifier` with
 the checkpoint's labels for a ``*ForSequenceClassification`` checkpoint, so every
@@ -34,11 +34,12 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from .._files import follow_umask, read_json, write_json
-from ..layers.encoder import TransformerEncoder
-from ..layers.encoder_config import EncoderConfig
-from ._bert_layout import BERT_STYLE_OPTIONS, UnsupportedCheckpointError
-from .checkpoint_tensors import (
+from ..._files import follow_umask, read_json, write_json
+from ...layers.encoder import TransformerEncoder
+from ...layers.encoder_config import EncoderConfig
+from ..errors import UnsupportedCheckpointError
+from ._bert_layout import BERT_STYLE_OPTIONS
+from ..tensors import (
     INDEX_FILE,
     CheckpointTensors,
     DtypeLike,
@@ -46,12 +47,12 @@ from .checkpoint_tensors import (
     config_dtype,
     resolve_dtype,
 )
-from .classifier import EncoderClassifier
-from .families import FAMILIES, Family, family_for
-from .families._convert import hf_to_state, state_to_hf
-from .families.bert import BERT
-from .masked_lm import EncoderForMaskedLM
-from .pruning import unpruned_state_dict
+from ...models.classifier import EncoderClassifier
+from . import FAMILIES, Family, family_for
+from .._convert import hf_to_state, state_to_hf
+from .bert import BERT
+from ...models.masked_lm import EncoderForMaskedLM
+from ...models.pruning import unpruned_state_dict
 
 __all__ = [
     "PRETRAINED_NAMES",
@@ -279,7 +280,7 @@ def from_pretrained(
         device: where to put the parameters.
         dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
             ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``, the
-            checkpoint's own (see :func:`~attnlab.models.checkpoint_tensors.resolve_dtype`).
+            checkpoint's own (see :func:`~attnlab.checkpoints.tensors.resolve_dtype`).
             Weights are read and converted one tensor at a time and assigned to the
             model (built without parameter storage from 50M values on), so loading takes
             about the model's size in ``dtype``.
@@ -296,7 +297,7 @@ def from_pretrained(
             are listed), missing or unexpected tensors, shape mismatches, or
             pickle-only weights; every problem is listed.
     """
-    from .decoder.loading import DECODER_MODEL_TYPES, is_decoder_source, load_decoder
+    from ..decoders.loading import DECODER_MODEL_TYPES, is_decoder_source, load_decoder
 
     if is_decoder_source(name_or_path):  # GPT-2, Llama, Mistral, Qwen2, GGUF, "smollm2"
         return load_decoder(name_or_path, device=device, dtype=dtype)
@@ -305,7 +306,7 @@ def from_pretrained(
     if (directory / "checkpoints").is_dir():
         raise UnsupportedCheckpointError(
             f"{directory} is an attnlab run directory, not a HuggingFace one; open it with "
-            f"attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
+            f"attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
         )
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
@@ -313,7 +314,7 @@ def from_pretrained(
     if isinstance(values, dict) and ("encoder" in values or "decoder" in values) and "model_type" in values:
         raise UnsupportedCheckpointError(
             f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
-            f"one; open it with attnlab.load({str(directory)!r}) or attnlab.models.load_model(...)"
+            f"one; open it with attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
         )
     try:
         family = family_for(values, source=str(config_path))

@@ -16,7 +16,8 @@ from torch import nn
 from ...attention.multihead import MultiHeadAttention
 from ...layers import EncoderConfig, GatedFFN, TransformerEncoder, TransformerEncoderLayer
 from ._bert_like import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF
-from ._table import ClassifierTable, Family, MaskedLMTable, UnsupportedCheckpointError, problems_error
+from .._table import ClassifierTable, Family, MaskedLMTable
+from ..errors import UnsupportedCheckpointError, problems_error
 
 __all__ = ["MODERNBERT", "layer_types", "rope_bases"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from ...attention.position_bias import RelativePositionBias
 from ...layers import EncoderConfig
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 from .roberta import offset_max_len, offset_positions
 
 __all__ = ["MPNET"]

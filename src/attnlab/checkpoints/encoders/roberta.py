@@ -8,7 +8,7 @@ from typing import Any
 from ...layers import EncoderConfig
 from ...layers.positional import PaddingOffsetPositionalEmbedding
 from ._bert_like import read_config, write_config
-from ._table import ClassifierTable, Family, MaskedLMTable
+from .._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, BERT_LAYER, BERT_QKV
 
 __all__ = ["ROBERTA", "XLM_ROBERTA", "offset_positions", "offset_max_len"]

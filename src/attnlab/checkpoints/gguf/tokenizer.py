@@ -13,9 +13,9 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
-from .._bert_layout import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 
-__all__ = ["tokenizer_from_gguf", "chat_prompt"]
+__all__ = ["tokenizer_from_gguf"]
 
 _CONTROL = 3
 
@@ -29,12 +29,12 @@ def tokenizer_from_gguf(source: Any) -> Tokenizer:
 
     Args:
         source: the file's path, or a ``GGUFReader`` of it (one reader serves the weights
-            and the tokenizer: :func:`~attnlab.models.decoder.gguf_weights.open_gguf`).
+            and the tokenizer: :func:`~attnlab.checkpoints.gguf.weights.open_gguf`).
 
     Raises:
         UnsupportedCheckpointError: the file holds another kind of tokenizer (SentencePiece's ``llama``).
     """
-    from .gguf_weights import open_gguf
+    from .weights import open_gguf
 
     reader = open_gguf(source)
     kind = reader.fields["tokenizer.ggml.model"].contents()
@@ -56,10 +56,3 @@ def tokenizer_from_gguf(source: Any) -> Tokenizer:
     tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                   for token, kind in zip(tokens, types) if kind == _CONTROL])
     return tokenizer
-
-
-def chat_prompt(text: str, *, system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face") -> str:
-    """``text`` as one user turn in the ChatML template that SmolLM2-Instruct was tuned on,
-    ready for the assistant's answer."""
-    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n"
-            f"<|im_start|>assistant\n")

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
-from .._bert_layout import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 
 __all__ = ["gguf_metadata", "open_gguf", "read_gguf", "unpermute_rotary_rows"]
 

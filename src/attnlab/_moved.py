@@ -19,7 +19,6 @@ from typing import Optional
 __all__ = ["MOVED", "new_name", "install"]
 
 MOVED: dict[str, str] = {
-    "attnlab.models._bert_layout": "attnlab.checkpoints.encoders._bert_layout",
     "attnlab.models.checkpoint_tensors": "attnlab.checkpoints.tensors",
     "attnlab.models.decoder._gpt2_layout": "attnlab.checkpoints.decoders._gpt2_layout",
     "attnlab.models.decoder._llama_layout": "attnlab.checkpoints.decoders._llama_layout",

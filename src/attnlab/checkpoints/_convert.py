@@ -1,21 +1,36 @@
-"""Tensors between a HuggingFace checkpoint and attnlab's modules, for any :class:`Family`.
+"""Tensors between a HuggingFace checkpoint and attnlab's modules: the one converter.
 
-Names are found from the model attnlab builds: every tensor of its ``state_dict`` is
-looked up in the family's table, so the expected HF names and shapes are exactly what
-the encoder (and its task head) needs. Every disagreement (a missing, unexpected or
-misshapen tensor) is collected and reported at once.
+A conversion is a table of ``(HF names, attnlab name, stored transposed)``: several HF
+names are one attnlab tensor, concatenated (query, key and value into one projection).
+:func:`gather` reads a checkpoint through such a table, each tensor looked up once (a
+:class:`~attnlab.checkpoints.tensors.CheckpointTensors` reads it then), and
+:func:`scatter` writes a state dict back through it.
+
+* Encoder families (:class:`Family`): names are found from the model attnlab builds (every
+  tensor of its ``state_dict`` is looked up in the family's table), so the expected HF
+  names and shapes are exactly what the encoder and its task head need
+  (:func:`hf_to_state`, :func:`state_to_hf`).
+* Decoder layouts (GPT-2, the Llama family): the layout lists its table for a config
+  (:func:`read_layout`, :func:`write_layout`).
+
+Every disagreement (a missing, unexpected or misshapen tensor) is reported at once.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from ._table import Family, problems_error
+from ._table import Family
+from .errors import UnsupportedCheckpointError, problems_error
 
-__all__ = ["hf_names", "hf_to_state", "state_to_hf"]
+__all__ = ["Plan", "gather", "hf_names", "hf_to_state", "read_layout", "scatter", "state_to_hf", "write_layout"]
+
+# (HF names, attnlab name, stored transposed): one row per attnlab tensor
+Plan = list[tuple[tuple[str, ...], str, bool]]
+_LM_HEAD = "lm_head.weight"
 
 _QKV = {"self_attn.in_proj_weight": "weight", "self_attn.in_proj_bias": "bias"}
 
@@ -155,11 +170,8 @@ def hf_to_state(
     if problems:
         hint = " (pass strict=False to skip unexpected tensors)" if strict and extra else ""
         raise problems_error(f"{source} does not match a {family.name} model of this config{hint}", problems)
-    state = {}
-    for ours, theirs in names.items():
-        parts = [tensors[given[lookup(name)]] for name in theirs]  # read here, one at a time
-        state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # [3E, E] or [3E]
-    return state, sorted(ignorable + (extra if not strict else []))
+    plan = [(tuple(given[lookup(name)] for name in theirs), ours, False) for ours, theirs in names.items()]
+    return gather(tensors, plan), sorted(ignorable + (extra if not strict else []))
 
 
 def _stored_shape(tensors: Mapping[str, Tensor], name: str) -> tuple[int, ...]:
@@ -190,3 +202,76 @@ def state_to_hf(
             full = name if head_tensor else prefix + name
             tensors.setdefault(full, part)
     return {name: tensor.detach().contiguous().clone() for name, tensor in tensors.items()}
+
+
+def gather(tensors: Mapping[str, Tensor], plan: Plan) -> dict[str, Tensor]:
+    """attnlab's tensors from a checkpoint's, through ``plan`` (names already checked):
+    each HF tensor is looked up once, several are concatenated, transposed ones turned."""
+    state = {}
+    for names, ours, transposed in plan:
+        parts = [tensors[name] for name in names]  # read here, one at a time
+        tensor = parts[0] if len(parts) == 1 else torch.cat(parts)  # q, k, v: [(H + 2K) * D, ...]
+        state[ours] = tensor.t().contiguous() if transposed else tensor  # Conv1D [in, out] -> [out, in]
+    return state
+
+
+def scatter(state: Mapping[str, Tensor], plan: Plan, split: Callable[[Tensor], Sequence[Tensor]],
+            prefix: str = "") -> dict[str, Tensor]:
+    """A checkpoint's tensors from attnlab's, through ``plan``: the inverse of :func:`gather`
+    (``split`` cuts a concatenated tensor back into its HF parts)."""
+    tensors: dict[str, Tensor] = {}
+    for names, ours, transposed in plan:
+        tensor = state[ours].t() if transposed else state[ours]  # Linear [out, in] -> Conv1D [in, out]
+        parts = split(tensor) if len(names) > 1 else (tensor,)
+        tensors.update({prefix + name: part for name, part in zip(names, parts)})
+    return tensors
+
+
+def read_layout(tensors: Mapping[str, Tensor], plan: Plan, *, prefix: str, tie_embeddings: bool,
+                ignored: tuple[str, ...] = (), source: str = "model.safetensors") -> dict[str, Tensor]:
+    """A decoder's state dict from a checkpoint laid out as ``plan`` says (the LM head,
+    ``lm_head.weight``, apart from the plan: present unless tied to the token embedding).
+
+    Every name is checked before any tensor is looked up, and each is looked up once.
+
+    Args:
+        tensors: HF name -> tensor; the names may or may not start with ``prefix``.
+        plan: the layout's table for the model's config, names without ``prefix``.
+        prefix: the base model's prefix (``"model."``, ``"transformer."``).
+        tie_embeddings: whether the LM head is the token embedding (a copy is then ignored).
+        ignored: name endings that are skipped when present (old buffers).
+        source: where the tensors came from, for messages.
+
+    Raises:
+        UnsupportedCheckpointError: missing or unexpected tensors, all listed.
+    """
+    prefix = prefix if any(name.startswith(prefix) for name in tensors) else ""
+    remaining = set(tensors)
+    missing: list[str] = []
+    full: Plan = []
+    for names, ours, transposed in plan:
+        names = tuple(prefix + name for name in names)
+        missing += [name for name in names if name not in remaining]
+        remaining -= set(names)
+        full.append((names, ours, transposed))
+    has_head = _LM_HEAD in remaining  # a tied checkpoint may still hold a copy
+    remaining.discard(_LM_HEAD)
+    if not tie_embeddings:
+        if has_head:
+            full.append(((_LM_HEAD,), _LM_HEAD, False))
+        else:
+            missing.append(_LM_HEAD)
+    unexpected = sorted(name for name in remaining if not (ignored and name.endswith(ignored)))
+    if missing or unexpected:
+        raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
+    return gather(tensors, full)
+
+
+def write_layout(state: Mapping[str, Tensor], plan: Plan, *, prefix: str, tie_embeddings: bool,
+                 split: Callable[[Tensor], Sequence[Tensor]]) -> dict[str, Tensor]:
+    """A checkpoint's tensors (full HF names) from a decoder's state dict: the inverse of
+    :func:`read_layout`; ``lm_head.weight`` only when the head is not tied."""
+    tensors = scatter(state, plan, split, prefix)
+    if not tie_embeddings:
+        tensors[_LM_HEAD] = state[_LM_HEAD]
+    return tensors

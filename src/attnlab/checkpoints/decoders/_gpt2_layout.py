@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
+from .._convert import Plan, read_layout, write_layout
 from ..errors import UnsupportedCheckpointError
 from ._llama_layout import first_id, hf_activation, hf_activation_name
 
@@ -31,15 +32,15 @@ _LAYER = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "self_attn.qkv
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
-def gpt2_tensor_names(config: DecoderConfig) -> list[tuple[str, str, bool]]:
-    """``(HF name without "transformer.", attnlab name, stored transposed)`` for every
+def gpt2_tensor_names(config: DecoderConfig) -> Plan:
+    """``(HF names without "transformer.", attnlab name, stored transposed)`` for every
     tensor but the LM head: the one table both directions read."""
-    names = [(hf, ours, False) for hf, ours in _TOP.items()]
+    names: Plan = [((hf,), ours, False) for hf, ours in _TOP.items()]
     for i in range(config.num_layers):
         for hf, ours in _LAYER.items():
             for leaf in ("weight", "bias"):
                 transposed = hf in _CONV1D and leaf == "weight"
-                names.append((f"h.{i}.{hf}.{leaf}", f"layers.{i}.{ours}.{leaf}", transposed))
+                names.append(((f"h.{i}.{hf}.{leaf}",), f"layers.{i}.{ours}.{leaf}", transposed))
     return names
 
 
@@ -109,43 +110,19 @@ def gpt2_config_from_decoder(config: DecoderConfig) -> dict[str, Any]:
 
 def gpt2_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
                           source: str = "model.safetensors") -> dict[str, Tensor]:
-    """attnlab's state dict from GPT-2 tensors (``transformer.`` prefix optional).
-
-    Every name is checked before any tensor is looked up, and each is looked up once (see
-    :func:`~attnlab.checkpoints.decoders._llama_layout.llama_state_to_decoder`).
+    """attnlab's state dict from GPT-2 tensors (``transformer.`` prefix optional), through
+    the one converter (:func:`~attnlab.checkpoints._convert.read_layout`).
 
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
-    prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
-    remaining = set(tensors)
-    plan = [(prefix + hf, ours, conv1d) for hf, ours, conv1d in gpt2_tensor_names(config)]
-    missing = [name for name, _, _ in plan if name not in remaining]
-    remaining -= {name for name, _, _ in plan}
-    has_head = "lm_head.weight" in remaining
-    remaining.discard("lm_head.weight")
-    if not config.tie_embeddings:
-        if has_head:
-            plan.append(("lm_head.weight", "lm_head.weight", False))
-        else:
-            missing.append("lm_head.weight")
     # Old checkpoints carry the causal mask as buffers (attn.bias, attn.masked_bias).
-    unexpected = sorted(name for name in remaining if not name.endswith(("attn.bias", "attn.masked_bias")))
-    if missing or unexpected:
-        raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
-    state: dict[str, Tensor] = {}
-    for name, ours, conv1d in plan:
-        tensor = tensors[name]
-        state[ours] = tensor.t().contiguous() if conv1d else tensor  # Conv1D [in, out] -> Linear [out, in]
-    return state
+    return read_layout(tensors, gpt2_tensor_names(config), prefix=_PREFIX, tie_embeddings=config.tie_embeddings,
+                       ignored=("attn.bias", "attn.masked_bias"), source=source)
 
 
 def decoder_state_to_gpt2(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
     """GPT-2 tensors (``GPT2LMHeadModel``'s names) from attnlab's state dict: the inverse
     of :func:`gpt2_state_to_decoder`; ``lm_head.weight`` only when the head is not tied."""
-    # Linear [out, in] -> Conv1D [in, out]
-    tensors = {_PREFIX + hf: state[ours].t() if conv1d else state[ours]
-               for hf, ours, conv1d in gpt2_tensor_names(config)}
-    if not config.tie_embeddings:
-        tensors["lm_head.weight"] = state["lm_head.weight"]
-    return tensors
+    return write_layout(state, gpt2_tensor_names(config), prefix=_PREFIX, tie_embeddings=config.tie_embeddings,
+                        split=lambda tensor: (tensor,))

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-import torch
 from torch import Tensor
 
 from ...layers.decoder_config import DecoderConfig
+from .._convert import Plan, read_layout, write_layout
 from ..errors import UnsupportedCheckpointError
 
 __all__ = ["LLAMA_MODEL_TYPES", "decoder_config_from_llama", "decoder_state_to_llama", "first_id",
@@ -172,59 +172,37 @@ def llama_config_from_decoder(config: DecoderConfig, model_type: Optional[str] =
     return values
 
 
-def llama_tensor_names(config: DecoderConfig) -> list[tuple[tuple[str, ...], str]]:
-    """``(HF names without "model.", attnlab name)`` for every tensor but the LM head: the
-    one table both directions read. Three HF names (q, k, v) are one attnlab tensor,
-    concatenated in that order."""
-    names = [(("embed_tokens.weight",), "embed_tokens.weight"), (("norm.weight",), "norm.weight")]
+def llama_tensor_names(config: DecoderConfig) -> Plan:
+    """``(HF names without "model.", attnlab name, stored transposed)`` for every tensor but
+    the LM head: the one table both directions read. Three HF names (q, k, v) are one
+    attnlab tensor, concatenated in that order."""
+    names: Plan = [(("embed_tokens.weight",), "embed_tokens.weight", False), (("norm.weight",), "norm.weight", False)]
     for i in range(config.num_layers):
         layer = f"layers.{i}."
         for hf, ours in _LAYER.items():
             biased = (config.out_bias if hf == "self_attn.o_proj"
                       else config.ffn_bias if hf.startswith("mlp.") else False)
             for leaf in ("weight", "bias") if biased else ("weight",):
-                names.append(((f"{layer}{hf}.{leaf}",), f"{layer}{ours}.{leaf}"))
+                names.append(((f"{layer}{hf}.{leaf}",), f"{layer}{ours}.{leaf}", False))
         for leaf in ("weight", "bias") if config.qkv_bias else ("weight",):
             names.append((tuple(f"{layer}self_attn.{part}_proj.{leaf}" for part in "qkv"),
-                          f"{layer}self_attn.qkv_proj.{leaf}"))
+                          f"{layer}self_attn.qkv_proj.{leaf}", False))
     return names
 
 
 def llama_state_to_decoder(tensors: Mapping[str, Tensor], config: DecoderConfig,
                            source: str = "model.safetensors") -> dict[str, Tensor]:
-    """attnlab's state dict from HuggingFace Llama-family tensors (``model.`` prefix optional).
-
-    Every name is checked before any tensor is looked up, and each is looked up once, so a
-    mapping that reads on lookup (:class:`~attnlab.checkpoints.tensors.CheckpointTensors`)
-    reads the checkpoint one tensor at a time.
+    """attnlab's state dict from HuggingFace Llama-family tensors (``model.`` prefix optional),
+    through the one converter (:func:`~attnlab.checkpoints._convert.read_layout`): every name
+    is checked before any tensor is looked up, and each is looked up once, so a mapping that
+    reads on lookup (:class:`~attnlab.checkpoints.tensors.CheckpointTensors`) reads the
+    checkpoint one tensor at a time.
 
     Raises:
         UnsupportedCheckpointError: missing or unexpected tensors, all listed.
     """
-    prefix = _PREFIX if any(name.startswith(_PREFIX) for name in tensors) else ""
-    remaining = set(tensors)
-    missing: list[str] = []
-    plan: list[tuple[list[str], str]] = []  # (HF names, attnlab name)
-    for hf_names, ours in llama_tensor_names(config):
-        names = [prefix + name for name in hf_names]
-        missing += [name for name in names if name not in remaining]
-        remaining -= set(names)
-        plan.append((names, ours))
-    has_head = "lm_head.weight" in remaining  # a tied checkpoint may still hold a copy
-    remaining.discard("lm_head.weight")
-    if not config.tie_embeddings:
-        if has_head:
-            plan.append((["lm_head.weight"], "lm_head.weight"))
-        else:
-            missing.append("lm_head.weight")
-    unexpected = sorted(name for name in remaining if not name.endswith("rotary_emb.inv_freq"))
-    if missing or unexpected:
-        raise UnsupportedCheckpointError(f"{source}: missing tensors {missing}; unexpected tensors {unexpected}")
-    state: dict[str, Tensor] = {}
-    for names, ours in plan:
-        parts = [tensors[name] for name in names]
-        state[ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # q, k, v: [(H + 2K) * D, ...]
-    return state
+    return read_layout(tensors, llama_tensor_names(config), prefix=_PREFIX, tie_embeddings=config.tie_embeddings,
+                       ignored=("rotary_emb.inv_freq",), source=source)
 
 
 def decoder_state_to_llama(state: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
@@ -232,10 +210,5 @@ def decoder_state_to_llama(state: dict[str, Tensor], config: DecoderConfig) -> d
     of :func:`llama_state_to_decoder`, ``qkv_proj`` split into q, k and v; ``lm_head.weight``
     only when the head is not tied."""
     H, K, D = config.num_heads, config.kv_heads, config.attention_head_dim
-    tensors: dict[str, Tensor] = {}
-    for hf_names, ours in llama_tensor_names(config):
-        parts = state[ours].split((H * D, K * D, K * D)) if len(hf_names) == 3 else (state[ours],)
-        tensors.update({_PREFIX + name: part for name, part in zip(hf_names, parts)})
-    if not config.tie_embeddings:
-        tensors["lm_head.weight"] = state["lm_head.weight"]
-    return tensors
+    return write_layout(state, llama_tensor_names(config), prefix=_PREFIX, tie_embeddings=config.tie_embeddings,
+                        split=lambda tensor: tensor.split((H * D, K * D, K * D)))

@@ -38,7 +38,7 @@ from ..._files import follow_umask, read_json, write_json
 from ...layers.encoder import TransformerEncoder
 from ...layers.encoder_config import EncoderConfig
 from ..errors import UnsupportedCheckpointError
-from ._bert_layout import BERT_STYLE_OPTIONS
+from ._bert_like import POST_NORM as BERT_STYLE_OPTIONS
 from ..tensors import (
     INDEX_FILE,
     CheckpointTensors,

@@ -30,6 +30,9 @@ _LAYER = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "self_attn.qkv
           "attn.c_proj": "self_attn.o_proj", "mlp.c_fc": "feed_forward.linear1",
           "mlp.c_proj": "feed_forward.linear2"}
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+# DecoderConfig settings every GPT-2 has: read into each config, required of one written as GPT-2
+_FIXED = {"norm": "layer", "feed_forward": "plain", "position": "learned", "qkv_bias": True, "out_bias": True,
+          "ffn_bias": True}
 
 
 def gpt2_tensor_names(config: DecoderConfig) -> Plan:
@@ -58,14 +61,9 @@ def decoder_config_from_gpt2(raw: dict[str, Any], source: str = "config.json") -
         num_heads=raw.get("n_head", raw.get("num_attention_heads")),
         d_ff=raw.get("n_inner") or 4 * d_model,
         max_len=raw.get("n_positions", 1024),
-        norm="layer",
         norm_eps=raw.get("layer_norm_epsilon", 1e-5),
-        feed_forward="plain",
         activation=hf_activation(raw.get("activation_function", "gelu_new"), source),
-        position="learned",
-        qkv_bias=True,
-        out_bias=True,
-        ffn_bias=True,
+        **_FIXED,
         scale_by_layer=bool(raw.get("scale_attn_by_inverse_layer_idx", False)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", True)),
         pad_id=first_id(raw.get("pad_token_id")),
@@ -80,9 +78,8 @@ def gpt2_config_from_decoder(config: DecoderConfig) -> dict[str, Any]:
     Raises:
         UnsupportedCheckpointError: a setting GPT-2 cannot express (all named, one line).
     """
-    problems = [f"{name}={getattr(config, name)!r} (GPT-2: {want!r})" for name, want in (
-        ("norm", "layer"), ("feed_forward", "plain"), ("position", "learned"), ("qkv_bias", True),
-        ("out_bias", True), ("ffn_bias", True), ("sliding_window", None)) if getattr(config, name) != want]
+    problems = [f"{name}={getattr(config, name)!r} (GPT-2: {want!r})"
+                for name, want in {**_FIXED, "sliding_window": None}.items() if getattr(config, name) != want]
     if config.kv_heads != config.num_heads:
         problems.append(f"num_kv_heads={config.num_kv_heads} (GPT-2 has one key and value per head)")
     if config.attention_head_dim * config.num_heads != config.d_model:

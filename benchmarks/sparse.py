@@ -114,7 +114,7 @@ def run_child(method: str, T: int, args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from attnlab.attention.block_sparse import block_sparse_attention, block_sparse_mask
+    from attnlab.attention.sparse.block_sparse import block_sparse_attention, block_sparse_mask
 
     B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
     dtype = getattr(torch, args.dtype)
@@ -193,7 +193,7 @@ def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from attnlab.attention.block_sparse import block_sparse_attention
+    from attnlab.attention.sparse.block_sparse import block_sparse_attention
 
     B, H, D, L, w = 1, args.heads, args.head_dim, args.block, args.window
     dtype = getattr(torch, args.dtype)

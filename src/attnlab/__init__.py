@@ -6,7 +6,7 @@ The article's names are importable from here::
 
 and every subpackage is an attribute: ``attnlab.attention`` (kernels, masks, attention
 modules; the kernel function itself is ``attnlab.attention.attention``),
-``attnlab.layers``, ``attnlab.models``, ``attnlab.data``, ``attnlab.train``,
+``attnlab.layers``, ``attnlab.models``, ``attnlab.checkpoints``, ``attnlab.data``, ``attnlab.train``,
 ``attnlab.inspect``, ``attnlab.outputs``.
 
 One loader opens everything: ``model, tokenizer, config = attnlab.load(path_or_name)``
@@ -14,7 +14,11 @@ One loader opens everything: ``model, tokenizer, config = attnlab.load(path_or_n
 classes have ``from_pretrained`` / ``save_pretrained``.
 """
 
-from . import attention, data, inspect, layers, models, outputs, train
+from . import _moved
+
+_moved.install()  # old module paths (attnlab.models.pretrained, ...) keep importing
+
+from . import attention, checkpoints, data, inspect, layers, models, outputs, train
 from .attention import (
     AttentionResult,
     CrossModalAttention,
@@ -39,8 +43,8 @@ from .layers import (
     TransformerEncoderLayer,
 )
 from .models import EncoderClassifier, EncoderForMaskedLM, prune_heads
-from .models.loading import load
-from .models.pretrained import from_pretrained
+from .checkpoints.loading import load
+from .checkpoints.encoders.loading import from_pretrained
 from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer
 
@@ -71,6 +75,7 @@ __all__ = [
     "attention_rollout",
     "capture_attention",
     "causal_mask",
+    "checkpoints",
     "combine_masks",
     "data",
     "from_pretrained",

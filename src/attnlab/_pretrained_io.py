@@ -1,24 +1,34 @@
 """``Class.from_pretrained(path)`` and ``model.save_pretrained(dir)`` for attnlab's models.
 
-The loader lives in :mod:`attnlab.models.loading`, above the layers that
-:class:`~attnlab.TransformerEncoder` belongs to, so the classes reach it by its module
-name (as the command line reaches its subcommands) instead of importing up the tree.
+The loader (:mod:`attnlab.checkpoints`) sits above the models it builds, so the model
+classes cannot import it. It hands itself to this module when it is imported
+(:func:`register_loader`, called by :mod:`attnlab.checkpoints.loading`; ``import attnlab``
+imports it), and the classes call what was handed. No import goes up the tree.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
-__all__ = ["PretrainedIO"]
+__all__ = ["PretrainedIO", "loader", "register_loader"]
 
-LOADER_MODULE = "attnlab.models.loading"
 Model = TypeVar("Model", bound="PretrainedIO")
+_LOADER: Optional[Any] = None
 
 
-def _loader():
-    return importlib.import_module(LOADER_MODULE)
+def register_loader(module: Any) -> None:
+    """Hand the loader (a module with ``load_as``, ``save``, ``from_pretrained``,
+    ``load_tokenizer`` and ``pretrained_dir``) to the model classes."""
+    global _LOADER
+    _LOADER = module
+
+
+def loader() -> Any:
+    """The loader :func:`register_loader` was given."""
+    if _LOADER is None:  # only when attnlab.checkpoints was never imported, which `import attnlab` does
+        raise RuntimeError("attnlab's loader is not registered: import attnlab (or attnlab.checkpoints) first")
+    return _LOADER
 
 
 class PretrainedIO:
@@ -31,7 +41,7 @@ class PretrainedIO:
         """Open an attnlab run or checkpoint directory, a HuggingFace directory or a
         packaged name (``"minilm"``) as this class, in eval mode, in ``dtype`` (float32 by
         default; ``"bfloat16"``, ``"float16"``, ``"auto"``: see :func:`attnlab.load`)."""
-        return _loader().load_as(cls, path_or_name, device=device, dtype=dtype)
+        return loader().load_as(cls, path_or_name, device=device, dtype=dtype)
 
     def save_pretrained(
         self, directory: Union[str, Path], *, tokenizer: Any = None, layout: str = "attnlab"
@@ -40,4 +50,4 @@ class PretrainedIO:
         ``layout="huggingface"`` writes its family's HuggingFace layout instead (an encoder's,
         BERT's for attnlab's own dense encoders, a decoder's GPT-2 / Llama / Mistral / Qwen2),
         which ``transformers`` opens. Files of the same names in ``directory`` are replaced."""
-        return _loader().save(self, directory, tokenizer=tokenizer, layout=layout)
+        return loader().save(self, directory, tokenizer=tokenizer, layout=layout)

@@ -37,7 +37,7 @@ def _show_predictions(run_dir: Path) -> None:
     import torch
 
     from .data import encode_texts
-    from .models import load_model
+    from .checkpoints import load_model
     from .train.visualize import attention_map, map_title, save_attention_map
 
     model, tokenizer, config = load_model(run_dir)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def _write_report(run_dir: Path) -> Path:
     """Pictures and the interactive attention report of the first example, in ``run_dir/inspect``."""
     from .inspect.commands.inspect_text import write_inspection
-    from .models import load_model
+    from .checkpoints import load_model
 
     model, tokenizer, _ = load_model(run_dir)
     inspection = write_inspection(model, tokenizer, EXAMPLES[0], run_dir / "inspect", formats=("png",),

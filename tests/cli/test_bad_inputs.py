@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from attnlab import EncoderClassifier, TransformerEncoder
 from attnlab.cli import main
 from attnlab.data import DataError, Tokenizer, read_texts, train_tokenizer
-from attnlab.models import load_model
+from attnlab.checkpoints import load_model
 from attnlab.train.run_config import resolve_run_config
 
 TEXTS = ["a fine film", "dull and long", "great fun", "not very good", "the plot is thin"] * 8

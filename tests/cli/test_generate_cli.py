@@ -112,7 +112,7 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(llama_di
 
 def test_every_entry_point_opens_the_decoder(llama_dir):
     from attnlab.models.decoder import DecoderForCausalLM
-    from attnlab.models.pretrained import from_pretrained
+    from attnlab.checkpoints.encoders.loading import from_pretrained
 
     assert isinstance(DecoderForCausalLM.from_pretrained(llama_dir), DecoderForCausalLM)
     assert isinstance(from_pretrained(str(llama_dir)), DecoderForCausalLM)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.models import load_model
+from attnlab.checkpoints import load_model
 
 TINY_CONFIG = """
 [model]

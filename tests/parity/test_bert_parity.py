@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.models.pretrained import (
+from attnlab.checkpoints.encoders.loading import (
     bert_style_config,
     from_pretrained,
     load_tokenizer,

@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 import attnlab
 from attnlab.models.decoder import DecoderForCausalLM
-from attnlab.models.decoder.loading import decoder_config_from_hf
+from attnlab.checkpoints.decoders.loading import decoder_config_from_hf
 
 transformers = pytest.importorskip(
     "transformers", reason="parity with HuggingFace needs transformers (pip install -e '.[dev]')"

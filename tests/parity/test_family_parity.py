@@ -5,7 +5,7 @@ Each case builds a tiny randomly initialised HuggingFace model at test time
 :func:`attnlab.from_pretrained` and compares, on a padded batch, the last hidden state
 and every layer's per-head weights (real positions and real query rows; attnlab's
 padding positions are zeros when it skips padding), the classification logits, and the
-round trip through :func:`attnlab.models.pretrained.save_pretrained`.
+round trip through :func:`attnlab.checkpoints.encoders.loading.save_pretrained`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from attnlab import EncoderClassifier, EncoderForMaskedLM, TransformerEncoder, capture_attention, mask_heads
 from attnlab.inspect.compute.lrp import attention_relevance
-from attnlab.models.pretrained import from_pretrained, save_pretrained
+from attnlab.checkpoints.encoders.loading import from_pretrained, save_pretrained
 
 transformers = pytest.importorskip(
     "transformers", reason="parity with HuggingFace needs transformers (pip install -e '.[dev]')"
@@ -279,7 +279,7 @@ def test_relevance_propagates_through_each_family_or_names_what_it_refuses(famil
 
 @pytest.mark.parametrize("family", ["roberta", "albert", "modernbert"])
 def test_fine_tuned_family_encoder_reopens_from_an_attnlab_checkpoint(family, tmp_path):
-    from attnlab.models import build_encoder, load_model, save_model
+    from attnlab.checkpoints import build_encoder, load_model, save_model
 
     encoder = build_encoder(VOCAB, pretrained=str(_hf_dir(family, tmp_path, classifier=True)), dropout=0.0)
     assert isinstance(encoder, TransformerEncoder)  # the checkpoint's own head is left behind

@@ -132,7 +132,7 @@ def test_a_sharded_decoder_opens_at_parity(family, tmp_path):
 
 def _llama_weights(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
     """attnlab's decoder tensors under HuggingFace's names (q, k, v split apart)."""
-    from attnlab.models.decoder._llama_layout import decoder_state_to_llama
+    from attnlab.checkpoints.decoders._llama_layout import decoder_state_to_llama
 
     return decoder_state_to_llama(model.state_dict(), model.config)
 

@@ -12,8 +12,8 @@ import torch
 
 import attnlab
 from attnlab.models.decoder import DecoderForCausalLM
-from attnlab.models.decoder.gguf_tokenizer import chat_prompt
-from attnlab.models.decoder.loading import packaged_gguf
+from attnlab.models.decoder import chat_prompt
+from attnlab.checkpoints.decoders.loading import packaged_gguf
 
 transformers = pytest.importorskip("transformers", reason="the reference needs transformers (the dev extra)")
 pytest.importorskip("gguf", reason="reading GGUF needs the gguf package (pip install gguf)")

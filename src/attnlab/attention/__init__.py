@@ -1,6 +1,5 @@
 """Attention kernels and modules."""
 
-from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask
 from .cross_modal import CrossModalAttention, CrossModalOutput
 from .disentangled import DisentangledSelfAttention, RelativePositionTable
 from .functional import AttentionResult, attention, fused_attention, reference_attention
@@ -21,8 +20,15 @@ from .masks import (
 from .multihead import MultiHeadAttention, ScaledDotProductAttention
 from .position_bias import RelativePositionBias
 from .rotary import RotaryEmbedding
-from .sparse import SparseAttention
-from .sparse_pattern import block_pattern_density, draw_sparsity_pattern
+from .sparse import (
+    BlockSparseResult,
+    BlockSparseWeights,
+    SparseAttention,
+    block_pattern_density,
+    block_sparse_attention,
+    block_sparse_mask,
+    draw_sparsity_pattern,
+)
 
 __all__ = [
     "CrossModalAttention",

@@ -32,8 +32,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def is_transformers_only(directory: Union[str, Path]) -> bool:
     """Whether ``directory`` is a HuggingFace checkpoint of a ``model_type`` attnlab does not
     re-implement (attnlab's own families and decoders keep their faster path)."""
-    from ..models.decoder.loading import DECODER_MODEL_TYPES
-    from ..models.pretrained import SUPPORTED_MODEL_TYPES
+    from ..checkpoints.decoders.loading import DECODER_MODEL_TYPES
+    from ..checkpoints.encoders.loading import SUPPORTED_MODEL_TYPES
 
     config = Path(directory) / "config.json"
     if not config.is_file():

@@ -4,7 +4,7 @@ from .._precision import Linear
 from .dropout import Dropout
 from .encoder import EncoderLayerOutput, EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 from .encoder_config import EncoderConfig
-from .ffn import GatedFFN, PositionWiseFFN
+from .ffn import GatedFFN, PositionWiseFFN, SwiGLUFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, RotaryEmbedding, sinusoidal_table
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "RotaryEmbedding",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "SwiGLUFFN",
     "sinusoidal_table",
 ]

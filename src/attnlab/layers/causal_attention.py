@@ -15,7 +15,7 @@ from .._precision import Linear
 from ..attention.functional import AttentionResult, attention
 from ..attention.masks import head_mask_scale
 from .kv_cache import KVCache
-from .scaled_rotary import apply_rotary
+from ..attention.rotary import apply_rotary
 
 __all__ = ["CausalSelfAttention"]
 

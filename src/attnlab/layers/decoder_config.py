@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .._checks import check_positive_int, dataclass_from_dict
-from .scaled_rotary import rotary_inverse_frequencies
+from ..attention.rotary import rotary_inverse_frequencies
 
 __all__ = ["DecoderConfig"]
 

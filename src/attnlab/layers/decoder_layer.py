@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .causal_attention import CausalSelfAttention
 from .decoder_config import DecoderConfig
 from .ffn import PositionWiseFFN
-from .swiglu_ffn import SwiGLUFFN
+from .ffn import SwiGLUFFN
 from .kv_cache import KVCache
 from .rms_norm import RMSNorm
 

@@ -250,7 +250,7 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             :class:`~attnlab.attention.sparse.SparseAttention` in every layer, linear in ``T``.
 
     Components (keywords, default ``None`` = what the config says), the block spec of a
-    pretrained family (see :mod:`attnlab.models.families`):
+    pretrained family (see :mod:`attnlab.checkpoints.encoders`):
 
     * ``positions``: the position module instead of the config's (e.g.
       :class:`~attnlab.layers.positional.PaddingOffsetPositionalEmbedding`);

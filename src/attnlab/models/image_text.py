@@ -274,7 +274,7 @@ class ImageTextModel(PretrainedIO, nn.Module):
 
     @classmethod
     def from_model_config(cls, config: dict[str, Any], *, device=None, dtype=None) -> "ImageTextModel":
-        """Rebuild from a ``config.json`` dict written by :func:`attnlab.models.save_model`."""
+        """Rebuild from a ``config.json`` dict written by :func:`attnlab.checkpoints.save_model`."""
         return cls(ImageTextConfig.from_dict(config["head"]), device=device, dtype=dtype)
 
     def encode_image(

@@ -9,7 +9,8 @@ Dimension letters: ``N`` texts, ``B`` batch, ``T`` length, ``E`` model dim.
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +18,11 @@ from tokenizers import Encoding, Tokenizer
 from torch import Tensor
 
 from .._masked_mean import masked_mean
+from .._pretrained_io import loader
 from ..data.padding import pad_token_ids
 from ..layers.encoder import TransformerEncoder
-from .pretrained import PathLike, from_pretrained, load_tokenizer, pretrained_dir
+
+PathLike = Union[str, Path]
 
 __all__ = ["SentenceEncoder", "mean_pool", "pad_encodings"]
 
@@ -55,7 +58,7 @@ class SentenceEncoder:
     Args:
         model: the encoder.
         tokenizer: a tokenizer with padding switched off (see
-            :func:`~attnlab.models.pretrained.load_tokenizer`).
+            :func:`~attnlab.checkpoints.encoders.loading.load_tokenizer`).
         max_length: longest input in tokens, special tokens included; longer texts
             are truncated.
         normalize: L2-normalise the pooled vectors.
@@ -92,14 +95,14 @@ class SentenceEncoder:
                         normalize: bool = True) -> "SentenceEncoder":
         """Load model and tokenizer; ``max_length`` defaults to the checkpoint's
         ``sentence_bert_config.json`` (256 for MiniLM), else the model's ``max_len``."""
-        model = from_pretrained(name_or_path, task="encoder")
+        model = loader().from_pretrained(name_or_path, task="encoder")
         if max_length is None:
-            settings = pretrained_dir(name_or_path) / "sentence_bert_config.json"
+            settings = loader().pretrained_dir(name_or_path) / "sentence_bert_config.json"
             if settings.is_file():
                 max_length = int(json.loads(settings.read_text(encoding="utf-8"))["max_seq_length"])
             else:
                 max_length = model.config.max_len
-        return cls(model, load_tokenizer(name_or_path), max_length=max_length, normalize=normalize)
+        return cls(model, loader().load_tokenizer(name_or_path), max_length=max_length, normalize=normalize)
 
     def embed_batch(self, input_ids: Tensor, mask: Tensor) -> Tensor:
         """Embeddings of one padded batch: ``[B, T]`` ids and mask -> ``[B, E]``."""

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .._files import CorruptFileError, check_safetensors, read_json, write_json
-from ..models.serialization import CONFIG_FILE, MODEL_FILE, save_model
+from ..checkpoints.attnlab_layout import CONFIG_FILE, MODEL_FILE, save_model
 
 __all__ = [
     "TRAINER_STATE_FILE", "MANIFEST_FILE", "Resumable", "save_checkpoint", "load_trainer_state",

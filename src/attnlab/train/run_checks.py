@@ -16,8 +16,8 @@ from .._checks import check_memory
 from .._files import read_json
 from ..data.text_files import read_labelled_texts
 from ..data.tokenization import TOKENIZER_KINDS, load_tokenizer_file
-from ..models.families import family_for
-from ..models.pretrained import pretrained_dir
+from ..checkpoints.encoders import family_for
+from ..checkpoints.encoders.loading import pretrained_dir
 from .run_config import RunConfig
 from .tasks import DEFAULT_TASK, get_task
 

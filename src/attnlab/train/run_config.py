@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
-from ..models.pretrained import pretrained_width
+from ..checkpoints.encoders.loading import pretrained_width
 from .tasks import DEFAULT_TASK, get_task, task_names
 from .trainer import METRICS, PRECISIONS
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from .._files import load_safetensors_into, read_json, write_json
-from ..models.serialization import MODEL_FILE
+from ..checkpoints.attnlab_layout import MODEL_FILE
 from .distributed import distributed_info
 from .run_config import RunConfig
 from .trainer import TrainerState, TransformerTrainer

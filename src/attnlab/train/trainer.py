@@ -333,7 +333,7 @@ class TransformerTrainer:
             FileNotFoundError: no checkpoint at ``directory``.
             CorruptFileError: (a ``ValueError``, in :mod:`attnlab.train`) every version is damaged.
         """
-        from ..models.serialization import MODEL_FILE
+        from ..checkpoints.attnlab_layout import MODEL_FILE
 
         directory, state = find_resumable(directory)
         load_safetensors_into(self.model, directory / MODEL_FILE, device=str(self.device))

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import attnlab.attention._block_window_kernel as kernel
-import attnlab.attention._block_window_native as native
-from attnlab.attention.block_sparse import block_sparse_attention
+import attnlab.attention.sparse._block_window_kernel as kernel
+import attnlab.attention.sparse._block_window_native as native
+from attnlab.attention.sparse.block_sparse import block_sparse_attention
 
 
 def _native_available() -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention.block_sparse import BlockSparseWeights, block_sparse_attention
+from attnlab.attention.sparse.block_sparse import BlockSparseWeights, block_sparse_attention
 from attnlab.attention.sparse import SparseAttention
 
 
@@ -457,7 +457,7 @@ def test_fast_kernel_matches_the_reference_path(
 ) -> None:
     # The GEMM kernel (chunked, with views of contiguous inputs) against the one-call
     # reference path that need_weights takes, outputs and gradients.
-    import attnlab.attention._block_window_kernel as kernel
+    import attnlab.attention.sparse._block_window_kernel as kernel
 
     monkeypatch.setattr(kernel, "_CHUNK_ELEMENTS", 5 * block * (2 * window + 1) * block)  # several chunks
     torch.manual_seed(0)
@@ -509,7 +509,7 @@ def test_window_and_global_softmax_merge_is_exact(
     # The windows through the fused kernel (or, without it, GEMM + softmax), the global
     # keys merged through the log-sum-exp, the backward from the saved log-sum-exp:
     # outputs and gradients against dense float64 attention over the same pattern.
-    import attnlab.attention._block_window_kernel as kernel
+    import attnlab.attention.sparse._block_window_kernel as kernel
 
     if not fused:
         monkeypatch.setattr(kernel, "_flash_with_logsumexp", lambda query: None)
@@ -572,7 +572,7 @@ def test_bfloat16_kernel_stays_within_bfloat16_rounding_of_the_float64_reference
     # the merge factor rounded to bfloat16): against dense float64 attention on the same
     # bfloat16-rounded inputs, errors stay at bfloat16's level (measured: 2 % of the
     # largest value at most).
-    import attnlab.attention._block_window_kernel as kernel
+    import attnlab.attention.sparse._block_window_kernel as kernel
 
     monkeypatch.setattr(kernel, "_CHUNK_ELEMENTS", 3 * block * (2 * window + 1) * block)  # several chunks
     *tensors, valid = _merged_inputs(batch, length, lengths, hole=True)

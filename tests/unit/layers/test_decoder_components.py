@@ -13,7 +13,7 @@ from attnlab.layers.decoder_config import DecoderConfig
 from attnlab.layers.decoder_mask import decoder_attention_mask
 from attnlab.layers.kv_cache import KVCache
 from attnlab.layers.rms_norm import RMSNorm
-from attnlab.layers.scaled_rotary import ScaledRotary, apply_rotary, rotary_inverse_frequencies
+from attnlab.attention.rotary import ScaledRotary, apply_rotary, rotary_inverse_frequencies
 
 
 def test_rms_norm_matches_a_float64_reference():
@@ -120,7 +120,7 @@ def test_one_new_token_reads_grouped_heads_without_copying_the_cache(need_weight
 
 def test_swiglu_ffn_is_the_packed_gated_ffn_with_its_projections_apart():
     from attnlab.layers.ffn import GatedFFN
-    from attnlab.layers.swiglu_ffn import SwiGLUFFN
+    from attnlab.layers.ffn import SwiGLUFFN
 
     torch.manual_seed(0)
     split = SwiGLUFFN(8, 12)

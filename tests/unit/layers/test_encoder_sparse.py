@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab import EncoderConfig, SparseAttention, TransformerEncoder, TransformerEncoderLayer
-from attnlab.attention.block_sparse import BlockSparseWeights
+from attnlab.attention.sparse.block_sparse import BlockSparseWeights
 
 
 def small_encoder(**options) -> TransformerEncoder:

@@ -17,7 +17,7 @@ from attnlab.attention.masks import sliding_window_mask
 from attnlab.attention.position_bias import RelativePositionBias, relative_position_bucket
 from attnlab.layers import GatedFFN
 from attnlab.layers.positional import PaddingOffsetPositionalEmbedding
-from attnlab.models import build_model, model_config
+from attnlab.checkpoints import build_model, model_config
 
 
 def test_padding_offset_positions_count_real_tokens_after_the_pad_id():
@@ -143,7 +143,7 @@ def test_a_score_bias_reaches_every_layer():
 
 
 def test_disentangled_attention_fused_matches_reference_and_stores_its_table_once():
-    from attnlab.models.families.deberta_v2 import DEBERTA_V2
+    from attnlab.checkpoints.encoders.deberta_v2 import DEBERTA_V2
 
     values = {
         "model_type": "deberta-v2",

@@ -12,9 +12,9 @@ from torch import nn
 
 import attnlab
 from attnlab._files import CorruptFileError
-from attnlab.models import checkpoint_tensors
-from attnlab.models.checkpoint_tensors import CheckpointTensors, parameters_on_meta, resolve_dtype
-from attnlab.models.pretrained import bert_style_config, save_pretrained
+from attnlab.checkpoints import tensors as checkpoint_tensors
+from attnlab.checkpoints.tensors import CheckpointTensors, parameters_on_meta, resolve_dtype
+from attnlab.checkpoints.encoders.loading import bert_style_config, save_pretrained
 
 
 def _sharded(directory, tensors: dict[str, torch.Tensor], shards: int = 2):

@@ -13,7 +13,7 @@ import attnlab
 from attnlab import TransformerEncoder, prune_heads
 from attnlab.data import Tokenizer, train_tokenizer
 from attnlab.models.decoder import DecoderConfig, DecoderForCausalLM
-from attnlab.models.pretrained import UnsupportedCheckpointError
+from attnlab.checkpoints.encoders.loading import UnsupportedCheckpointError
 
 LLAMA_LIKE = DecoderConfig(vocab_size=60, d_model=32, num_layers=2, num_heads=4, d_ff=48, num_kv_heads=2,
                            max_len=64, eos_id=1, rope_scaling={"rope_type": "linear", "factor": 2.0})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.models.decoder.gguf_weights import unpermute_rotary_rows
+from attnlab.checkpoints.gguf.weights import unpermute_rotary_rows
 
 
 def _llama_cpp_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.models.decoder import DecoderForCausalLM, gguf_weights
+from attnlab.checkpoints.gguf import weights as gguf_weights
+from attnlab.models.decoder import DecoderForCausalLM
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF needs the gguf package (pip install gguf)")
 

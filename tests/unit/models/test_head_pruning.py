@@ -8,7 +8,7 @@ import torch
 import attnlab
 from attnlab import EncoderClassifier, MultiHeadAttention, TransformerEncoder, prune_heads
 from attnlab.inspect import mask_heads
-from attnlab.models.pretrained import bert_style_config, from_pretrained, save_pretrained
+from attnlab.checkpoints.encoders.loading import bert_style_config, from_pretrained, save_pretrained
 
 IDS = torch.tensor([[2, 5, 6, 7, 3, 0, 0], [2, 9, 3, 0, 0, 0, 0]])
 

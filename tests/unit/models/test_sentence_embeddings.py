@@ -9,7 +9,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from attnlab import TransformerEncoder
-from attnlab.models.pretrained import bert_style_config
+from attnlab.checkpoints.encoders.loading import bert_style_config
 from attnlab.models.sentence import SentenceEncoder, mean_pool, pad_encodings
 
 

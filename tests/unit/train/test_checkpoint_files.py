@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnlab._files import CorruptFileError, json_dumps, read_json
-from attnlab.models import load_model
-from attnlab.models.pretrained import from_pretrained
+from attnlab.checkpoints import load_model
+from attnlab.checkpoints.encoders.loading import from_pretrained
 from attnlab.train import check_checkpoint, find_resumable, save_checkpoint
 
 

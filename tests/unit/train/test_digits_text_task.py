@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.models import load_model
+from attnlab.checkpoints import load_model
 from attnlab.models.image_text import ImageTextModel
 from attnlab.train.run_config import RunConfig, resolve_run_config
 from attnlab.train.tasks import Task, get_task, register_task, task_names

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ..._files import check_output_dir
-    from ...models.decoder.gguf_tokenizer import chat_prompt
+    from ...models.decoder.chat import chat_prompt
     from .generate_text import generate_text
     from .resolve import dtype_line, resolve_model
 

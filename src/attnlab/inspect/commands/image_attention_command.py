@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir, read_json, write_json
     from ...data.digits_text import load_digits_text
-    from ...models import load_model
+    from ...checkpoints import load_model
 
     if args.examples < 1:
         raise ValueError(f"--examples must be at least 1 (held-out examples to draw), got {args.examples}")

@@ -49,7 +49,7 @@ class ResolvedModel:
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype``: the dtype the model's weights are loaded in."""
-    from ...models.checkpoint_tensors import DTYPE_CHOICES
+    from ...checkpoints.tensors import DTYPE_CHOICES
 
     parser.add_argument(
         "--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES,
@@ -78,12 +78,12 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
         raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
     from ...hf.opening import is_transformers_only
-    from ...models.checkpoint_tensors import resolve_dtype
+    from ...checkpoints.tensors import resolve_dtype
 
     resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
     if path.is_dir() and is_transformers_only(path):
         return _resolve_transformers(spec, dtype)
-    from ...models.loading import detect_format, load
+    from ...checkpoints.loading import detect_format, load
 
     kind = detect_format(spec)
     loaded = load(spec, dtype=dtype)
@@ -95,7 +95,7 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
 
 def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
     from ...hf.opening import open_transformers
-    from ...models.pretrained import load_tokenizer
+    from ...checkpoints.encoders.loading import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(spec)

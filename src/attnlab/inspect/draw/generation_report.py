@@ -19,7 +19,7 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 from torch import Tensor
 
-from ._generation_assets import GENERATION_SCRIPT, GENERATION_STYLE
+from ._assets import asset
 from .report import _meta_html, _pack, _page
 
 __all__ = ["render_generation_report", "write_generation_report"]
@@ -73,8 +73,8 @@ def render_generation_report(
   <table id="layers-heads" class="layers-heads"></table>
 </section>
 </main>"""
-    page = _page(title, body, script=GENERATION_SCRIPT, data=data)
-    return page.replace("</style>", GENERATION_STYLE + "</style>", 1)
+    page = _page(title, body, script=asset("generation.js"), data=data)
+    return page.replace("</style>", asset("generation.css") + "</style>", 1)
 
 
 def write_generation_report(path: Union[str, Path], rows, tokens: Sequence[str], prompt_length: int,

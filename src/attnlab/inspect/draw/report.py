@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 from torch import Tensor
 
-from ._report_assets import SCRIPT, STYLE
+from ._assets import asset
 from .plots import bucket_attention
 
 __all__ = [
@@ -68,7 +68,7 @@ def _page(title: str, body: str, *, script: str = "", data: Optional[dict] = Non
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # an empty icon, so the browser does not ask for /favicon.ico
         '<link rel="icon" href="data:,">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<title>{html.escape(title)}</title>\n<style>{asset('report.css')}</style>\n</head>\n<body>\n"
         f"{body}\n{data_block}{script_block}</body>\n</html>\n"
     )
 
@@ -281,7 +281,7 @@ def render_report(
 </section>
 {tables}
 </main>"""
-    return _page(title, body, script=SCRIPT, data=data)
+    return _page(title, body, script=asset("report.js"), data=data)
 
 
 def write_report(

@@ -4,7 +4,7 @@ from ...layers.decoder_config import DecoderConfig
 from ...layers.kv_cache import KVCache
 from .causal_lm import DecoderForCausalLM
 from .generation import GenerationOutput, generate
-from .gguf_tokenizer import chat_prompt
+from .chat import chat_prompt
 from .outputs import CausalLMOutput
 
 __all__ = ["CausalLMOutput", "DecoderConfig", "DecoderForCausalLM", "GenerationOutput", "KVCache", "chat_prompt",

@@ -19,7 +19,7 @@ from ...layers.decoder_config import DecoderConfig
 from ...layers.decoder_layer import build_decoder_layer, build_norm
 from ...layers.decoder_mask import decoder_attention_mask
 from ...layers.kv_cache import KVCache
-from ...layers.scaled_rotary import ScaledRotary
+from ...attention.rotary import ScaledRotary
 from ...outputs import LayerAttentions
 from .outputs import CausalLMOutput
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ...layers.kv_cache import KVCache
-from ...layers.scaled_rotary import apply_rotary
+from ...attention.rotary import apply_rotary
 from ...outputs import LayerAttentions
 
 __all__ = ["CAPACITY_STEP", "CompiledDecoding", "check_no_hooks", "compiled_capacity"]

@@ -23,7 +23,7 @@ from ..._checks import check_positive_int
 from ...data.digits_text import DigitsTextExample, collate_digits_text, digits_text_tokenizer, load_digits_text
 from ...data.padding import tokenizer_pad_id
 from ...models.image_text import ImageTextConfig, ImageTextModel, gate_summary
-from ...models.serialization import TOKENIZER_FILE
+from ...checkpoints.attnlab_layout import TOKENIZER_FILE
 from ..distributed import distributed_info
 from ..run_config import RunConfig, check_choice
 from ..run_steps import RunResult, finish_run, fit, seed_everything, start_run, trainer_options

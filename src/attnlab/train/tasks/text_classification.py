@@ -18,8 +18,9 @@ from ...data import (
     load_text_classification, load_tokenizer_file, special_ids, tokenizer_pad_id, train_tokenizer,
 )
 from ...data.tokenization import TOKENIZER_KINDS
-from ...models import EncoderClassifier, EncoderForMaskedLM, build_encoder, load_pretrained_tokenizer
-from ...models.serialization import MODEL_FILE, TOKENIZER_FILE
+from ...checkpoints.factory import build_encoder, load_pretrained_tokenizer
+from ...models import EncoderClassifier, EncoderForMaskedLM
+from ...checkpoints.attnlab_layout import MODEL_FILE, TOKENIZER_FILE
 from ..checkpoint import TRAINER_STATE_FILE, find_resumable, set_rng_state
 from ..distributed import distributed_info
 from ..run_config import RunConfig

@@ -1,0 +1,219 @@
+"""Models on disk: ``model.safetensors`` + ``config.json`` (no pickle), and :func:`load_model`.
+
+``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``, and
+``"pretrained_config"`` (the HuggingFace ``config.json``) for an encoder opened from a
+pretrained family, whose components are rebuilt from it. A decoder's is
+``{"model_type": "decoder", "decoder": DecoderConfig dict}``, with ``"pretrained_config"``
+when it was opened from a HuggingFace directory (kept for its HuggingFace layout).
+A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
+these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Union
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
+from ..layers import EncoderConfig, TransformerEncoder
+from ..layers.decoder_config import DecoderConfig
+from .tensors import CheckpointTensors, resolve_dtype
+from ..models.classifier import EncoderClassifier
+from ..models.decoder.causal_lm import DecoderForCausalLM
+from .encoders import build_from_checkpoint_config
+from ..models.image_text import ImageTextModel
+from ..models.masked_lm import EncoderForMaskedLM
+
+__all__ = [
+    "LoadedModel",
+    "MODEL_FILE",
+    "CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "model_config",
+    "build_model",
+    "save_model",
+    "load_model",
+    "resolve_checkpoint_dir",
+    "find_checkpoint_dir",
+]
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+_MODEL_TYPES = {cls.model_type: cls for cls in (EncoderClassifier, EncoderForMaskedLM, ImageTextModel)}
+_ENCODER_TYPE = "encoder"
+_DECODER_TYPE = DecoderForCausalLM.model_type
+_ARCHITECTURE_KEYS = ("encoder", "decoder")  # an attnlab config.json holds one of them
+_PRETRAINED_KEY = "pretrained_config"
+
+
+class LoadedModel(NamedTuple):
+    """``(model, tokenizer, config)``: the model in eval mode, its ``tokenizers.Tokenizer``
+    (``None`` when none was saved) and the ``config.json`` dict."""
+
+    model: nn.Module
+    tokenizer: Any
+    config: dict
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
+
+
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """The JSON-able dict that rebuilds ``model``'s architecture."""
+    model = _unwrap(model)
+    if isinstance(model, TransformerEncoder):
+        config = {"model_type": _ENCODER_TYPE, "encoder": model.config.to_dict(), "head": {}}
+        return _with_pretrained(config, model)
+    if isinstance(model, DecoderForCausalLM):
+        return _with_pretrained({"model_type": _DECODER_TYPE, "decoder": model.config.to_dict()}, model)
+    model_type = getattr(model, "model_type", None)
+    if model_type not in _MODEL_TYPES:
+        raise TypeError(
+            f"model must be a TransformerEncoder, a DecoderForCausalLM or one of {sorted(_MODEL_TYPES)}, "
+            f"got {type(model).__name__}"
+        )
+    encoder = model.encoder
+    config = {"model_type": model_type, "encoder": encoder.config.to_dict(), "head": model.head_config()}
+    return _with_pretrained(config, encoder)
+
+
+def _with_pretrained(config: dict[str, Any], encoder: nn.Module) -> dict[str, Any]:
+    """``config`` plus the HF ``config.json`` of a model opened from a pretrained family."""
+    pretrained = getattr(encoder, "checkpoint_config", None)
+    return config if pretrained is None else {**config, _PRETRAINED_KEY: pretrained}
+
+
+def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
+    """A freshly initialised model from a ``config.json`` dict."""
+    if config.get("model_type") == _DECODER_TYPE and "decoder" in config:
+        decoder = DecoderForCausalLM(DecoderConfig.from_dict(config["decoder"]), device=device, dtype=dtype)
+        decoder.checkpoint_config = config.get(_PRETRAINED_KEY)
+        return decoder
+    for key in ("model_type", "encoder"):
+        if key not in config:
+            raise ValueError(f"model config has no {key!r} key; got keys {sorted(config)}")
+    model_type = config["model_type"]
+    model_class = _MODEL_TYPES.get(model_type)
+    if hasattr(model_class, "from_model_config"):  # models that build their own encoders
+        return model_class.from_model_config(config, device=device, dtype=dtype)
+    encoder_config = EncoderConfig.from_dict(config["encoder"])
+    if config.get(_PRETRAINED_KEY):  # a family's components, rebuilt from its HF config
+        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device,
+                                               dtype=dtype)
+    else:
+        encoder = TransformerEncoder.from_config(encoder_config, device=device, dtype=dtype)
+    if model_type == _ENCODER_TYPE:
+        return encoder
+    if model_type not in _MODEL_TYPES:
+        raise ValueError(f"unknown model_type {model_type!r}; known: {sorted(_MODEL_TYPES) + [_ENCODER_TYPE]}")
+    return _MODEL_TYPES[model_type](encoder, **config.get("head", {}), device=device, dtype=dtype)
+
+
+def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any = None) -> Path:
+    """Write ``model.safetensors``, ``config.json`` (and ``tokenizer.json``) into ``directory``.
+
+    Not atomic by itself; :mod:`attnlab.train.checkpoint` wraps it in temp + rename.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = _unwrap(model)
+    config = model_config(model)
+    # save_model (not save_file) handles tied weights such as the masked-LM decoder
+    safetensors.torch.save_model(model, str(directory / MODEL_FILE), metadata={"format": "pt"})
+    follow_umask(directory / MODEL_FILE)
+    write_json(directory / CONFIG_FILE, config)
+    if tokenizer is not None:
+        tokenizer.save(str(directory / TOKENIZER_FILE))
+    return directory
+
+
+def _run_checkpoint(path: Path) -> Optional[Path]:
+    """A run directory's best (else last) checkpoint, if it has one."""
+    for name in ("best", "last", "last.1", "last.2"):  # last.N: older versions, when a save was cut short
+        candidate = path / "checkpoints" / name
+        if (candidate / MODEL_FILE).is_file():
+            return candidate
+    return None
+
+
+def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
+    """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
+    or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
+    has no ``"encoder"`` or ``"decoder"`` entry."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        config = read_json(path / CONFIG_FILE)
+        return path if isinstance(config, dict) and any(key in config for key in _ARCHITECTURE_KEYS) else None
+    return _run_checkpoint(path)
+
+
+def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
+    """The checkpoint directory meant by ``path``: itself, or a run's best (else last) checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}: the path does not exist")
+    if (path / MODEL_FILE).is_file():
+        return path
+    checkpoint = _run_checkpoint(path)
+    if checkpoint is not None:
+        return checkpoint
+    raise FileNotFoundError(
+        f"{path} is neither a checkpoint directory (with {MODEL_FILE}) nor a run directory "
+        f"(with checkpoints/best or checkpoints/last)"
+    )
+
+
+def _find_tokenizer(checkpoint: Path) -> Optional[Path]:
+    for candidate in (checkpoint / TOKENIZER_FILE, checkpoint.parent.parent / TOKENIZER_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_model(path: Union[str, Path], *, device=None, dtype=None) -> LoadedModel:
+    """Load a saved model (and its tokenizer) from a checkpoint or run directory.
+
+    Args:
+        path: a checkpoint directory (``model.safetensors`` + ``config.json``) or a run
+            directory, whose ``checkpoints/best`` (else ``checkpoints/last``) is used.
+        device: where to put the model.
+        dtype: the parameters' dtype: float32 by default, ``"bfloat16"``, ``"float16"``,
+            or ``"auto"``: the dtype the file stores (see :func:`attnlab.load`).
+
+    Returns:
+        :class:`LoadedModel` ``(model, tokenizer, config)`` with the model in eval mode.
+    """
+    from tokenizers import Tokenizer
+
+    checkpoint = resolve_checkpoint_dir(path)
+    config_path = checkpoint / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
+    if not any(key in config for key in _ARCHITECTURE_KEYS) and "model_type" in config:
+        raise ValueError(
+            f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
+            f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"
+        )
+    dtype = resolve_dtype(dtype)
+    if dtype == "auto":
+        dtype = CheckpointTensors.open(checkpoint).stored_dtype() or torch.get_default_dtype()
+    model = build_model(config, device=device, dtype=dtype)
+    missing, unexpected = load_safetensors_into(model, checkpoint / MODEL_FILE, strict=False,
+                                                device=str(device or "cpu"))
+    if missing or unexpected:
+        raise ValueError(
+            f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    tokenizer_path = _find_tokenizer(checkpoint)
+    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path is not None else None
+    return LoadedModel(model.eval(), tokenizer, config)

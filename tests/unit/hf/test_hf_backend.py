@@ -231,6 +231,21 @@ def test_open_transformers_and_inspect_command_on_an_architecture_attnlab_does_n
     statistics = json.loads((tmp_path / "analysis" / "statistics.json").read_text())
     assert statistics["layers"] == ["layer_1", "layer_2"] and "sink_mass" in statistics["statistics"]
 
+    # explain on a causal model reads the last token's row (row 0 sees only itself: [1, 0, 0, 0])
+    assert main(["explain", "--model", str(tmp_path / "qwen3"), "--text", "w1 w2 w3 w4", "--method", "raw",
+                 "--out", str(tmp_path / "explained")]) == 0
+    raw = json.loads((tmp_path / "explained" / "explanation.json").read_text())["scores"]["raw"]
+    model = attnlab.hf.opening.open_transformers(tmp_path / "qwen3")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        last_layer = model(ids, output_attentions=True).attentions[-1]  # exact weights, asked for
+    assert raw == pytest.approx(last_layer[0, :, -1].mean(0).tolist(), abs=1e-5)
+    assert main(["generate", "--model", str(tmp_path / "qwen3"), "--prompt", "w1 w2 w3", "--max-new-tokens", "2",
+                 "--report", str(tmp_path / "generated")]) == 0
+    assert (tmp_path / "generated" / "generation.html").is_file()
+    assert main(["compare", "--model", str(tmp_path / "qwen3"), "--model", str(tmp_path / "qwen3"), "--data",
+                 str(_texts(tmp_path)), "--out", str(tmp_path / "compared")]) == 0
+
 
 def _texts(tmp_path):
     path = tmp_path / "texts.csv"

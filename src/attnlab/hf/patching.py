@@ -14,7 +14,8 @@ the last position.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Union
+import contextlib
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -78,6 +79,26 @@ def _patched_run(seen: AttachedModel, model: nn.Module, source: Inputs, target: 
     return pick(source_logits), pick(patched_logits)
 
 
+@contextlib.contextmanager
+def _patching(model: nn.Module, source: Inputs, target: Inputs, label: Optional[Union[int, str]]
+              ) -> Iterator[tuple[AttachedModel, Tensor, Tensor]]:
+    """Eval mode, no gradients, the backend attached, the target's clean run: yields the
+    session, the label read ``[B]`` and the clean logit ``[B]``; modes restored after."""
+    if _shape(source) != _shape(target) or not _shape(source):
+        raise ValueError(f"source {_shape(source)} and target {_shape(target)} inputs must have one shape: "
+                         f"patching replaces position by position")
+    training = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), attach(model) as seen:
+            clean = _call(model, target)
+            label_index = resolve_target(clean, label, _label_names(model))
+            yield seen, label_index, clean.gather(1, label_index[:, None])[:, 0].float()
+    finally:
+        for module, mode in training.items():
+            module.training = mode
+
+
 def patch_heads(
     model: nn.Module,
     source: Inputs,
@@ -99,20 +120,9 @@ def patch_heads(
     Returns:
         :class:`~attnlab.inspect.PatchResult`.
     """
-    if _shape(source) != _shape(target) or not _shape(source):
-        raise ValueError(f"source {_shape(source)} and target {_shape(target)} inputs must have one shape: "
-                         f"patching replaces position by position")
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad(), attach(model) as seen:
-            clean = _call(model, target)
-            label_index = resolve_target(clean, label, _label_names(model))
-            source_logit, patched = _patched_run(seen, model, source, target, heads, label_index)
-    finally:
-        for module, mode in training.items():
-            module.training = mode
-    return PatchResult(int(label_index[0]), clean.gather(1, label_index[:, None])[:, 0].float(), source_logit, patched)
+    with _patching(model, source, target, label) as (seen, label_index, clean):
+        source_logit, patched = _patched_run(seen, model, source, target, heads, label_index)
+    return PatchResult(int(label_index[0]), clean, source_logit, patched)
 
 
 def head_patching_sweep(
@@ -130,22 +140,13 @@ def head_patching_sweep(
     Args:
         recovered: give ``(patched - clean) / (source - clean)`` instead of the change.
     """
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad(), attach(model) as seen:
-            clean = _call(model, target)
-            label_index = resolve_target(clean, label, _label_names(model))
-            clean_logit = clean.gather(1, label_index[:, None])[:, 0].float()
-            names = [site.name for site in seen.sites]
-            counts = [site.heads or 0 for site in seen.sites]
-            result = torch.full((len(names), max(counts)), float("nan"))
-            for row, (name, count) in enumerate(zip(names, counts)):
-                for head in range(count):
-                    source_logit, patched = _patched_run(seen, model, source, target, {name: [head]}, label_index)
-                    change = patched - clean_logit
-                    result[row, head] = (change / (source_logit - clean_logit) if recovered else change).mean()
-    finally:
-        for module, mode in training.items():
-            module.training = mode
+    with _patching(model, source, target, label) as (seen, label_index, clean_logit):
+        names = [site.name for site in seen.sites]
+        counts = [site.heads or 0 for site in seen.sites]
+        result = torch.full((len(names), max(counts)), float("nan"))
+        for row, (name, count) in enumerate(zip(names, counts)):
+            for head in range(count):
+                source_logit, patched = _patched_run(seen, model, source, target, {name: [head]}, label_index)
+                change = patched - clean_logit
+                result[row, head] = (change / (source_logit - clean_logit) if recovered else change).mean()
     return result

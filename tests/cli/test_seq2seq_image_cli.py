@@ -121,3 +121,39 @@ def test_a_missing_or_unreadable_image_is_one_line_and_nothing_is_written(tmp_pa
     assert main(["inspect", "--model", str(model), "--image", str(bad), "--out", str(out)]) == 2
     assert "not an image Pillow can read" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_align_scores_a_file_against_gold_as_by_hand(tmp_path, capsys):
+    (tmp_path / "gold.txt").write_text("0-0 1-1 2?2\n0-1 1?0\n")
+    (tmp_path / "pred.txt").write_text("0-0 1-2 2-2\n0-1 1-0 2-2\n")
+    assert main(["align", "--alignments", str(tmp_path / "pred.txt"), "--gold", str(tmp_path / "gold.txt")]) == 0
+    score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert score["aer"] == round(1 / 3, 4) and score["precision"] == round(2 / 3, 4)
+
+
+@pytest.mark.parametrize("method", ["attention", "itermax"])
+def test_align_with_a_model_writes_one_line_per_pair_and_scores_it(tmp_path, capsys, method):
+    model = _bart_dir(tmp_path)
+    (tmp_path / "pairs.txt").write_text("w3 w4 w5 ||| w6 w7\nw8 w9 ||| w10 w11 w12\n")
+    (tmp_path / "gold.txt").write_text("0-0 1-1\n0-0 1-1 1?2\n")
+    out = tmp_path / "pred.txt"
+    args = ["align", "--model", str(model), "--pairs", str(tmp_path / "pairs.txt"), "--out", str(out),
+            "--gold", str(tmp_path / "gold.txt"), "--method", method]
+    if method == "attention":
+        args += ["--layers", "2", "--heads", "1,3"]
+    assert main(args) == 0, capsys.readouterr().err
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    if method == "attention":  # every target word gets exactly one source word
+        assert sorted(int(link.split("-")[1]) for link in lines[1].split()) == [0, 1, 2]
+    score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= score["aer"] <= 1.0 and score["sentences"] == 2
+
+
+def test_align_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    assert main(["align", "--alignments", "p.txt"]) == 2
+    assert "needs --gold" in capsys.readouterr().err
+    (tmp_path / "gold.txt").write_text("0-0 1:1\n")
+    (tmp_path / "pred.txt").write_text("0-0\n")
+    assert main(["align", "--alignments", str(tmp_path / "pred.txt"), "--gold", str(tmp_path / "gold.txt")]) == 2
+    assert "--gold gold.txt line 1: '1:1' is not a link" in capsys.readouterr().err

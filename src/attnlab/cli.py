@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "per-token scores of one text by six attribution methods: JSON, PNG, HTML page"),
     "compare": ("attnlab.inspect.commands.compare_command",
                 "two models' per-head attention statistics side by side, with differences: JSON, page"),
+    "align": ("attnlab.inspect.commands.align_command",
+              "word alignments (Pharaoh i-j) from an encoder-decoder's cross-attention or hidden states; AER against gold"),
     "image-attention": ("attnlab.inspect.commands.image_attention_command",
                         "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
 }

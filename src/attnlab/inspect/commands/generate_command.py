@@ -1,4 +1,9 @@
-"""``attnlab generate``: continue a prompt with a decoder; ``--report`` shows what each new token attended to."""
+"""``attnlab generate``: continue a prompt with a decoder; ``--report`` shows what each new token attended to.
+
+With an encoder-decoder directory (T5, BART, Marian) the prompt is the source and the
+report is the cross-attention of the generated target over it (target x source per layer and
+head, and a step-through page).
+"""
 
 from __future__ import annotations
 
@@ -57,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         if resolved.tokenizer.token_to_id("<|im_start|>") is None:
             raise ValueError(f"--chat wraps the prompt in ChatML, but {args.model}'s tokenizer has no <|im_start|>")
         prompt = chat_prompt(prompt)
+    if getattr(getattr(resolved.model, "config", None), "is_encoder_decoder", False):
+        return _run_seq2seq(args, resolved, prompt)
     _check_length(resolved, prompt, args)
     generation = generate_text(
         resolved.model, resolved.tokenizer, prompt, max_new_tokens=args.max_new_tokens, report_dir=args.report,
@@ -87,3 +94,28 @@ def _check_length(resolved, prompt: str, args: argparse.Namespace) -> None:
         layers, heads = getattr(config, "num_layers", 1), getattr(config, "num_heads", 1)
         check_memory(2 * layers * heads * total * total, f"--report over {total} positions (every layer's "
                      f"and head's weights of every new token)", "ask for fewer --max-new-tokens")
+
+
+def _run_seq2seq(args: argparse.Namespace, resolved, source: str) -> int:
+    """An encoder-decoder: generate a target from ``source`` (greedy) and write its pages."""
+    import torch
+
+    from .inspect_pair import encode_side, write_pair_inspection
+
+    if args.sample or args.compile or args.chat:
+        raise ValueError("--sample, --compile and --chat apply to decoder-only models; an encoder-decoder "
+                         "generates greedily here (leave them out)")
+    if args.report is None:
+        source_ids, _ = encode_side(resolved.tokenizer, source, 512, "--prompt")
+        with torch.no_grad():
+            ids = resolved.model.model.generate(input_ids=source_ids[None], max_new_tokens=args.max_new_tokens,
+                                                do_sample=False)[0, 1:]
+        print(resolved.tokenizer.decode(ids.tolist()))
+        return 0
+    inspection = write_pair_inspection(resolved.model, resolved.tokenizer, source, args.report,
+                                       max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,
+                                       model_name=args.model)
+    print(" ".join(inspection.target_tokens[1:]))
+    for path in inspection.figures + inspection.pages:
+        print(f"wrote {path}")
+    return 0

@@ -1,4 +1,6 @@
-"""``attnlab inspect``: pictures and the interactive report of one text's attention."""
+"""``attnlab inspect``: pictures and the interactive report of one text's attention, of a
+source/target pair through an encoder-decoder (``--source --target``), or of an image through a
+vision transformer (``--image``)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,50 @@ def _window(value: str) -> tuple[int, int]:
     return start, stop
 
 
+def _size(value: str) -> tuple[int, int]:
+    try:
+        height, width = (int(part) for part in value.lower().split("x"))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--image-size must be HxW in pixels, got {value!r}") from error
+    if height < 1 or width < 1:
+        raise argparse.ArgumentTypeError(f"--image-size must be positive, got {value!r}")
+    return height, width
+
+
+def _check_inputs(args: argparse.Namespace) -> str:
+    """Which input the command was given: ``text``, ``pair`` or ``image`` (exactly one)."""
+    given = [flag for flag, value in (("--text", args.text), ("--source", args.source), ("--image", args.image))
+             if value is not None]
+    if len(given) != 1:
+        raise ValueError(f"give one input: --text, --source with --target, or --image "
+                         f"({'none' if not given else ' and '.join(given)} given)")
+    if (args.source is None) != (args.target is None):
+        raise ValueError("--source and --target go together (an encoder-decoder's pair); "
+                         "`attnlab generate --prompt SOURCE` generates a target")
+    if args.image is None and (args.image_size is not None or args.discard_ratio != 0.9 or args.head_fusion != "max"):
+        raise ValueError("--image-size, --head-fusion and --discard-ratio apply to --image only")
+    if not 0.0 <= args.discard_ratio < 1.0:
+        raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
+    return {"--text": "text", "--source": "pair", "--image": "image"}[given[0]]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", required=True, help=MODEL_HELP
     )
-    parser.add_argument("--text", required=True, help="the text to inspect")
+    parser.add_argument("--text", default=None, help="the text to inspect")
+    parser.add_argument("--source", default=None,
+                        help="with --target: a source text for an encoder-decoder model (T5, BART, Marian)")
+    parser.add_argument("--target", default=None, help="with --source: its target text")
+    parser.add_argument("--image", default=None,
+                        help="a PNG or JPEG for a vision transformer directory (ViT, DeiT, DINOv2, CLIP)")
+    parser.add_argument("--image-size", type=_size, default=None, metavar="HxW",
+                        help="with --image: resize to HxW pixels (default the model's size; other sizes "
+                             "interpolate the position embeddings)")
+    parser.add_argument("--head-fusion", default="max", choices=["mean", "max", "min"],
+                        help="with --image: how the rollout merges heads (default max, as vit-explain)")
+    parser.add_argument("--discard-ratio", type=float, default=0.9,
+                        help="with --image: share of each layer's smallest fused weights the rollout drops")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
         "--layer", type=int, default=None, help="1-based layer of the single-head picture (default: last)"
@@ -53,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from .inspect_text import write_inspection
     from .resolve import dtype_line, max_length_for, resolve_model
 
+    kind = _check_inputs(args)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1 (positions shown before pooling), got {args.max_tokens}")
     if args.window is not None and not 0 <= args.window[0] < args.window[1]:
@@ -60,9 +102,13 @@ def run(args: argparse.Namespace) -> int:
     if args.layer is not None and args.layer < 1 or args.head < 1:
         raise ValueError(f"--layer and --head count from 1, got --layer {args.layer} --head {args.head}")
     check_output_dir(args.out, "--out", "the pictures and report.html")
+    if kind == "image":
+        return _run_image(args)
     resolved = resolve_model(args.model, dtype=args.dtype)
     print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=512)
+    if kind == "pair":
+        return _run_pair(args, resolved, max_length)
     total = len(resolved.tokenizer.encode(args.text).ids)
     if total > max_length:
         print(f"note: the text has {total} tokens; the first {max_length} are inspected (--max-length)")
@@ -80,6 +126,48 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.model,
     )
     print(f"{len(inspection.tokens)} tokens, {len(inspection.attentions)} layers")
+    for path in inspection.figures:
+        print(f"wrote {path}")
+    print(f"report: {inspection.report}")
+    return 0
+
+
+def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
+    from .inspect_pair import write_pair_inspection
+
+    if not getattr(getattr(resolved.model, "config", None), "is_encoder_decoder", False):
+        raise ValueError(f"--source/--target need an encoder-decoder model (T5, BART, Marian); {args.model} is not "
+                         f"one: give --text")
+    inspection = write_pair_inspection(resolved.model, resolved.tokenizer, args.source, args.out,
+                                       target=args.target, max_length=max_length, formats=args.formats,
+                                       max_tokens=args.max_tokens, model_name=args.model)
+    print(f"{len(inspection.source_tokens)} source and {len(inspection.target_tokens)} target tokens, "
+          f"{len(inspection.cross)} cross-attention layers")
+    print(f"alignment (source-target tokens): {inspection.alignment}")
+    for path in inspection.figures + inspection.pages[1:]:
+        print(f"wrote {path}")
+    print(f"report: {inspection.report}")
+    return 0
+
+
+def _run_image(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ...hf.opening import is_transformers_only, open_transformers
+    from ...hf.vision import load_image
+    from .inspect_image import write_image_inspection
+
+    image = load_image(args.image, argument="--image")
+    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
+        raise ValueError(f"--image takes a transformers vision model directory (ViT, DeiT, DINOv2, CLIP: "
+                         f"config.json + safetensors); {args.model} is not one")
+    model = open_transformers(args.model, dtype=args.dtype)
+    inspection = write_image_inspection(model, image, args.out, size=args.image_size, head_fusion=args.head_fusion,
+                                        discard_ratio=args.discard_ratio, model_name=args.model,
+                                        image_name=Path(args.image).name)
+    grid = inspection.grid
+    print(f"{grid[0]} x {grid[1]} patches, {inspection.prefix} token(s) before them, "
+          f"{len(inspection.class_maps)} layers")
     for path in inspection.figures:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")

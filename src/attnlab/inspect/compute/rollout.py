@@ -24,6 +24,7 @@ def attention_rollout(
     *,
     residual_weight: float = 0.5,
     head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
 ) -> Tensor:
     """Cumulative attention rollout after every layer.
 
@@ -35,6 +36,11 @@ def attention_rollout(
         residual_weight: ``w`` above, the share of the attention against the residual
             (0.5 in the paper).
         head_fusion: how heads are merged: ``"mean"``, ``"max"`` or ``"min"``.
+        discard_ratio: share of each layer's fused weights set to zero before the residual
+            is mixed in, the smallest first (vit-explain's filter): ``int(T * T * ratio)``
+            cells, except cell ``[0, 0]`` (the class token's weight on itself), which is
+            never dropped. vit-explain then divides ``a / a.sum(-1)`` without ``keepdim``,
+            which scales columns; here rows are renormalised, as the paper does.
 
     Returns:
         ``[L, B, T, T]``: the rollout after layer 1, 2, ..., L.
@@ -50,6 +56,8 @@ def attention_rollout(
     fusions = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
     if head_fusion not in fusions:
         raise ValueError(f"head_fusion must be one of {sorted(fusions)}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must lie in [0, 1), got {discard_ratio!r}")
     B, H, T, S = layers[0].shape
     if T != S:
         raise ValueError(f"rollout needs self-attention maps [B, H, T, T], got {tuple(layers[0].shape)}")
@@ -61,6 +69,13 @@ def attention_rollout(
         if weights.shape != (B, H, T, T):
             raise ValueError(f"every layer must be [B, H, T, T] = {(B, H, T, T)}, got {tuple(weights.shape)}")
         mixed = fusions[head_fusion](weights.float())  # [B, T, T]
+        dropped = int(T * T * discard_ratio)
+        if dropped:
+            flat = mixed.reshape(B, T * T).clone()  # [B, T * T]
+            smallest = flat.topk(dropped, dim=-1, largest=False).indices  # [B, dropped]
+            keep_first = smallest != 0  # the class token's weight on itself stays
+            flat.scatter_(1, smallest, flat.gather(1, smallest) * ~keep_first)
+            mixed = flat.reshape(B, T, T)
         if keep is not None:
             mixed = mixed * keep * keep.transpose(1, 2)  # padded rows and keys carry nothing
         mixed = residual_weight * mixed + (1.0 - residual_weight) * eye

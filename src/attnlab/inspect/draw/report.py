@@ -1,6 +1,6 @@
 """Self-contained HTML pages: the interactive attention report and the analysis summary.
 
-Dimension letters: ``L`` layers, ``H`` heads, ``T`` length.
+Dimension letters: ``L`` layers, ``H`` heads, ``T`` query length, ``S`` key length.
 
 Everything a page needs (style, script, data, images) is inlined: it opens with no
 network. Token text reaches the page only as JSON inside a ``<script type=
@@ -181,6 +181,8 @@ def render_report(
     statistics: Optional[Mapping[str, Sequence[Sequence[Optional[float]]]]] = None,
     rollout: Optional[Union[Tensor, np.ndarray]] = None,
     max_tokens: int = 128,
+    key_tokens: Optional[Sequence[str]] = None,
+    sides: tuple[str, str] = ("queries", "keys"),
 ) -> str:
     """The interactive report for one input, as an HTML string.
 
@@ -188,46 +190,61 @@ def render_report(
     what it attends to and what attends to it, click a tile of the model grid, read the
     statistics tables.
 
+    Maps whose queries and keys come from different sequences (cross-attention, ``[H, T, S]``)
+    take ``key_tokens``; the page then names its two sides (``sides``, for example
+    ``("target", "source")``) on the strips and the map's axes.
+
     Args:
-        attentions: ``{"layer_1": [H, T, T], ...}`` for one example (self-attention).
-        tokens: the ``T`` token strings.
+        attentions: ``{"layer_1": [H, T, S], ...}`` for one example (``S = T`` for
+            self-attention).
+        tokens: the ``T`` query token strings (and the keys' when ``key_tokens`` is not given).
         title: page title.
         meta: ``{label: text}`` lines shown under the title (model, input, ...).
         statistics: ``{statistic: [L][H]}`` tables.
         rollout: ``[L, T, T]`` attention rollout, adds a "rollout" view.
         max_tokens: longer inputs are pooled into this many position buckets (see
             :func:`attnlab.inspect.draw.plots.bucket_attention`).
+        key_tokens: the ``S`` key token strings of a map whose keys are another sequence.
+        sides: what the queries and the keys are, shown on the page.
     """
     names = list(attentions.keys())
     if not names:
         raise ValueError("attentions is empty")
+    if len(sides) != 2 or not all(isinstance(side, str) and side for side in sides):
+        raise ValueError(f"sides must be two names (queries, keys), got {sides!r}")
+    square = key_tokens is None
+    query_texts = list(map(str, tokens))
+    key_texts = query_texts if square else list(map(str, key_tokens))
     maps = [_numpy(attentions[name]) for name in names]
     for name, stack in zip(names, maps):
-        if stack.ndim != 3 or stack.shape[1] != stack.shape[2] or stack.shape[1] != len(tokens):
-            raise ValueError(
-                f"{name} must be one example's self-attention [H, T, T] with T = {len(tokens)} tokens, "
-                f"got shape {stack.shape}"
-            )
+        if stack.ndim != 3 or stack.shape[1:] != (len(query_texts), len(key_texts)):
+            expected = (f"self-attention [H, T, T] with T = {len(query_texts)} tokens" if square else
+                        f"[H, T, S] with T = {len(query_texts)} {sides[0]} and S = {len(key_texts)} {sides[1]} tokens")
+            raise ValueError(f"{name} must be one example's {expected}, got shape {stack.shape}")
     heads = [stack.shape[0] for stack in maps]
     H = max(heads)
-    shown_tokens: list[str] = list(map(str, tokens))
+    shown_tokens, shown_keys = query_texts, key_texts
     buckets = False
 
     def reduce(matrix: np.ndarray) -> np.ndarray:
-        nonlocal shown_tokens, buckets
-        reduced, labels, _ = bucket_attention(matrix, list(map(str, tokens)), max_tokens=max_tokens)
-        if len(labels) != len(tokens):
-            shown_tokens, buckets = _bucket_labels(labels, list(map(str, tokens))), True
+        nonlocal shown_tokens, shown_keys, buckets
+        reduced, labels, key_labels = bucket_attention(matrix, query_texts, key_texts, max_tokens=max_tokens)
+        if len(labels) != len(query_texts):
+            shown_tokens, buckets = _bucket_labels(labels, query_texts), True
+        if len(key_labels) != len(key_texts):
+            shown_keys, buckets = _bucket_labels(key_labels, key_texts), True
         return reduced
 
-    T = min(len(tokens), max_tokens)
-    packed = np.zeros((len(maps), H, T, T), dtype=np.float32)
+    T, S = min(len(query_texts), max_tokens), min(len(key_texts), max_tokens)
+    packed = np.zeros((len(maps), H, T, S), dtype=np.float32)
     for l, stack in enumerate(maps):
         for h in range(stack.shape[0]):
             packed[l, h] = reduce(stack[h])
     rollout_packed = None
     if rollout is not None:
         rollout_array = _numpy(rollout)
+        if not square:
+            raise ValueError("rollout needs self-attention maps; leave it out when key_tokens are given")
         if rollout_array.shape != (len(maps), len(tokens), len(tokens)):
             raise ValueError(
                 f"rollout must be [L, T, T] = {(len(maps), len(tokens), len(tokens))}, "
@@ -236,6 +253,8 @@ def render_report(
         rollout_packed = np.stack([reduce(matrix) for matrix in rollout_array])
     data = {
         "tokens": shown_tokens,
+        "key_tokens": None if square else shown_keys,
+        "sides": list(sides),
         "layers": names,
         "heads": heads,
         "max_heads": H,
@@ -243,8 +262,11 @@ def render_report(
         "rollout": _pack(rollout_packed) if rollout_packed is not None else None,
     }
     meta_lines = _meta_html(meta)
+    pooled = f"{len(tokens)} tokens pooled into {len(shown_tokens)} buckets " if square else (
+        f"{len(query_texts)} {sides[0]} and {len(key_texts)} {sides[1]} tokens pooled into "
+        f"{len(shown_tokens)} and {len(shown_keys)} buckets ")
     bucket_note = (
-        f'<p class="note">{len(tokens)} tokens pooled into {len(shown_tokens)} buckets '
+        f'<p class="note">{pooled}'
         "of neighbouring positions "
         "(rows averaged, columns summed); labels give position ranges.</p>"
         if buckets
@@ -257,6 +279,12 @@ def render_report(
         if statistics
         else ""
     )
+    q, k = (html.escape(side) for side in sides)
+    strip_titles = (
+        ("tokens — hover one", "what it attends to", "what attends to it") if square else
+        (f"{q} tokens — hover one", f"what it attends to among the {k} tokens",
+         f"{k} tokens — hover one: which {q} tokens attend to it")
+    )
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>
 <main>
@@ -265,14 +293,14 @@ def render_report(
   <div class="controls"><span class="label">layer</span><div id="layer-buttons" class="controls"></div></div>
   <div class="controls"><span class="label">head</span><div id="head-buttons" class="controls"></div></div>
   {bucket_note}
-  <div class="strip-title">tokens — hover one</div>
+  <div class="strip-title">{strip_titles[0]}</div>
   <div id="tokens" class="strip"></div>
   <div id="hover-info"></div>
-  <div class="strip-title">what it attends to</div>
+  <div class="strip-title">{strip_titles[1]}</div>
   <div id="attends-to" class="strip"></div>
-  <div class="strip-title">what attends to it</div>
+  <div class="strip-title">{strip_titles[2]}</div>
   <div id="attended-by" class="strip"></div>
-  <div class="strip-title">attention map — rows: queries, columns: keys</div>
+  <div class="strip-title">attention map — rows: {html.escape(sides[0])}, columns: {html.escape(sides[1])}</div>
   <div class="heat-wrap"><table id="heatmap" class="heat"></table></div>
 </section>
 <section id="model-section">

@@ -2,7 +2,12 @@
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("attnlab-data").textContent);
+  // queries are data.tokens (T); keys are data.key_tokens (S) when they are another sequence
+  const square = !data.key_tokens;
+  const keyTokens = square ? data.tokens : data.key_tokens;
   const T = data.tokens.length;
+  const S = keyTokens.length;
+  const sides = data.sides || ["queries", "keys"];
   const L = data.layers.length;
 
   function decode(b64) {
@@ -10,25 +15,25 @@
     const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
     return new Uint16Array(bytes.buffer);
   }
-  const weights = decode(data.weights);        // [L][Hmax][T][T], value = w * 65535
+  const weights = decode(data.weights);        // [L][Hmax][T][S], value = w * 65535
   const rollout = decode(data.rollout);        // [L][T][T] or null
   const Hmax = data.max_heads;
-  const state = { layer: 0, head: 0, token: null };
+  const state = { layer: 0, head: 0, token: null, key: null };
 
   function matrix(layer, head) {
-    const out = new Float32Array(T * T);
+    const out = new Float32Array(T * S);
     if (head === "rollout") {
-      const base = layer * T * T;
-      for (let i = 0; i < T * T; i++) out[i] = rollout[base + i] / 65535;
+      const base = layer * T * S;
+      for (let i = 0; i < T * S; i++) out[i] = rollout[base + i] / 65535;
     } else if (head === "mean") {
       const H = data.heads[layer];
       for (let h = 0; h < H; h++) {
-        const base = (layer * Hmax + h) * T * T;
-        for (let i = 0; i < T * T; i++) out[i] += weights[base + i] / 65535 / H;
+        const base = (layer * Hmax + h) * T * S;
+        for (let i = 0; i < T * S; i++) out[i] += weights[base + i] / 65535 / H;
       }
     } else {
-      const base = (layer * Hmax + head) * T * T;
-      for (let i = 0; i < T * T; i++) out[i] = weights[base + i] / 65535;
+      const base = (layer * Hmax + head) * T * S;
+      for (let i = 0; i < T * S; i++) out[i] = weights[base + i] / 65535;
     }
     return out;
   }
@@ -75,30 +80,36 @@
   }
 
   // --- token strips -----------------------------------------------------------
-  function strip(id, hoverable) {
+  function strip(id, texts, onHover) {
     const box = document.getElementById(id);
-    const spans = data.tokens.map((text, i) => {
+    const spans = texts.map((text, i) => {
       const s = document.createElement("span");
       s.className = "token";
       s.textContent = text;
       s.dataset.index = String(i);
-      if (hoverable) {
-        s.addEventListener("mouseenter", () => focusToken(i));
+      if (onHover) {
+        s.addEventListener("mouseenter", () => onHover(i));
       }
       box.appendChild(s);
       return s;
     });
     return spans;
   }
-  const mainTokens = strip("tokens", true);
-  const toTokens = strip("attends-to", false);
-  const byTokens = strip("attended-by", false);
+  const mainTokens = strip("tokens", data.tokens, (i) => focusToken(i));
+  const toTokens = strip("attends-to", keyTokens, null);
+  // self-attention: the same tokens, shaded by what attends to the hovered one;
+  // two sequences: the key tokens, each hoverable, shading the queries that attend to it
+  const byTokens = square ? strip("attended-by", data.tokens, null)
+    : strip("attended-by", keyTokens, (j) => focusKey(j));
 
   // --- heatmap ----------------------------------------------------------------
   const heat = document.getElementById("heatmap");
   const headRow = document.createElement("tr");
-  headRow.appendChild(document.createElement("th"));
-  const colHeads = data.tokens.map((text, j) => {
+  const corner = document.createElement("th");
+  corner.textContent = square ? "" : sides[0] + " \\ " + sides[1];
+  corner.className = "corner";
+  headRow.appendChild(corner);
+  const colHeads = keyTokens.map((text, j) => {
     const th = document.createElement("th");
     th.textContent = text;
     th.dataset.col = String(j);
@@ -118,7 +129,7 @@
     th.addEventListener("mouseenter", () => focusToken(i));
     tr.appendChild(th);
     const rowCells = [];
-    for (let j = 0; j < T; j++) {
+    for (let j = 0; j < S; j++) {
       const td = document.createElement("td");
       td.dataset.col = String(j);
       td.addEventListener("mouseenter", () => focusToken(i, j));
@@ -137,11 +148,11 @@
     currentMax = 0;
     for (let i = 0; i < current.length; i++) currentMax = Math.max(currentMax, current[i]);
     for (let i = 0; i < T; i++) {
-      for (let j = 0; j < T; j++) {
-        const value = current[i * T + j];
+      for (let j = 0; j < S; j++) {
+        const value = current[i * S + j];
         const td = cells[i][j];
         td.style.background = colour(value, currentMax, ACCENT);
-        td.title = data.tokens[i] + " \u2192 " + data.tokens[j] + ": " + value.toFixed(3);
+        td.title = data.tokens[i] + " \u2192 " + keyTokens[j] + ": " + value.toFixed(3);
       }
     }
     heat.dataset.layer = String(state.layer);
@@ -156,19 +167,19 @@
   function focusToken(i, j) {
     state.token = i;
     rows.forEach((tr, r) => tr.classList.toggle("highlight", r === i));
+    state.key = null;
     colHeads.forEach((th, c) => th.classList.toggle("col-highlight", c === (j === undefined ? i : j)));
     mainTokens.forEach((s, k) => s.classList.toggle("current", k === i));
+    if (!square) mainTokens.forEach((s) => { s.style.background = ""; });
     let maxTo = 0, maxBy = 0;
-    for (let k = 0; k < T; k++) {
-      maxTo = Math.max(maxTo, current[i * T + k]);
-      maxBy = Math.max(maxBy, current[k * T + i]);
-    }
+    for (let k = 0; k < S; k++) maxTo = Math.max(maxTo, current[i * S + k]);
+    if (square) for (let k = 0; k < T; k++) maxBy = Math.max(maxBy, current[k * T + i]);
     toTokens.forEach((s, k) => {
-      const v = current[i * T + k];
+      const v = current[i * S + k];
       s.style.background = colour(v, maxTo, ACCENT);
       s.dataset.weight = v.toFixed(4);
     });
-    byTokens.forEach((s, k) => {
+    if (square) byTokens.forEach((s, k) => {
       const v = current[k * T + i];
       s.style.background = colour(v, maxBy, BACK);
       s.dataset.weight = v.toFixed(4);
@@ -177,25 +188,55 @@
     const info = document.getElementById("hover-info");
     info.textContent = "";
     const top = (values) => values.map((v, k) => [v, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
-    const to = top(Array.from({ length: T }, (_, k) => current[i * T + k]));
-    const by = top(Array.from({ length: T }, (_, k) => current[k * T + i]));
-    function line(label, pairs) {
-      const p = document.createElement("div");
-      p.appendChild(document.createTextNode(label));
-      pairs.forEach(([v, k], n) => {
-        const w = document.createElement("span");
-        w.className = "who";
-        w.textContent = (n ? ", " : " ") + data.tokens[k] + " " + v.toFixed(2);
-        p.appendChild(w);
-      });
-      info.appendChild(p);
-    }
+    const to = top(Array.from({ length: S }, (_, k) => current[i * S + k]));
     const who = document.createElement("div");
     who.className = "who";
-    who.textContent = "[" + i + "] " + data.tokens[i];
+    who.textContent = (square ? "" : sides[0] + " ") + "[" + i + "] " + data.tokens[i];
     info.appendChild(who);
-    line("attends to:", to);
-    line("attended by:", by);
+    info.appendChild(infoLine("attends to:", to, keyTokens));
+    if (square) {
+      const by = top(Array.from({ length: T }, (_, k) => current[k * T + i]));
+      info.appendChild(infoLine("attended by:", by, data.tokens));
+    }
+  }
+
+  function infoLine(label, pairs, texts) {
+    const p = document.createElement("div");
+    p.appendChild(document.createTextNode(label));
+    pairs.forEach(([v, k], n) => {
+      const w = document.createElement("span");
+      w.className = "who";
+      w.textContent = (n ? ", " : " ") + texts[k] + " " + v.toFixed(2);
+      p.appendChild(w);
+    });
+    return p;
+  }
+
+  // two sequences: a key token hovered shades the query tokens by how much each attends to it
+  function focusKey(j) {
+    state.key = j;
+    state.token = null;
+    rows.forEach((tr) => tr.classList.remove("highlight"));
+    colHeads.forEach((th, c) => th.classList.toggle("col-highlight", c === j));
+    byTokens.forEach((s, k) => s.classList.toggle("current", k === j));
+    mainTokens.forEach((s) => s.classList.remove("current"));
+    toTokens.forEach((s) => { s.style.background = ""; });
+    let maxBy = 0;
+    for (let k = 0; k < T; k++) maxBy = Math.max(maxBy, current[k * S + j]);
+    mainTokens.forEach((s, k) => {
+      const v = current[k * S + j];
+      s.style.background = colour(v, maxBy, BACK);
+      s.dataset.weight = v.toFixed(4);
+    });
+    heat.dataset.column = String(j);
+    const info = document.getElementById("hover-info");
+    info.textContent = "";
+    const who = document.createElement("div");
+    who.className = "who";
+    who.textContent = sides[1] + " [" + j + "] " + keyTokens[j];
+    info.appendChild(who);
+    const top = Array.from({ length: T }, (_, k) => [current[k * S + j], k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
+    info.appendChild(infoLine("attended by:", top, data.tokens));
   }
 
   // --- model grid -------------------------------------------------------------
@@ -218,7 +259,7 @@
     for (let h = 0; h < Hmax; h++) {
       if (h >= data.heads[l]) { grid.appendChild(document.createElement("div")); row.push(null); continue; }
       const c = document.createElement("canvas");
-      c.width = T; c.height = T;
+      c.width = S; c.height = T;
       c.dataset.layer = String(l);
       c.dataset.head = String(h);
       c.title = name + ", head " + (h + 1);
@@ -226,8 +267,8 @@
       let mx = 0;
       for (let i = 0; i < m.length; i++) mx = Math.max(mx, m[i]);
       const ctx = c.getContext("2d");
-      const img = ctx.createImageData(T, T);
-      for (let i = 0; i < T * T; i++) {
+      const img = ctx.createImageData(S, T);
+      for (let i = 0; i < T * S; i++) {
         const a = mx > 0 ? m[i] / mx : 0;
         img.data[4 * i] = Math.round(255 - a * (255 - 33));
         img.data[4 * i + 1] = Math.round(255 - a * (255 - 102));
@@ -256,6 +297,7 @@
       (c, h) => c && c.classList.toggle("selected", l === layer && h === head)));
     drawHeatmap();
     if (state.token !== null) focusToken(state.token);
+    else if (state.key !== null && state.key !== undefined) focusKey(state.key);
   }
 
   buildHeadButtons();

@@ -1,0 +1,152 @@
+"""``attnlab align``: word alignments in the Pharaoh format, and their score against a gold file.
+
+Two uses:
+
+* ``attnlab align --alignments PRED --gold GOLD``: AER, precision and recall of a Pharaoh
+  file (one ``i-j`` line per sentence pair) against a gold file (``i-j`` sure, ``i?j``
+  possible links).
+* ``attnlab align --model DIR --pairs PAIRS --out PRED [--gold GOLD]``: align every
+  ``source ||| target`` line of ``PAIRS`` with an encoder-decoder model, by its
+  cross-attention (``--method attention``, ``--layers`` / ``--heads`` or all averaged) or by
+  its encoder's and decoder's hidden states at ``--hidden-layer`` (``--method argmax`` /
+  ``itermax``, SimAlign's); writes ``PRED`` and scores it when ``--gold`` is given.
+
+Words are whitespace-separated; links count words from 0 (source first). A word split
+into several tokens gets the mean over its tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .resolve import add_dtype_argument
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--alignments", default=None, help="a Pharaoh file to score (one line per sentence pair)")
+    parser.add_argument("--gold", default=None, help="the gold Pharaoh file: i-j sure, i?j possible links")
+    parser.add_argument("--model", default=None, help="an encoder-decoder directory (T5, BART, Marian) to align with")
+    parser.add_argument("--pairs", default=None, help="with --model: one 'source ||| target' line per pair")
+    parser.add_argument("--out", default=None, help="with --model: the Pharaoh file written")
+    parser.add_argument("--method", default="attention", choices=["attention", "argmax", "itermax"],
+                        help="cross-attention (default), or SimAlign's argmax / itermax on hidden states")
+    parser.add_argument("--layers", default=None,
+                        help="with --method attention: cross-attention layers averaged, e.g. 2,3 (from 1; default all)")
+    parser.add_argument("--heads", default=None, help="with --method attention: heads averaged, e.g. 1,4 (from 1)")
+    parser.add_argument("--hidden-layer", type=int, default=None,
+                        help="with argmax/itermax: the layer whose hidden states are compared (default the middle)")
+    add_dtype_argument(parser)
+
+
+def _numbers(value: str, flag: str) -> list[int]:
+    try:
+        numbers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be numbers from 1 separated by commas, got {value!r}") from None
+    if not numbers or min(numbers) < 1:
+        raise ValueError(f"{flag} counts from 1, got {value!r}")
+    return numbers
+
+
+def _read_pairs(path: str) -> list[tuple[list[str], list[str]]]:
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--pairs {path!r}: no such file")
+    pairs = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split("|||")
+        if len(parts) != 2 or not parts[0].split() or not parts[1].split():
+            raise ValueError(f"--pairs {file.name} line {number}: expected 'source words ||| target words'")
+        pairs.append((parts[0].split(), parts[1].split()))
+    return pairs
+
+
+def _pieces(tokenizer, words: list[str]) -> tuple[list[int], list]:
+    """Token ids of ``words`` and the word of each token (``None`` for added special tokens)."""
+    ids, owners = [], []
+    for index, word in enumerate(words):
+        encoding = tokenizer.encode(word, add_special_tokens=False)
+        ids += list(encoding.ids)
+        owners += [index] * len(encoding.ids)
+    return ids, owners
+
+
+def _align_with_model(args: argparse.Namespace) -> list:
+    import torch
+
+    from ...hf.seq2seq import decoder_start, pair_attention
+    from ..compute.word_alignment import attention_alignment, similarity_alignment
+    from .resolve import dtype_line, resolve_model
+
+    pairs = _read_pairs(args.pairs)
+    layers = _numbers(args.layers, "--layers") if args.layers else None
+    heads = [h - 1 for h in _numbers(args.heads, "--heads")] if args.heads else None
+    resolved = resolve_model(args.model, dtype=args.dtype)
+    print(dtype_line(resolved))
+    model = getattr(resolved.model, "model", resolved.model)
+    if not getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"--model {args.model} is not an encoder-decoder model; attnlab align reads "
+                         f"cross-attention and both sides' hidden states of T5, BART, Marian and the like")
+    start = decoder_start(model)
+    predicted = []
+    for source_words, target_words in pairs:
+        source_ids, source_owners = _pieces(resolved.tokenizer, source_words)
+        target_ids, target_owners = _pieces(resolved.tokenizer, target_words)
+        # the decoder reads [start, target tokens]: the row of target token k is position k + 1
+        pair = pair_attention(model, torch.tensor(source_ids), torch.tensor([start] + target_ids),
+                              hidden_states=args.method != "attention")
+        if args.method == "attention":
+            names = list(pair.cross)
+            if layers is not None and max(layers) > len(names):
+                raise ValueError(f"--layers: the model has {len(names)} cross-attention layers, got {args.layers}")
+            chosen = names if layers is None else [names[k - 1] for k in layers]
+            maps = {name: pair.cross[name][:, 1:] for name in chosen}  # [H, T, S], the start row dropped
+            links = attention_alignment(maps, heads=heads, target_words=target_owners, source_words=source_owners)
+        else:
+            depth = len(pair.encoder_hidden) - 1
+            layer = depth // 2 if args.hidden_layer is None else args.hidden_layer
+            if not 0 <= layer <= depth:
+                raise ValueError(f"--hidden-layer must lie in 0..{depth} (0: the embeddings), got {layer}")
+            links = similarity_alignment(pair.encoder_hidden[layer], pair.decoder_hidden[layer][1:],
+                                         method=args.method, source_words=source_owners,
+                                         target_words=target_owners)
+        predicted.append(links)
+    return predicted
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..compute.word_alignment import alignment_error_rate, format_pharaoh, read_alignments
+
+    if args.model is None and args.alignments is None:
+        raise ValueError("give --alignments PRED --gold GOLD to score, or --model DIR --pairs PAIRS --out PRED "
+                         "to align")
+    if args.model is not None and args.alignments is not None:
+        raise ValueError("--alignments scores a file; --model aligns --pairs: give one of them")
+    if args.model is None and args.gold is None:
+        raise ValueError("--alignments needs --gold GOLD to be scored against")
+    if args.model is not None and (args.pairs is None or args.out is None):
+        raise ValueError("--model needs --pairs (source ||| target lines) and --out (the Pharaoh file written)")
+    if args.model is None and (args.layers or args.heads or args.hidden_layer is not None):
+        raise ValueError("--layers, --heads and --hidden-layer apply with --model only")
+    gold = read_alignments(args.gold, argument="--gold") if args.gold else None
+    if args.model is not None:
+        if args.out and Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out} is a directory; name the Pharaoh file to write")
+        predicted = _align_with_model(args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("".join(format_pharaoh(links) + "\n" for links in predicted), encoding="utf-8")
+        print(f"wrote {args.out} ({len(predicted)} sentence pairs, {args.method})")
+    else:
+        predicted = read_alignments(args.alignments, argument="--alignments")
+    if gold is not None:
+        score = alignment_error_rate(predicted, gold)
+        print(json.dumps({key: round(value, 4) if isinstance(value, float) else value
+                          for key, value in score.to_dict().items()}))
+    return 0

@@ -1,0 +1,78 @@
+"""Patch maps laid over the image they came from (PNG, Agg canvas).
+
+Dimension letters: ``H`` heads, ``gh x gw`` the patch grid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["plot_patch_overlay"]
+
+
+def _upsample(grid: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Each patch's value over its pixels (nearest: the patch edges stay visible)."""
+    rows = (np.arange(height) * grid.shape[0]) // height
+    columns = (np.arange(width) * grid.shape[1]) // width
+    return grid[rows][:, columns]
+
+
+def plot_patch_overlay(
+    image: np.ndarray,
+    maps: np.ndarray,
+    path: Union[str, Path],
+    *,
+    titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    columns: Optional[int] = None,
+) -> Path:
+    """Draw each ``[gh, gw]`` map over ``image``, one panel per map, to a PNG.
+
+    Each panel is scaled to its own maximum (colour bar: 0 .. that maximum).
+
+    Args:
+        image: ``[height, width, 3]`` RGB in ``[0, 1]`` (what the model saw).
+        maps: ``[M, gh, gw]`` non-negative values per patch.
+        path: the PNG written.
+        titles: one per panel.
+        title: the figure's title.
+        columns: panels per row (default all in one row, at most 6).
+    """
+    maps = np.asarray(maps, dtype=np.float32)
+    image = np.asarray(image, dtype=np.float32)
+    if maps.ndim != 3:
+        raise ValueError(f"maps must be [M, gh, gw], got shape {maps.shape}")
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must be [height, width, 3], got shape {image.shape}")
+    count = maps.shape[0]
+    columns = columns or min(count, 6)
+    rows = -(-count // columns)
+    height, width = image.shape[:2]
+    figure = Figure(figsize=(2.4 * columns, 2.4 * rows * height / width + 0.5 * bool(title)))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for index in range(rows * columns):
+        axis = axes[index // columns][index % columns]
+        axis.set_xticks([])
+        axis.set_yticks([])
+        if index >= count:
+            axis.axis("off")
+            continue
+        top = max(float(maps[index].max()), 1e-12)
+        axis.imshow(image)
+        shown = axis.imshow(_upsample(maps[index], height, width), cmap="inferno", alpha=0.6, vmin=0, vmax=top)
+        figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+        if titles is not None:
+            axis.set_title(titles[index], fontsize=8)
+    if title:
+        figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,159 @@
+"""``attnlab inspect`` on a source/target pair and on an image, ``attnlab generate`` on a seq2seq
+model, and ``attnlab align``: run for real on tiny random transformers models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="these commands open transformers directories")
+
+from attnlab.cli import main  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(3, 60)]
+
+
+def _bart_dir(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None,
+    )
+    directory = tmp_path / "bart"
+    transformers.BartForConditionalGeneration(config).eval().save_pretrained(directory)
+    vocabulary = {"<pad>": 0, "<s>": 1, "</s>": 2, **{word: index for index, word in enumerate(WORDS, 3)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def test_inspect_a_pair_writes_the_cross_attention_page_pictures_statistics_and_alignment(tmp_path, capsys):
+    model = _bart_dir(tmp_path)
+    out = tmp_path / "pair"
+    code = main(["inspect", "--model", str(model), "--source", "w3 w4 w5 w6", "--target", "w7 w8 w9",
+                 "--out", str(out), "--format", "png"])
+    assert code == 0, capsys.readouterr().err
+    assert {"report.html", "encoder.html", "decoder.html", "cross_layer_1.png", "cross_layer_2.png",
+            "statistics.json", "alignment.txt"} <= {path.name for path in out.iterdir()}
+    page = (out / "report.html").read_text()
+    data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert data["tokens"] == ["<s>", "w7", "w8", "w9", "</s>"] and data["key_tokens"] == ["w3", "w4", "w5", "w6", "</s>"]
+    assert data["sides"] == ["target", "source"] and data["layers"] == ["cross.layer_1", "cross.layer_2"]
+    statistics = json.loads((out / "statistics.json").read_text())
+    cross = statistics["layers"]["cross.layer_1"]
+    assert (cross["queries"], cross["keys"], cross["kind"]) == ("target", "source", "cross")
+    assert "mean_distance" not in cross and "mean_distance" in statistics["layers"]["encoder.layer_1"]
+    assert len(cross["entropy"]) == 4
+    links = (out / "alignment.txt").read_text().split()
+    assert len(links) == 5 and {int(link.split("-")[1]) for link in links} == set(range(5))
+
+
+def test_generate_on_a_seq2seq_model_writes_the_step_through_page(tmp_path, capsys):
+    model = _bart_dir(tmp_path)
+    report = tmp_path / "generated"
+    code = main(["generate", "--model", str(model), "--prompt", "w3 w4 w5", "--max-new-tokens", "4",
+                 "--report", str(report)])
+    assert code == 0, capsys.readouterr().err
+    assert {"generation.html", "report.html", "cross_layer_1.png"} <= {path.name for path in report.iterdir()}
+    page = (report / "generation.html").read_text()
+    data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert data["prompt_length"] == 4 and len(data["tokens"]) == 4 + 4
+
+
+def test_inspect_refuses_mixed_inputs_before_any_work(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["inspect", "--model", "x", "--text", "a", "--image", "y.png", "--out", str(out)]) == 2
+    assert "give one input" in capsys.readouterr().err
+    assert main(["inspect", "--model", "x", "--source", "a", "--out", str(out)]) == 2
+    assert "--source and --target go together" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _vit_dir(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)
+    directory = tmp_path / "vit"
+    transformers.ViTModel(config, add_pooling_layer=False).eval().save_pretrained(directory)
+    return directory
+
+
+def _image(path, size=(40, 56)):
+    from PIL import Image
+
+    pixels = np.zeros((*size, 3), dtype=np.uint8)
+    pixels[5:20, 10:30] = (250, 120, 30)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_inspect_an_image_writes_overlays_rollout_statistics_and_the_page(tmp_path, capsys):
+    model, image = _vit_dir(tmp_path), _image(tmp_path / "cat.png")
+    out = tmp_path / "image"
+    code = main(["inspect", "--model", str(model), "--image", str(image), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert {"layer_1.png", "layer_2.png", "rollout.png", "report.html", "statistics.json"} <= {
+        path.name for path in out.iterdir()}
+    statistics = json.loads((out / "statistics.json").read_text())
+    assert statistics["grid"] == [4, 4] and statistics["prefix_tokens"] == 1
+    assert len(statistics["rollout"]["class_to_patches"]) == 16
+    out2 = tmp_path / "wide"
+    assert main(["inspect", "--model", str(model), "--image", str(image), "--image-size", "24x48",
+                 "--out", str(out2)]) == 0
+    assert json.loads((out2 / "statistics.json").read_text())["grid"] == [3, 6]
+
+
+def test_a_missing_or_unreadable_image_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    model = _vit_dir(tmp_path)
+    out = tmp_path / "never"
+    assert main(["inspect", "--model", str(model), "--image", str(tmp_path / "no.png"), "--out", str(out)]) == 2
+    assert "--image" in capsys.readouterr().err
+    bad = tmp_path / "bad.png"
+    bad.write_text("not an image")
+    assert main(["inspect", "--model", str(model), "--image", str(bad), "--out", str(out)]) == 2
+    assert "not an image Pillow can read" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_align_scores_a_file_against_gold_as_by_hand(tmp_path, capsys):
+    (tmp_path / "gold.txt").write_text("0-0 1-1 2?2\n0-1 1?0\n")
+    (tmp_path / "pred.txt").write_text("0-0 1-2 2-2\n0-1 1-0 2-2\n")
+    assert main(["align", "--alignments", str(tmp_path / "pred.txt"), "--gold", str(tmp_path / "gold.txt")]) == 0
+    score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert score["aer"] == round(1 / 3, 4) and score["precision"] == round(2 / 3, 4)
+
+
+@pytest.mark.parametrize("method", ["attention", "itermax"])
+def test_align_with_a_model_writes_one_line_per_pair_and_scores_it(tmp_path, capsys, method):
+    model = _bart_dir(tmp_path)
+    (tmp_path / "pairs.txt").write_text("w3 w4 w5 ||| w6 w7\nw8 w9 ||| w10 w11 w12\n")
+    (tmp_path / "gold.txt").write_text("0-0 1-1\n0-0 1-1 1?2\n")
+    out = tmp_path / "pred.txt"
+    args = ["align", "--model", str(model), "--pairs", str(tmp_path / "pairs.txt"), "--out", str(out),
+            "--gold", str(tmp_path / "gold.txt"), "--method", method]
+    if method == "attention":
+        args += ["--layers", "2", "--heads", "1,3"]
+    assert main(args) == 0, capsys.readouterr().err
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    if method == "attention":  # every target word gets exactly one source word
+        assert sorted(int(link.split("-")[1]) for link in lines[1].split()) == [0, 1, 2]
+    score = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= score["aer"] <= 1.0 and score["sentences"] == 2
+
+
+def test_align_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    assert main(["align", "--alignments", "p.txt"]) == 2
+    assert "needs --gold" in capsys.readouterr().err
+    (tmp_path / "gold.txt").write_text("0-0 1:1\n")
+    (tmp_path / "pred.txt").write_text("0-0\n")
+    assert main(["align", "--alignments", str(tmp_path / "pred.txt"), "--gold", str(tmp_path / "gold.txt")]) == 2
+    assert "--gold gold.txt line 1: '1:1' is not a link" in capsys.readouterr().err

@@ -21,7 +21,6 @@ from attnlab import EncoderClassifier, TransformerEncoder
 from attnlab.checkpoints import (
     UnsupportedCheckpointError,
     build_encoder,
-    from_pretrained,
     load_decoder,
     load_model,
     open_source,

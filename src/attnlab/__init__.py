@@ -10,8 +10,9 @@ modules; the kernel function itself is ``attnlab.attention.attention``),
 ``attnlab.inspect``, ``attnlab.outputs``.
 
 One loader opens everything: ``model, tokenizer, config = attnlab.load(path_or_name)``
-(an attnlab run or checkpoint, a HuggingFace directory, or ``"minilm"``); the model
-classes have ``from_pretrained`` / ``save_pretrained``.
+(an attnlab run or checkpoint, a HuggingFace directory or GGUF file, or ``"minilm"``); the
+model classes' ``from_pretrained`` and ``attnlab.from_pretrained`` are aliases of it, and
+``save_pretrained`` writes what it opens.
 """
 
 from . import _moved
@@ -43,8 +44,7 @@ from .layers import (
     TransformerEncoderLayer,
 )
 from .models import EncoderClassifier, EncoderForMaskedLM, prune_heads
-from .checkpoints.loading import load
-from .checkpoints.encoders.loading import from_pretrained
+from .checkpoints.loading import from_pretrained, load
 from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer
 

@@ -4,14 +4,16 @@ The loader (:mod:`attnlab.checkpoints`) sits above the models it builds, so the 
 classes cannot import it. It hands itself to this module when it is imported
 (:func:`register_loader`, called by :mod:`attnlab.checkpoints.loading`; ``import attnlab``
 imports it), and the classes call what was handed. No import goes up the tree.
+The format modules below the loader keep their old public names of the loader's doors
+(``from_pretrained``, ``load_model``, ``load_decoder``) the same way: :func:`loader_aliases`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
-__all__ = ["PretrainedIO", "loader", "register_loader"]
+__all__ = ["PretrainedIO", "loader", "loader_aliases", "register_loader"]
 
 Model = TypeVar("Model", bound="PretrainedIO")
 _LOADER: Optional[Any] = None
@@ -29,6 +31,19 @@ def loader() -> Any:
     if _LOADER is None:  # only when attnlab.checkpoints was never imported, which `import attnlab` does
         raise RuntimeError("attnlab's loader is not registered: import attnlab (or attnlab.checkpoints) first")
     return _LOADER
+
+
+def loader_aliases(module: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that hands out the loader's functions ``names`` (the objects
+    themselves), so ``from module import name`` keeps working for a door that moved up into
+    the loader without the module importing it."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(loader(), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class PretrainedIO:

@@ -1,4 +1,6 @@
-"""Models on disk: ``model.safetensors`` + ``config.json`` (no pickle), and :func:`load_model`.
+"""attnlab's own layout: ``model.safetensors`` + ``config.json`` (no pickle), written by
+:func:`save_model` and read by :func:`read_checkpoint` (``attnlab.load`` hands it the
+``config.json`` it read; ``load_model`` is an alias of ``attnlab.load``).
 
 ``config.json`` is ``{"model_type": ..., "encoder": EncoderConfig dict, "head": {...}}``, and
 ``"pretrained_config"`` (the HuggingFace ``config.json``) for an encoder opened from a
@@ -6,7 +8,7 @@ pretrained family, whose components are rebuilt from it. A decoder's is
 ``{"model_type": "decoder", "decoder": DecoderConfig dict}``, with ``"pretrained_config"``
 when it was opened from a HuggingFace directory (kept for its HuggingFace layout).
 A run directory (``attnlab train --out DIR``) holds ``checkpoints/{best,last}/`` with
-these files and ``tokenizer.json`` at its top; :func:`load_model` accepts either.
+these files and ``tokenizer.json`` at its top; ``attnlab.load`` accepts either.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from .._files import CorruptFileError, follow_umask, load_safetensors_into, read_json, write_json
+from .._files import follow_umask, load_safetensors_into, read_json, write_json
+from .._pretrained_io import loader_aliases
 from ..layers import EncoderConfig, TransformerEncoder
 from ..layers.decoder_config import DecoderConfig
-from .tensors import CheckpointTensors, resolve_dtype
+from .tensors import CheckpointTensors
 from ..models.classifier import EncoderClassifier
 from ..models.decoder.causal_lm import DecoderForCausalLM
 from .encoders import build_from_checkpoint_config
@@ -37,8 +40,12 @@ __all__ = [
     "build_model",
     "save_model",
     "load_model",
+    "read_checkpoint",
+    "is_attnlab_config",
+    "is_decoder_config",
     "resolve_checkpoint_dir",
     "find_checkpoint_dir",
+    "run_checkpoint",
 ]
 
 MODEL_FILE = "model.safetensors"
@@ -89,9 +96,19 @@ def _with_pretrained(config: dict[str, Any], encoder: nn.Module) -> dict[str, An
     return config if pretrained is None else {**config, _PRETRAINED_KEY: pretrained}
 
 
+def is_attnlab_config(config: Any) -> bool:
+    """Whether a ``config.json`` dict is attnlab's own (an ``"encoder"`` or ``"decoder"`` entry)."""
+    return isinstance(config, dict) and any(key in config for key in _ARCHITECTURE_KEYS)
+
+
+def is_decoder_config(config: dict[str, Any]) -> bool:
+    """Whether an attnlab ``config.json`` dict describes a decoder (else an encoder model)."""
+    return config.get("model_type") == _DECODER_TYPE and "decoder" in config
+
+
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
     """A freshly initialised model from a ``config.json`` dict."""
-    if config.get("model_type") == _DECODER_TYPE and "decoder" in config:
+    if is_decoder_config(config):
         decoder = DecoderForCausalLM(DecoderConfig.from_dict(config["decoder"]), device=device, dtype=dtype)
         decoder.checkpoint_config = config.get(_PRETRAINED_KEY)
         return decoder
@@ -133,7 +150,7 @@ def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any 
     return directory
 
 
-def _run_checkpoint(path: Path) -> Optional[Path]:
+def run_checkpoint(path: Path) -> Optional[Path]:
     """A run directory's best (else last) checkpoint, if it has one."""
     for name in ("best", "last", "last.1", "last.2"):  # last.N: older versions, when a save was cut short
         candidate = path / "checkpoints" / name
@@ -149,8 +166,8 @@ def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
     path = Path(path)
     if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
         config = read_json(path / CONFIG_FILE)
-        return path if isinstance(config, dict) and any(key in config for key in _ARCHITECTURE_KEYS) else None
-    return _run_checkpoint(path)
+        return path if is_attnlab_config(config) else None
+    return run_checkpoint(path)
 
 
 def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
@@ -160,7 +177,7 @@ def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
         raise FileNotFoundError(f"no model at {path}: the path does not exist")
     if (path / MODEL_FILE).is_file():
         return path
-    checkpoint = _run_checkpoint(path)
+    checkpoint = run_checkpoint(path)
     if checkpoint is not None:
         return checkpoint
     raise FileNotFoundError(
@@ -176,34 +193,24 @@ def _find_tokenizer(checkpoint: Path) -> Optional[Path]:
     return None
 
 
-def load_model(path: Union[str, Path], *, device=None, dtype=None) -> LoadedModel:
-    """Load a saved model (and its tokenizer) from a checkpoint or run directory.
+def read_checkpoint(
+    checkpoint: Path, config: dict[str, Any], *, device=None, dtype=None, tokenizer: bool = True
+) -> LoadedModel:
+    """The model (and tokenizer) of an attnlab checkpoint directory whose ``config.json``
+    was read already (by :func:`attnlab.checkpoints.source.open_source`).
 
     Args:
-        path: a checkpoint directory (``model.safetensors`` + ``config.json``) or a run
-            directory, whose ``checkpoints/best`` (else ``checkpoints/last``) is used.
+        checkpoint: the checkpoint directory (a run's ``checkpoints/best``, say).
+        config: its ``config.json`` dict.
         device: where to put the model.
-        dtype: the parameters' dtype: float32 by default, ``"bfloat16"``, ``"float16"``,
-            or ``"auto"``: the dtype the file stores (see :func:`attnlab.load`).
+        dtype: the parameters' dtype, as :func:`~attnlab.checkpoints.tensors.resolve_dtype`
+            gives it (``"auto"``: the dtype the file stores).
+        tokenizer: also read ``tokenizer.json`` (the checkpoint's, else its run's).
 
     Returns:
-        :class:`LoadedModel` ``(model, tokenizer, config)`` with the model in eval mode.
+        :class:`LoadedModel` ``(model, tokenizers.Tokenizer or None, config)``, the model in
+        eval mode.
     """
-    from tokenizers import Tokenizer
-
-    checkpoint = resolve_checkpoint_dir(path)
-    config_path = checkpoint / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{checkpoint} has {MODEL_FILE} but no {CONFIG_FILE}")
-    config = read_json(config_path)
-    if not isinstance(config, dict):
-        raise CorruptFileError(config_path, f"holds a JSON {type(config).__name__}, not an object")
-    if not any(key in config for key in _ARCHITECTURE_KEYS) and "model_type" in config:
-        raise ValueError(
-            f"{checkpoint} is a HuggingFace checkpoint (model_type {config['model_type']!r}), not an attnlab "
-            f"one; open it with attnlab.load({str(checkpoint)!r}) or attnlab.from_pretrained(...)"
-        )
-    dtype = resolve_dtype(dtype)
     if dtype == "auto":
         dtype = CheckpointTensors.open(checkpoint).stored_dtype() or torch.get_default_dtype()
     model = build_model(config, device=device, dtype=dtype)
@@ -214,6 +221,14 @@ def load_model(path: Union[str, Path], *, device=None, dtype=None) -> LoadedMode
             f"{checkpoint / MODEL_FILE} does not match its {CONFIG_FILE}: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    tokenizer_path = _find_tokenizer(checkpoint)
-    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path is not None else None
-    return LoadedModel(model.eval(), tokenizer, config)
+    backend = None
+    tokenizer_path = _find_tokenizer(checkpoint) if tokenizer else None
+    if tokenizer_path is not None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(tokenizer_path))
+    return LoadedModel(model.eval(), backend, config)
+
+
+# load_model(path, *, device=None, dtype=None): attnlab.load for attnlab's layout, defined with it
+__getattr__ = loader_aliases(__name__, ("load_model",))

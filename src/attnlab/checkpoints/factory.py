@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..layers import TransformerEncoder
-from .encoders.loading import from_pretrained, load_tokenizer
+from .encoders.loading import load_tokenizer
+from .loading import from_pretrained
 
 __all__ = ["build_encoder", "load_pretrained_tokenizer"]
 
@@ -13,8 +14,8 @@ __all__ = ["build_encoder", "load_pretrained_tokenizer"]
 def build_encoder(vocab_size: int, *, pretrained: Optional[str] = None, **options: Any) -> TransformerEncoder:
     """A fresh :class:`TransformerEncoder`, or the pretrained one named by ``pretrained``.
 
-    For a pretrained encoder (any family :func:`~attnlab.checkpoints.encoders.loading.from_pretrained`
-    opens) the checkpoint decides the architecture (``vocab_size`` and
+    For a pretrained encoder (any family ``attnlab.load`` opens; this is its alias
+    :func:`~attnlab.checkpoints.loading.from_pretrained`) the checkpoint decides the architecture (``vocab_size`` and
     the shape options are ignored); only the training-time options ``dropout`` and
     ``attention_dropout`` apply, so that ``attention_dropout=0`` keeps the fused kernel.
     """

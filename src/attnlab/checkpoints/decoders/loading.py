@@ -1,9 +1,11 @@
-"""Open HuggingFace decoder directories (GPT-2, Llama, Mistral, Qwen2) and GGUF files.
+"""Read HuggingFace decoder directories (GPT-2, Llama, Mistral, Qwen2) and GGUF files.
 
-The loader (:mod:`attnlab.checkpoints.loading` / :mod:`attnlab.checkpoints.encoders.loading`) sends a
-directory whose ``config.json`` names one of :data:`DECODER_MODEL_TYPES`, a ``.gguf`` file
-and the packaged name ``"smollm2"`` here. Weights are read with ``safetensors`` (one file
-or shards; nothing is unpickled) or with the ``gguf`` package; ``transformers`` is not needed.
+:func:`attnlab.checkpoints.source.open_source` decides that a source is a decoder (a
+directory whose ``config.json`` names one of :data:`DECODER_MODEL_TYPES`, a ``.gguf`` file,
+the packaged name ``"smollm2"``) and :func:`read_decoder` reads it. Weights are read with
+``safetensors`` (one file or shards; nothing is unpickled) or with the ``gguf`` package;
+``transformers`` is not needed. ``load_decoder`` and ``is_decoder_source`` (here for code
+written against them) are the loader's: an alias of ``attnlab.load`` and its decision.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..._files import read_json
+from ..._pretrained_io import loader_aliases
 from ...layers.decoder_config import DecoderConfig
 from ..errors import UnsupportedCheckpointError
 from ..tensors import (
@@ -31,7 +33,7 @@ from ._llama_layout import LLAMA_MODEL_TYPES, decoder_config_from_llama, llama_s
 from ...models.decoder.causal_lm import DecoderForCausalLM
 
 __all__ = ["DECODER_MODEL_TYPES", "DECODER_NAMES", "decoder_config_from_hf", "is_decoder_source",
-           "load_decoder", "load_decoder_and_tokenizer", "load_decoder_tokenizer"]
+           "load_decoder", "load_decoder_tokenizer", "packaged_gguf", "read_decoder"]
 
 DECODER_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES)
 # name -> (import name of the package that ships the file, file inside it, pip requirement)
@@ -72,23 +74,6 @@ def _gguf_path(source: PathLike) -> Optional[Path]:
     return None
 
 
-def is_decoder_source(source: PathLike) -> bool:
-    """Whether ``source`` is a decoder this module opens: a packaged name, a ``.gguf`` file,
-    or a directory whose ``config.json`` names a decoder ``model_type``."""
-    if isinstance(source, str) and source.lower() in DECODER_NAMES:
-        return True
-    path = Path(source)
-    if path.is_file():
-        return path.suffix == ".gguf"
-    if not path.is_dir():
-        return False
-    config = path / "config.json"
-    if config.is_file():
-        raw = read_json(config)
-        return isinstance(raw, dict) and raw.get("model_type") in DECODER_MODEL_TYPES and "encoder" not in raw
-    return _gguf_path(path) is not None
-
-
 def decoder_config_from_hf(raw: dict, source: str = "config.json") -> DecoderConfig:
     """The :class:`DecoderConfig` of a HuggingFace decoder ``config.json``."""
     if raw.get("model_type") == "gpt2":
@@ -96,44 +81,45 @@ def decoder_config_from_hf(raw: dict, source: str = "config.json") -> DecoderCon
     return decoder_config_from_llama(raw, source)
 
 
-def load_decoder(
-    source: PathLike, *, device: Optional[Union[str, torch.device]] = None, dtype: DtypeLike = None,
-    gguf_reader: Any = None,
-) -> DecoderForCausalLM:
-    """A :class:`DecoderForCausalLM` from a HuggingFace directory, a ``.gguf`` file or ``"smollm2"``.
+def read_decoder(
+    directory: Optional[Path], raw: Optional[dict], gguf: Optional[Path], *,
+    device: Optional[Union[str, torch.device]] = None, dtype: DtypeLike = None, tokenizer: bool = True,
+) -> tuple[DecoderForCausalLM, Any]:
+    """A :class:`DecoderForCausalLM` and its ``tokenizers.Tokenizer`` (``None`` when there is
+    none, or when ``tokenizer`` is false), from what :func:`attnlab.checkpoints.source.open_source`
+    found: a HuggingFace ``directory`` and its ``config.json`` dict ``raw``, or a ``gguf`` file.
 
     The model is built on the ``meta`` device and the checkpoint's tensors, read and
     converted one at a time (``model.safetensors`` or the shards of
     ``model.safetensors.index.json``; a GGUF file's tensors dequantised one at a time), are
-    assigned to it: loading holds about the model's size in ``dtype``, no more.
+    assigned to it: loading holds about the model's size in ``dtype``, no more. A GGUF file
+    is opened and parsed once for the weights and the tokenizer (parsing is most of the
+    time a reader takes).
 
     Args:
-        source: see :func:`is_decoder_source`.
+        directory, raw, gguf: see above; ``gguf`` set means the others are ``None``.
         device: where to put the parameters.
-        dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
-            ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``: the
-            checkpoint's own (its safetensors' dtype, else ``config.json``'s ``dtype`` /
+        dtype: as :func:`~attnlab.checkpoints.tensors.resolve_dtype` gives it; ``"auto"``:
+            the checkpoint's own (its safetensors' dtype, else ``config.json``'s ``dtype`` /
             ``torch_dtype``; float32 for a GGUF file, whose weights are dequantised to it).
-        gguf_reader: a ``GGUFReader`` of ``source`` already open (see
-            :func:`load_decoder_and_tokenizer`), so the file is not parsed again.
+        tokenizer: also read the tokenizer (``tokenizer.json``, or the GGUF file's metadata).
 
     Raises:
-        FileNotFoundError: no such file, or the package of a packaged name is missing.
         UnsupportedCheckpointError: an architecture or setting attnlab does not implement,
             or tensors that do not fit (all listed).
-        ValueError: ``dtype`` is none of the choices.
     """
     dtype = resolve_dtype(dtype)
-    gguf_path = _gguf_path(source)
-    if gguf_path is not None:
-        from ..gguf.weights import read_gguf
+    backend = None
+    if gguf is not None:
+        from ..gguf.tokenizer import tokenizer_from_gguf
+        from ..gguf.weights import open_gguf, read_gguf
 
+        reader = open_gguf(gguf)
         dtype = torch.float32 if dtype == "auto" else dtype
-        config, state = read_gguf(gguf_path if gguf_reader is None else gguf_reader, dtype=dtype)
+        config, state = read_gguf(reader, dtype=dtype)
         state = {name: tensor.to(device) for name, tensor in state.items()} if device is not None else state
+        backend = tokenizer_from_gguf(reader) if tokenizer else None
     else:
-        directory = Path(source)
-        raw = read_json(directory / "config.json")
         config = decoder_config_from_hf(raw, str(directory / "config.json"))
         if not has_safetensors(directory):
             raise UnsupportedCheckpointError(
@@ -146,6 +132,7 @@ def load_decoder(
         weights = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else INDEX_FILE)
         convert = gpt2_state_to_decoder if raw["model_type"] == "gpt2" else llama_state_to_decoder
         state = convert(tensors.converted(dtype, device), config, str(weights))
+        backend = load_decoder_tokenizer(directory) if tokenizer else None
     model = DecoderForCausalLM(config, device="meta")
     if config.tie_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
@@ -154,24 +141,8 @@ def load_decoder(
     if model.rotary is not None:  # buffers are not in the state dict: rebuild them off the meta device
         model.rotary = type(model.rotary)(config.attention_head_dim, config.rope_theta, config.rope_scaling,
                                           max_len=config.max_len, device=device)
-    model.checkpoint_config = None if gguf_path is not None else raw
-    return model.eval()
-
-
-def load_decoder_and_tokenizer(
-    source: PathLike, *, device: Optional[Union[str, torch.device]] = None, dtype: DtypeLike = None
-) -> tuple[DecoderForCausalLM, Any]:
-    """:func:`load_decoder` and :func:`load_decoder_tokenizer` together: a GGUF file is
-    opened and parsed once for both (parsing is most of the time a reader takes)."""
-    gguf_path = _gguf_path(source)
-    if gguf_path is None:
-        return load_decoder(source, device=device, dtype=dtype), load_decoder_tokenizer(source)
-    from ..gguf.tokenizer import tokenizer_from_gguf
-    from ..gguf.weights import open_gguf
-
-    reader = open_gguf(gguf_path)
-    model = load_decoder(source, device=device, dtype=dtype, gguf_reader=reader)
-    return model, tokenizer_from_gguf(reader)
+    model.checkpoint_config = None if gguf is not None else raw
+    return model.eval(), backend
 
 
 def load_decoder_tokenizer(source: PathLike):
@@ -188,3 +159,16 @@ def load_decoder_tokenizer(source: PathLike):
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(path))
+
+
+# load_decoder(source, *, device=None, dtype=None) and is_decoder_source(source): the loader's
+# (attnlab.checkpoints.loading), so that the decision encoder or decoder is made in one place
+_loader_names = loader_aliases(__name__, ("load_decoder", "is_decoder_source"))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_decoder_and_tokenizer":
+        # ImportError, not AttributeError: `from ... import load_decoder_and_tokenizer` shows this line
+        raise ImportError("load_decoder_and_tokenizer is gone: attnlab.load(source) returns the decoder and its "
+                          "tokenizer, a GGUF file parsed once for both")
+    return _loader_names(name)

@@ -1,14 +1,16 @@
 """Open HuggingFace encoder checkpoints as attnlab models, and write them back.
 
 A checkpoint directory holds ``config.json``, ``model.safetensors`` and usually
-``tokenizer.json``. :func:`from_pretrained` reads ``model_type`` from the config, picks
+``tokenizer.json``. :func:`read_encoder` takes the config (read once, with its family
+chosen by ``model_type``, by :mod:`attnlab.checkpoints.source`), uses
 the family's conversion table and block spec (:mod:`attnlab.checkpoints.encoders`: BERT,
 RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT, MPNet) and builds attnlab's own
 :class:`~attnlab.TransformerEncoder`, or an :class:`~attnlab.EncoderClassifier` with
 the checkpoint's labels for a ``*ForSequenceClassification`` checkpoint, so every
 inspection tool of attnlab works on real pretrained models. :func:`save_pretrained`
 writes the family's own layout back. Nothing here needs ``transformers`` and nothing is
-unpickled: weights are read with ``safetensors`` only.
+unpickled: weights are read with ``safetensors`` only. ``from_pretrained`` (here for
+code written against it) is an alias of ``attnlab.load``.
 
 Names known without a path (nothing is downloaded; the files ship in a package):
 
@@ -35,6 +37,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from ..._files import follow_umask, read_json, write_json
+from ..._pretrained_io import loader_aliases
 from ...layers.encoder import TransformerEncoder
 from ...layers.encoder_config import EncoderConfig
 from ..errors import UnsupportedCheckpointError
@@ -51,6 +54,7 @@ from ...models.classifier import EncoderClassifier
 from . import FAMILIES, Family, family_for
 from .._convert import hf_to_state, state_to_hf
 from .bert import BERT
+from ..decoders.loading import DECODER_MODEL_TYPES
 from ...models.masked_lm import EncoderForMaskedLM
 from ...models.pruning import unpruned_state_dict
 
@@ -62,7 +66,9 @@ __all__ = [
     "bert_style_config",
     "from_pretrained",
     "load_tokenizer",
+    "packaged_name",
     "pretrained_dir",
+    "read_encoder",
     "save_pretrained",
 ]
 
@@ -112,6 +118,12 @@ def _packaged_dir(name: str) -> Path:
     return directory
 
 
+def packaged_name(name: str) -> Optional[str]:
+    """The packaged model ``name`` stands for (``"minilm"`` for ``"all-MiniLM-L6-v2"``), or ``None``."""
+    key = _ALIASES.get(name.lower(), name.lower())
+    return key if key in PRETRAINED_NAMES else None
+
+
 def pretrained_dir(name_or_path: PathLike) -> Path:
     """The checkpoint directory for a known name (``"minilm"``) or a path.
 
@@ -121,10 +133,8 @@ def pretrained_dir(name_or_path: PathLike) -> Path:
     """
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
-    if isinstance(name_or_path, str):
-        key = _ALIASES.get(name_or_path.lower(), name_or_path.lower())
-        if key in PRETRAINED_NAMES:
-            return _packaged_dir(key)
+    if isinstance(name_or_path, str) and packaged_name(name_or_path) is not None:
+        return _packaged_dir(packaged_name(name_or_path))
     path = Path(name_or_path)
     if path.is_dir():
         return path
@@ -247,8 +257,10 @@ def _head_table(family: Family, model: EncoderClassifier, values: dict) -> dict[
     return family.classifier.modules()
 
 
-def from_pretrained(
-    name_or_path: PathLike,
+def read_encoder(
+    directory: Path,
+    values: dict,
+    family: Optional[Family],
     *,
     task: str = "auto",
     strict: bool = True,
@@ -257,16 +269,17 @@ def from_pretrained(
     device: Optional[Union[str, torch.device]] = None,
     dtype: DtypeLike = None,
 ) -> Union[TransformerEncoder, EncoderClassifier, EncoderForMaskedLM]:
-    """Load a HuggingFace encoder checkpoint into attnlab's own modules.
+    """A HuggingFace encoder checkpoint in attnlab's own modules, from its ``config.json``
+    dict and family as :func:`attnlab.checkpoints.source.open_source` found them.
 
-    The family comes from ``config.json``'s ``model_type`` (see
-    :data:`SUPPORTED_MODEL_TYPES`). The encoder computes what HuggingFace's model
-    computes for ``last_hidden_state`` and ``attentions``; a task model computes its
-    ``logits``. It comes back in eval mode, like HuggingFace models.
+    The encoder computes what HuggingFace's model computes for ``last_hidden_state`` and
+    ``attentions``; a task model computes its ``logits``. It comes back in eval mode.
 
     Args:
-        name_or_path: ``"minilm"`` or a directory with ``config.json`` and
-            ``model.safetensors`` (or the shards ``model.safetensors.index.json`` names).
+        directory: the checkpoint directory (``model.safetensors`` or the shards
+            ``model.safetensors.index.json`` names).
+        values: its ``config.json`` dict.
+        family: the family of its ``model_type`` (``None``: none attnlab re-implements).
         task: ``"auto"`` (a ``*ForSequenceClassification`` checkpoint gives an
             :class:`~attnlab.EncoderClassifier` with its ``id2label`` as
             ``label_names``, a ``*ForMaskedLM`` one an :class:`~attnlab.EncoderForMaskedLM`,
@@ -278,12 +291,10 @@ def from_pretrained(
         attention_dropout: replaces the checkpoint's attention-probability dropout;
             0 keeps the fused attention kernel during fine-tuning, which is faster.
         device: where to put the parameters.
-        dtype: parameter dtype: ``"float32"`` (the default, torch's default dtype),
-            ``"bfloat16"``, ``"float16"`` (or those torch dtypes) or ``"auto"``, the
-            checkpoint's own (see :func:`~attnlab.checkpoints.tensors.resolve_dtype`).
-            Weights are read and converted one tensor at a time and assigned to the
-            model (built without parameter storage from 50M values on), so loading takes
-            about the model's size in ``dtype``.
+        dtype: as :func:`~attnlab.checkpoints.tensors.resolve_dtype` gives it. Weights are
+            read and converted one tensor at a time and assigned to the model (built
+            without parameter storage from 50M values on), so loading takes about the
+            model's size in ``dtype``.
 
     Returns:
         The encoder or task model; the encoder's ``config`` has ``pad_id`` set from the
@@ -291,35 +302,16 @@ def from_pretrained(
         its ``checkpoint_config`` keeps the ``config.json`` for :func:`save_pretrained`.
 
     Raises:
-        FileNotFoundError: no such directory or files, or the package for a known
-            name is missing (the message names the install command).
         UnsupportedCheckpointError: an unsupported ``model_type`` (the supported ones
             are listed), missing or unexpected tensors, shape mismatches, or
             pickle-only weights; every problem is listed.
     """
-    from ..decoders.loading import DECODER_MODEL_TYPES, is_decoder_source, load_decoder
-
-    if is_decoder_source(name_or_path):  # GPT-2, Llama, Mistral, Qwen2, GGUF, "smollm2"
-        return load_decoder(name_or_path, device=device, dtype=dtype)
-    directory = pretrained_dir(name_or_path)
     config_path = directory / CONFIG_FILE
-    if (directory / "checkpoints").is_dir():
-        raise UnsupportedCheckpointError(
-            f"{directory} is an attnlab run directory, not a HuggingFace one; open it with "
-            f"attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
-        )
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}")
-    values = _read_json(config_path)
-    if isinstance(values, dict) and ("encoder" in values or "decoder" in values) and "model_type" in values:
-        raise UnsupportedCheckpointError(
-            f"{directory} is an attnlab checkpoint (model_type {values['model_type']!r}), not a HuggingFace "
-            f"one; open it with attnlab.load({str(directory)!r}) or attnlab.checkpoints.load_model(...)"
-        )
-    try:
-        family = family_for(values, source=str(config_path))
-    except UnsupportedCheckpointError as error:  # name the decoders too: they open here as well
-        raise UnsupportedCheckpointError(f"{error}; decoders: {', '.join(DECODER_MODEL_TYPES)}") from None
+    if family is None:  # name the decoders too: they open through the same door
+        try:
+            family_for(values, source=str(config_path))
+        except UnsupportedCheckpointError as error:
+            raise UnsupportedCheckpointError(f"{error}; decoders: {', '.join(DECODER_MODEL_TYPES)}") from None
     config = family.config_from_hf(values, str(config_path))
     changes = {name: value for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout))
                if value is not None}
@@ -355,6 +347,11 @@ def from_pretrained(
     family.after_load(encoder, values)
     encoder.checkpoint_config = values
     return model.eval()
+
+
+# from_pretrained(name_or_path, *, task, strict, dropout, attention_dropout, device, dtype): an
+# alias of attnlab.load, defined with it (attnlab.checkpoints.loading)
+__getattr__ = loader_aliases(__name__, ("from_pretrained",))
 
 
 def load_tokenizer(name_or_path: PathLike, *, max_length: Optional[int] = None) -> Tokenizer:

@@ -83,13 +83,14 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
     if path.is_dir() and is_transformers_only(path):
         return _resolve_transformers(spec, dtype)
-    from ...checkpoints.loading import detect_format, load
+    from ...checkpoints.loading import load
+    from ...checkpoints.source import open_source
 
-    kind = detect_format(spec)
-    loaded = load(spec, dtype=dtype)
+    found = open_source(spec)  # looked at once: load is handed what was read
+    loaded = load(found, dtype=dtype)
     if loaded.tokenizer is None:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")
-    source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(kind, "pretrained")
+    source = {"attnlab-run": "run", "attnlab-checkpoint": "checkpoint"}.get(found.format, "pretrained")
     return ResolvedModel(loaded.model, loaded.tokenizer, spec, source, dtype)
 
 

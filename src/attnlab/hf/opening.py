@@ -13,9 +13,8 @@ mask=...)``), and attnlab's inspection tools (``capture_attention``, the analyze
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -24,28 +23,30 @@ from ..inspect.compute.capture import serve_as_attention
 from ._kernel import BACKEND_NAME, register
 from ._sites import attention_sites, unrouted_attention
 
+if TYPE_CHECKING:
+    from ..checkpoints.source import Source
+
 __all__ = ["TransformersModel", "open_transformers", "is_transformers_only"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def is_transformers_only(directory: Union[str, Path]) -> bool:
-    """Whether ``directory`` is a HuggingFace checkpoint of a ``model_type`` attnlab does not
+def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
+    """Whether ``source`` (a path, or what :func:`~attnlab.checkpoints.source.open_source`
+    found there) is a HuggingFace checkpoint of a ``model_type`` attnlab does not
     re-implement (attnlab's own families and decoders keep their faster path)."""
-    from ..checkpoints.decoders.loading import DECODER_MODEL_TYPES
-    from ..checkpoints.encoders.loading import SUPPORTED_MODEL_TYPES
+    from ..checkpoints.source import open_source
 
-    config = Path(directory) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        values = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    model_type = values.get("model_type") if isinstance(values, dict) else None
-    if not isinstance(model_type, str) or "encoder" in values or "decoder" in values:
-        return False  # attnlab's own checkpoints keep their encoder / decoder sections
-    return model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES
+    if isinstance(source, (str, Path)):
+        if not Path(source).is_dir():
+            return False
+        try:
+            source = open_source(source)
+        except (OSError, ValueError):
+            return False  # the loader says what is wrong with it
+    model_type = (source.config or {}).get("model_type")
+    return (source.format == "huggingface" and source.gguf is None and isinstance(model_type, str)
+            and not source.is_decoder and source.family is None)
 
 
 class TransformersModel(nn.Module):

@@ -81,12 +81,12 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     from ...checkpoints.tensors import resolve_dtype
 
     resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
-    if path.is_dir() and is_transformers_only(path):
-        return _resolve_transformers(spec, dtype)
     from ...checkpoints.loading import load
     from ...checkpoints.source import open_source
 
-    found = open_source(spec)  # looked at once: load is handed what was read
+    found = open_source(spec)  # looked at once: load (or transformers) is handed what was read
+    if is_transformers_only(found):
+        return _resolve_transformers(spec, dtype)
     loaded = load(found, dtype=dtype)
     if loaded.tokenizer is None:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one")

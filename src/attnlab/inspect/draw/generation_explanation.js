@@ -87,4 +87,5 @@
   document.getElementById("previous").addEventListener("click", () => select(Math.max(0, state.step - 1)));
   document.getElementById("next").addEventListener("click", () => select(Math.min(G - 1, state.step + 1)));
   select(0);
+  document.body.dataset.ready = "true";
 })();

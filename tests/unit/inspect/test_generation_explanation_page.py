@@ -95,3 +95,12 @@ def test_stepping_through_the_generated_tokens(browser, tmp_path):
     assert page.inner_text(".method[data-method=raw] .tok.target") == "</script>"  # the explained token
     page.screenshot(path=str(tmp_path / "page.png"))
     page.close()
+
+
+def test_the_lens_picture_shows_whitespace_tokens():
+    from attnlab.inspect.draw.logit_lens import plot_logit_lens
+
+    figure = plot_logit_lens([[0.1, 0.9], [0.5, 0.2]], [["\n", " the"], ["a", "b"]], ["embeddings", "layer_1"],
+                             ["' Paris'", "'.'"])
+    texts = {text.get_text() for text in figure.axes[0].texts}
+    assert {"\u21b5", "\u00b7the", "a", "b"} <= texts

@@ -22,6 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .explanation import normalized_scores
+from .logit_lens import visible_token
 from .report import _meta_html, _page, inline_frame
 
 __all__ = ["plot_generation_attribution", "render_generation_explanation", "generation_explanation_fragment"]
@@ -59,8 +60,9 @@ def plot_generation_attribution(
             matrix[g, : max(0, seen - first)] = row[first:seen]
         axes = figure.add_subplot(len(methods), 1, index + 1)
         image = axes.imshow(matrix, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto", interpolation="nearest")
-        axes.set_yticks(range(G), [str(token) for token in tokens[P:]], fontsize=8)
-        axes.set_xticks(range(width), [str(token) for token in tokens[first: N - 1]], rotation=90, fontsize=7)
+        axes.set_yticks(range(G), [visible_token(token) for token in tokens[P:]], fontsize=8)
+        axes.set_xticks(range(width), [visible_token(token) for token in tokens[first: N - 1]], rotation=90,
+                        fontsize=7)
         if first < P:
             axes.axvline(P - first - 0.5, color="black", linewidth=0.8)  # prompt | generated
         axes.set_ylabel("generated", fontsize=8)

@@ -10,7 +10,12 @@ from typing import Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["plot_logit_lens"]
+__all__ = ["plot_logit_lens", "visible_token"]
+
+
+def visible_token(token: str) -> str:
+    """Whitespace made visible, as the pages show it: newline ``↵``, tab ``⇥``, space ``·``."""
+    return str(token).replace("\n", "\u21b5").replace("\t", "\u21e5").replace(" ", "\u00b7")
 
 
 def plot_logit_lens(
@@ -36,7 +41,7 @@ def plot_logit_lens(
     axes.set_xticks(range(Q), [str(c) for c in columns], rotation=45, ha="right", fontsize=8)
     for r in range(rows):
         for q in range(Q):
-            token = str(top_tokens[rows - 1 - r][q])
+            token = visible_token(top_tokens[rows - 1 - r][q])
             token = token if len(token) <= 10 else token[:9] + "…"
             axes.text(q, r, token, ha="center", va="center", fontsize=6,
                       color="white" if matrix[rows - 1 - r, q] > 0.55 else "black")

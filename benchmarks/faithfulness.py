@@ -23,6 +23,16 @@ and prints a table per model::
     python benchmarks/faithfulness.py --texts 100 --steps 20 --out faithfulness/
     python benchmarks/faithfulness.py --model runs/minilm-finetuned --texts 100
     python benchmarks/faithfulness.py --model runs/minilm-finetuned --model demo   # both, one run
+
+Decoders (``--decoder SPEC``, repeatable: ``smollm2``, a ``.gguf`` file, a GPT-2 / Llama-family
+directory): each text, cut to its first ``--prompt-tokens`` tokens, is a prompt, and the
+explained quantity is the log-probability of the model's own next token (greedy) after
+it. Every method of ``attnlab explain --prompt`` (``raw``, ``rollout``, ``grad-attention``,
+``integrated-gradients``, ``occlusion``) and a random ranking order the prompt's tokens;
+the measures are the same with ``p`` replaced by ``log p(next token)`` (nats), tokens deleted
+from the prompt (a prompt left empty is the neutral token alone)::
+
+    python benchmarks/faithfulness.py --decoder smollm2 --texts 30 --steps 20 --out faithfulness-lm/
 """
 
 from __future__ import annotations
@@ -135,9 +145,70 @@ def evaluate_model(
         for row, name in enumerate(names):
             sums[name] += p_full - probabilities[row]
         counted += 1
+    return _summarise(sums, seconds, counted)
+
+
+def _log_probabilities(model, sequences: Sequence[list[int]], target: int, batch: int = 32) -> np.ndarray:
+    """``log p(target)`` after each id sequence (left-padded per batch, with a mask)."""
+    values = []
+    for start in range(0, len(sequences), batch):
+        chunk = sequences[start : start + batch]
+        T = max(len(s) for s in chunk)
+        ids = torch.zeros((len(chunk), T), dtype=torch.long)
+        mask = torch.zeros(len(chunk), T, dtype=torch.long)
+        for row, sequence in enumerate(chunk):
+            ids[row, T - len(sequence) :] = torch.tensor(sequence)
+            mask[row, T - len(sequence) :] = 1
+        with torch.no_grad():
+            logits = model(ids, mask=mask).logits[:, -1].float()
+        values.append(torch.log_softmax(logits, -1)[:, target].numpy())
+    return np.concatenate(values)
+
+
+def evaluate_decoder(
+    model, tokenizer, texts: Sequence[str], *, steps: int, prompt_tokens: int, seed: int
+) -> dict[str, Any]:
+    """The same measures on a decoder: the drop of ``log p(next token)`` when prompt tokens go."""
+    from attnlab.inspect.commands.explain_generation import neutral_token_id
+    from attnlab.inspect.compute.generation_attribution import GENERATION_METHODS, attribute_generation
+
+    neutral = neutral_token_id(model)
+    names = list(GENERATION_METHODS) + ["random"]
+    sums = {name: np.zeros(2 * len(FRACTIONS) + len(DELETION_STEPS) - 1) for name in names}
+    seconds = {name: 0.0 for name in GENERATION_METHODS}
+    rng = np.random.default_rng(seed)
+    counted = 0
+    for text in texts:
+        ids = tokenizer.encode(text).ids[:prompt_tokens]
+        if len(ids) < 2:
+            continue
+        with torch.no_grad():
+            target = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        full = torch.tensor([ids + [target]])
+        words = list(range(len(ids)))
+        orders = {}
+        for name in GENERATION_METHODS:  # one at a time, to time each
+            started = time.perf_counter()
+            found = attribute_generation(model, full, len(ids), [name], neutral_id=neutral, steps=steps)
+            seconds[name] += time.perf_counter() - started
+            scores = found.scores[name][0, : len(ids)].numpy()
+            orders[name] = sorted(words, key=lambda i: -scores[i])
+        shuffled = list(words)
+        rng.shuffle(shuffled)
+        orders["random"] = shuffled
+        base = _log_probabilities(model, [ids], target)[0]
+        batch = [variant or [neutral] for name in names for variant in _variants(ids, words, orders[name])]
+        values = _log_probabilities(model, batch, target).reshape(len(names), -1)
+        for row, name in enumerate(names):
+            sums[name] += base - values[row]
+        counted += 1
+    return _summarise(sums, seconds, counted)
+
+
+def _summarise(sums: dict[str, np.ndarray], seconds: dict[str, float], counted: int) -> dict[str, Any]:
     results = {}
-    for name in names:
-        means = sums[name] / max(counted, 1)
+    for name, total in sums.items():
+        means = total / max(counted, 1)
         k = len(FRACTIONS)
         deletion = np.concatenate([[0.0], means[2 * k :]])  # k = 0 % removes nothing
         results[name] = {
@@ -226,6 +297,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="model directory (repeatable); 'demo': the demo model, trained here when OUT/demo-run "
         "is not there yet (the default)",
     )
+    parser.add_argument(
+        "--decoder",
+        action="append",
+        default=None,
+        help="a decoder (repeatable): smollm2, a .gguf file or a GPT-2 / Llama-family directory; "
+        "measures next-token log-probability (without --model, only decoders run)",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=24, help="tokens kept per prompt (decoders)")
     parser.add_argument("--texts", type=int, default=100, help="the first N texts of the test split")
     parser.add_argument("--steps", type=int, default=20, help="integrated gradients' quadrature points")
     parser.add_argument("--max-length", type=int, default=64, help="tokens kept per text")
@@ -243,10 +322,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     import attnlab
 
     args.out.mkdir(parents=True, exist_ok=True)
-    models = [str(train_demo_model(args.out, args.epochs)) if spec == "demo" else spec
-              for spec in args.model or ["demo"]]
+    specs = args.model or ([] if args.decoder else ["demo"])
+    models = [str(train_demo_model(args.out, args.epochs)) if spec == "demo" else spec for spec in specs]
     texts = [text for text, _ in load_rotten_tomatoes(seed=0)["test"]][: args.texts]
     all_results = {}
+    for spec in args.decoder or []:
+        model, tokenizer, _ = attnlab.load(spec)
+        started = time.perf_counter()
+        all_results[spec] = evaluate_decoder(
+            model.eval(), tokenizer, texts, steps=args.steps, prompt_tokens=args.prompt_tokens, seed=args.seed
+        )
+        all_results[spec]["measure"] = "log p(next token), nats"
+        print(f"\n{spec}: {all_results[spec]['texts']} prompts, {time.perf_counter() - started:.0f} s "
+              f"(drop of log p(next token) in nats)")
+        print(table(all_results[spec]))
     for spec in models:
         model, tokenizer, _ = attnlab.load(spec)
         started = time.perf_counter()
@@ -259,6 +348,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "texts": args.texts,
         "steps": args.steps,
         "max_length": args.max_length,
+        "prompt_tokens": args.prompt_tokens,
         "fractions": list(FRACTIONS),
         "deletion_steps": list(DELETION_STEPS),
         "seed": args.seed,

@@ -12,7 +12,8 @@ rollout, head importance, the analyzer, image alignment), :mod:`~attnlab.inspect
 :mod:`~attnlab.inspect.commands` (what ``attnlab inspect``, ``analyze`` and
 ``image-attention``, ``explain`` and ``compare`` do). The computing names are importable
 from here, and so are ``explain`` / ``Explanation`` and ``compare_models`` /
-``Comparison`` (results that show themselves in notebooks), imported when first used so
+``Comparison`` and ``explain_generation`` / ``GenerationExplanation`` (results that show
+themselves in notebooks), imported when first used so
 that ``import attnlab`` does not load matplotlib.
 """
 
@@ -29,6 +30,9 @@ from .compute.patching import PatchResult, head_patching_sweep, layer_patching_s
 from .compute.rollout import attention_rollout
 from .compute.token_attribution import METHODS, TokenAttributions, attribute_tokens
 from .compute.statistics import HeadStatistics, neighbour_alignment, row_statistics
+from .compute.generation_attribution import GENERATION_METHODS, GenerationAttributions, attribute_generation
+from .compute.head_roles import HEAD_ROLES, HeadRoles, find_head_roles, head_role_scores
+from .compute.logit_lens import LogitLens, logit_lens
 
 _LAZY = {
     "Explanation": "explain_text",
@@ -37,6 +41,9 @@ _LAZY = {
     "Comparison": "compare_models",
     "compare_models": "compare_models",
     "write_comparison": "compare_models",
+    "GenerationExplanation": "explain_generation",
+    "explain_generation": "explain_generation",
+    "write_generation_explanations": "explain_generation",
 }
 
 
@@ -49,6 +56,18 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "GENERATION_METHODS",
+    "GenerationAttributions",
+    "GenerationExplanation",
+    "HEAD_ROLES",
+    "HeadRoles",
+    "LogitLens",
+    "attribute_generation",
+    "explain_generation",
+    "find_head_roles",
+    "head_role_scores",
+    "logit_lens",
+    "write_generation_explanations",
     "Comparison",
     "Explanation",
     "compare_models",

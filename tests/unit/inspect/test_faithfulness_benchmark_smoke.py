@@ -74,3 +74,27 @@ def test_a_tiny_run_writes_the_table(benchmark, tmp_path, capsys):
     )
     assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
     assert "| random |" in capsys.readouterr().out
+
+
+def test_a_tiny_decoder_run_puts_every_method_and_random_side_by_side(benchmark, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="the tiny decoder is written with transformers")
+    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
+
+    words = sorted({word for text in TEXTS for word in text.split()} | {"<unk>", "<s>", "</s>"})
+    raw = RawTokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    directory = tmp_path / "lm"
+    directory.mkdir()
+    raw.save(str(directory / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    assert benchmark.main(["--decoder", str(directory), "--texts", "3", "--steps", "2", "--prompt-tokens", "6",
+                           "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "faithfulness.json").read_text())["models"][str(directory)]
+    assert set(result["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion",
+                                      "random"}
+    assert result["measure"] == "log p(next token), nats"
+    assert all(values["deletion_curve"][0] == 0 for values in result["methods"].values())
+    assert "| occlusion |" in capsys.readouterr().out

@@ -18,5 +18,5 @@ __all__ = ["asset"]
 @lru_cache(maxsize=None)
 def asset(name: str) -> str:
     """The text of ``assets/<name>`` (``"report.css"``, ``"report.js"``, ``"generation.css"``,
-    ``"generation.js"``)."""
+    ``"generation.js"``, ``"generation_explanation.css"``, ``"generation_explanation.js"``)."""
     return files(__package__).joinpath("assets", name).read_text(encoding="utf-8")

@@ -108,12 +108,22 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") ->
         ) from error
     if dtype != "auto" and dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join([*_DTYPES, 'auto'])}, got {dtype!r}")
-    config = transformers.AutoConfig.from_pretrained(directory)
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory)
+    except (ValueError, KeyError) as error:
+        model_type = str(error).split("model type `", 1)[-1].split("`", 1)[0] if "model type `" in str(error) else "?"
+        raise ValueError(
+            f"{directory}: model_type {model_type!r} is neither one attnlab re-implements nor one transformers "
+            f"{transformers.__version__} knows"
+        ) from None
     architectures = getattr(config, "architectures", None) or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         model_class = transformers.AutoModel
-    model = model_class.from_pretrained(
-        directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa"
-    )
+    try:
+        model = model_class.from_pretrained(
+            directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa"
+        )
+    except OSError as error:  # transformers' word for missing or unreadable weight files
+        raise ValueError(f"{directory}: {str(error).splitlines()[0]}") from None
     return TransformersModel(model.eval(), name=str(directory))

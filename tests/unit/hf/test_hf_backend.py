@@ -328,3 +328,34 @@ def test_a_long_causal_map_in_blocks_of_rows_equals_eager():
         expected.update(f"layer_{index + 1}", weights, real, real)
     for layer, values in expected.means().items():
         assert seen.statistics()[layer]["entropy"] == pytest.approx(values["entropy"], abs=1e-5)
+
+
+def test_a_directory_transformers_cannot_open_gets_one_line_and_nothing_written(tmp_path, capsys):
+    # Regression: an unknown model_type printed transformers' multi-line advice, and missing
+    # weights ended in an OSError traceback.
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from attnlab.cli import main
+
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text('{"model_type": "nonexistent_arch"}')
+    Tokenizer(models.WordLevel({"[UNK]": 0, "w1": 1}, unk_token="[UNK]")).save(str(unknown / "tokenizer.json"))
+    config = transformers.Qwen3Config(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    weightless = tmp_path / "weightless"
+    transformers.Qwen3ForCausalLM(config).save_pretrained(weightless)
+    (weightless / "model.safetensors").unlink()
+    shutil.copy(unknown / "tokenizer.json", weightless / "tokenizer.json")
+    for directory, message in ((unknown, "model_type 'nonexistent_arch' is neither one attnlab re-implements"),
+                               (weightless, "no file named model.safetensors")):
+        capsys.readouterr()
+        try:
+            code = main(["inspect", "--model", str(directory), "--text", "w1", "--out", str(tmp_path / "out")])
+        except SystemExit as stop:
+            code = stop.code
+        error = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(error) == 1 and message in error[0], error
+        assert not (tmp_path / "out").exists()

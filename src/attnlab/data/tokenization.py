@@ -20,7 +20,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from ._errors import DataError
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer", "load_tokenizer_file", "encode_texts", "special_ids"]
+__all__ = [
+    "SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer", "load_tokenizer_file", "encode_texts", "special_ids",
+    "token_texts",
+]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 TOKENIZER_KINDS = ("wordpiece", "bpe")
@@ -109,6 +112,34 @@ def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
     """``{"[PAD]": id, ...}`` for the special tokens this tokenizer knows."""
     found = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     return {token: index for token, index in found.items() if index is not None}
+
+
+_SHOWN_AS = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def token_texts(tokenizer: Tokenizer, ids: Sequence[int], tokens: Sequence[str]) -> list[str]:
+    """What each token reads as, for labels: ``"cat"`` for byte-level BPE's ``"Ġcat"``.
+
+    Tokenizers whose vocabulary is written in a private alphabet (byte-level BPE's ``Ġ`` for
+    a space, ``Ċ`` for a newline; SentencePiece's ``▁``) are decoded one token at a time;
+    WordPiece tokens are kept as they are (``##ing`` says that it continues a word, and its
+    decoding would drop that). Newlines and tabs are shown as ``\\n`` and ``\\t``, a token
+    that is only spaces as ``␣``.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        ids: the token ids.
+        tokens: their vocabulary strings (``encoding.tokens``), kept where decoding gives nothing.
+    """
+    decoder = getattr(tokenizer, "decoder", None)
+    if decoder is None or isinstance(decoder, decoders.WordPiece):
+        return list(tokens)
+    shown = []
+    for index, token in zip(ids, tokens):
+        text = tokenizer.decode([int(index)], skip_special_tokens=False)
+        text = "".join(_SHOWN_AS.get(char, char) for char in text)
+        shown.append(text if text.strip() else (text.replace(" ", "␣") or token))  # a bare space: ␣
+    return shown
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, max_length: int) -> list[list[int]]:

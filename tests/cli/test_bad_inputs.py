@@ -146,6 +146,7 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
                                 ("explain", ["--text", "hi", "--out", out]),
                                 ("compare", ["--model", model, "--data", "rotten_tomatoes", "--out", out]))],
         (["image-attention", "--run", model, "--out", out, "--examples", "0"], "--examples"),
+        (["image-attention", "--run", model, "--out", out, "--examples", "100000"], "1..100"),  # drew thousands
         (["image-attention", "--run", model, "--out", out], "not an image_text"),
         (["image-attention", "--run", str(root / "missing"), "--out", out], "does not exist"),
     ]

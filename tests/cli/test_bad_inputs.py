@@ -41,6 +41,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "a_file.txt").write_text("hello\n", encoding="utf-8")
     (root / "no_text_column.csv").write_text("label,body\npos,a fine film\n", encoding="utf-8")
     (root / "no_label.csv").write_text("text\na fine film\n", encoding="utf-8")
+    reviews = "".join(f"{text},{'pos' if index % 2 else 'neg'}\n" for index, text in enumerate(TEXTS))
+    (root / "reviews.csv").write_text("review,label\n" + reviews, encoding="utf-8")
     (root / "bad.jsonl").write_text('{"text": "fine", "label": "pos"}\n{oops\n', encoding="utf-8")
     (root / "data.xlsx").write_bytes(b"PK\x03\x04")
     (root / "latin1.csv").write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
@@ -70,6 +72,9 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--device", "cuda"], "no usable GPU"),
         (["train", "--out", out, "--data", str(root / "missing.csv")], "does not exist"),
         (["train", "--out", out, "--data", str(root / "no_label.csv")], "label"),
+        # analyze reads a 'review' column; train refused it without saying what to set
+        (["train", "--out", out, "--data", str(root / "reviews.csv")],
+         "'review' looks like the text: name it (data.text_column in train"),
         (["train", "--out", out, "--data", str(root / "bad.jsonl")], "bad.jsonl:2"),
         (["train", "--out", out, "--data", str(root / "data.xlsx")], "cannot tell the format"),
         (["train", "--out", out, "--data", str(root / "latin1.csv")], "not valid UTF-8"),
@@ -365,3 +370,15 @@ def test_importance_reads_the_models_label_names(files, tmp_path, capsys):
                  "--out", str(out), "--importance", "--no-progress", "--format", "png"]) == 0
     statistics = json.loads((out / "statistics.json").read_text())
     assert len(statistics["head_importance"]) == 2  # [L][H]
+
+
+def test_analyze_says_which_column_it_read_when_train_would_need_it_named(files, tmp_path, capsys):
+    # Regression: analyze took a 'review' column silently, where train refuses the same file.
+    out = tmp_path / "analysis"
+    data = str(files["root"] / "reviews.csv")
+    assert main(["analyze", "--model", str(files["model"]), "--data", data, "--out", str(out), "--no-progress",
+                 "--limit", "4"]) == 0
+    assert f"texts: column 'review' of {data}" in capsys.readouterr().out
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", data, "--set", 'data.text_column="review"',
+                 "--set", "train.epochs=1", "--set", "model.d_model=16", "--set", "model.num_layers=1",
+                 "--set", "model.d_ff=32", "--set", "model.num_heads=2", "--quiet"]) == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from .resolve import MODEL_HELP, add_dtype_argument
 
@@ -81,6 +83,13 @@ def run(args: argparse.Namespace) -> int:
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved.model, "label_names", None))
+    if args.text_column is None and Path(args.data).is_file():
+        from ...data.text_files import choose_text_column
+
+        column = choose_text_column(args.data)
+        if column != "text":  # train reads "text" unless told: say which column these texts came from
+            print(f"texts: column {column!r} of {args.data} (--text-column to read another; train needs "
+                  f"data.text_column={json.dumps(column)})")
     lengths = [len(encoding.ids) for encoding in resolved.tokenizer.encode_batch([text for text, _ in rows])]
     longer = sum(length > max_length for length in lengths)
     if longer:

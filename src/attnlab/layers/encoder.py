@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_inputs_match, check_positive_int, check_probability
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..attention.masks import combine_masks, from_torch_mask, keep_mask
@@ -503,6 +503,8 @@ class TransformerEncoder(PretrainedIO, nn.Module):
                 (0 ablates a head).
             return_dict: ``False`` returns ``out.to_tuple()``, as in HuggingFace.
         """
+        check_inputs_match(self, "TransformerEncoder", {"input_ids": input_ids, "mask": mask,
+                                                        "attention_mask": attention_mask}, dtype=False)
         self._check_ids(input_ids)
         mask = self.padding_mask_for(input_ids, mask, attention_mask, src_key_padding_mask)
         packing = self._packing(mask)

@@ -182,3 +182,10 @@ def check_output_dir(path: Union[str, Path], option: str = "--out", contents: st
         where = "into it" if existing == path else f"into {existing}, where it would be made"
         raise ValueError(f"{option} {path}: this user may not write {where}; choose another {option}")
     return path
+
+
+def check_path_argument(name: str, value: Any) -> None:
+    """Refuse a ``value`` that is not a path (``None``, a number, an empty string) with one
+    line naming ``name``, before pathlib's own ``TypeError`` about ``NoneType``."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
+        raise TypeError(f"{name} must be a path or a packaged name (str or pathlib.Path), got {value!r}")

@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 
 from torch import nn
 
-from .._files import read_json
+from .._files import check_path_argument, read_json
 from ..data.tokenizer import Tokenizer
 from ..layers.encoder import TransformerEncoder, find_encoder
 from .decoder.causal_lm import DecoderForCausalLM
@@ -109,6 +109,7 @@ def load(path_or_name: PathLike, *, device=None, dtype: DtypeLike = None) -> Loa
         >>> model, tokenizer, _ = attnlab.load("minilm")
         >>> out = model(**tokenizer(["attention is all you need"], return_tensors="pt"))
     """
+    check_path_argument("path_or_name", path_or_name)
     dtype = resolve_dtype(dtype)
     kind = detect_format(path_or_name)
     if is_decoder_source(path_or_name):

@@ -245,8 +245,14 @@ class RunConfig:
     @classmethod
     def from_json(cls, path: Union[str, Path]) -> "RunConfig":
         """Read a run's ``config.json``. Runs written before tasks owned their sections
-        carry every task's sections; one left at its defaults is dropped, not refused."""
+        carry every task's sections; one left at its defaults is dropped, not refused. A
+        pretrained run's architecture fields are its checkpoint's, read again from it."""
         values = json.loads(Path(path).read_text(encoding="utf-8"))
+        model = values.get("model") if isinstance(values, dict) else None
+        if isinstance(model, dict) and model.get("pretrained"):
+            # a pretrained run records the checkpoint's architecture (record_pretrained_architecture);
+            # the checkpoint decides it again when the run resumes
+            values["model"] = {key: value for key, value in model.items() if key not in ARCHITECTURE_FIELDS}
         data = values.get("data") if isinstance(values, dict) else None
         task = data.get("task", DEFAULT_TASK) if isinstance(data, dict) else DEFAULT_TASK
         if isinstance(values, dict) and task in task_names():

@@ -382,3 +382,23 @@ def test_analyze_says_which_column_it_read_when_train_would_need_it_named(files,
     assert main(["train", "--out", str(tmp_path / "run"), "--data", data, "--set", 'data.text_column="review"',
                  "--set", "train.epochs=1", "--set", "model.d_model=16", "--set", "model.num_layers=1",
                  "--set", "model.d_ff=32", "--set", "model.num_heads=2", "--quiet"]) == 0
+
+
+def test_compare_checks_both_models_importance_inputs_before_analysing_either(files, tmp_path, capsys, monkeypatch):
+    # Regression: model B's missing classifier was found only after model A's whole statistics pass.
+    from attnlab.inspect.commands import compare_models
+
+    bare = tmp_path / "bare-encoder"
+    torch.manual_seed(0)
+    tokenizer = Tokenizer(train_tokenizer(TEXTS, vocab_size=60, kind="wordpiece"))
+    TransformerEncoder(tokenizer.vocab_size, 16, 1, 2, 32, max_len=32, pad_id=0).save_pretrained(
+        bare, tokenizer=tokenizer)
+    analysed = []
+    real = compare_models.analyze_rows
+    monkeypatch.setattr(compare_models, "analyze_rows", lambda *a, **k: analysed.append(1) or real(*a, **k))
+    code, lines, err = _run(["compare", "--model", str(files["model"]), "--model", str(bare), "--data",
+                             str(files["root"] / "labelled.csv"), "--out", str(tmp_path / "cmp"), "--importance"],
+                            capsys)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"attnlab compare: error: model B ({bare}): --importance needs a classifier"), lines
+    assert not analysed and not (tmp_path / "cmp").exists()

@@ -80,6 +80,7 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--data", str(root / "latin1.csv")], "not valid UTF-8"),
         (["train", "--out", out, "--set", "train.epochs=-1"], "epochs"),
         (["train", "--out", out, "--set", "nonsense.key=1"], "nonsense"),
+        (["train", "--out", out, "--set", "data.vocab_size=3"], "data.vocab_size must exceed 5"),  # was "vocab_size"
         (["train", "--out", out, "--set", "train.precision=fp16"], "needs a GPU"),
         (["train", "--out", out, "--config", str(root / "missing.toml")], "missing.toml"),
         (["train", "--out", out, "--config", str(root / "garbage.toml")], "garbage.toml"),
@@ -130,6 +131,15 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "label names ['neg', 'pos']"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--batch-size", "0"],
          "--batch-size"),
+        # named by their flags and refused before the model loads (--max-attention-cells 0 came after the
+        # progress bar started; --top-k 0 said "top_k")
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--top-k", "0"], "--top-k"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--sparsity-threshold", "5"],
+         "--sparsity-threshold"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--sparsity-threshold", "nan"],
+         "--sparsity-threshold"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--max-attention-cells", "0"],
+         "--max-attention-cells"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "0:1"],
          "numbered from 1"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "9:1"],

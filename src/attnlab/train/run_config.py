@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from ..data.tokenization import SPECIAL_TOKENS
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
 from ..models.pretrained import pretrained_width
@@ -92,6 +93,9 @@ class DataSettings:
             raise ValueError(f"data.dataset must be 'rotten_tomatoes' (or set data.path), got {self.dataset!r}")
         for name in ("vocab_size", "max_length", "min_frequency"):
             _positive(f"data.{name}", getattr(self, name))
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(f"data.vocab_size must exceed {len(SPECIAL_TOKENS)} (the special tokens "
+                             f"{', '.join(SPECIAL_TOKENS)}), got {self.vocab_size}")
         if self.train_limit is not None:
             _positive("data.train_limit", self.train_limit)
         if self.max_length < 2:

@@ -66,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dtype_argument(parser)
 
 
+def check_statistics_options(args: argparse.Namespace) -> None:
+    """--top-k, --sparsity-threshold and --max-attention-cells, by their flags, before any work."""
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1 (keys whose mass is summed), got {args.top_k}")
+    if not 0 < args.sparsity_threshold <= 1:  # also refuses nan
+        raise ValueError(f"--sparsity-threshold must lie in (0, 1] (a weight below it counts as unattended), "
+                         f"got {args.sparsity_threshold}")
+    if args.max_attention_cells < 1:
+        raise ValueError(f"--max-attention-cells must be at least 1 (B*T*T cells a batch), got "
+                         f"{args.max_attention_cells}")
+
+
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ..._files import check_output_dir
@@ -77,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_statistics_options(args)
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
     resolved = resolve_model(args.model, dtype=args.dtype)
     print(dtype_line(resolved))

@@ -144,6 +144,8 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "numbered from 1"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "9:1"],
          "layer_9"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "1:5"],
+         "--mask-heads counts them 1..2), got index 4 (head 5 counted from 1)"),  # said "head index 4" alone
         (["explain", "--model", model, "--text", "hi", "--out", out, "--method", "lime"], "invalid choice"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),
@@ -203,6 +205,7 @@ def test_every_commands_output_is_checked_before_any_work(files, capsys, monkeyp
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
         False if Path(path) == locked else real_access(path, mode, **kw)))  # also when tests run as root
     expectations = {
+        "": "is empty",  # Path("") is the working directory: inspect wrote its pictures among the user's files
         str(root / "a_file.txt"): "is a file",
         str(root / "a_file.txt" / "sub"): "lies under the file",
         str(locked / "sub"): "may not write",

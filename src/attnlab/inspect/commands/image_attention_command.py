@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from ..._files import nonempty_path
 from ...data.digits_text import DigitsTextExample, collate_digits_text
 from ..compute.image_alignment import cross_attention_alignment, ink_patches
 from ..draw.image_attention import plot_text_to_image_attention
@@ -76,7 +77,7 @@ def draw_examples(model, tokenizer, examples: Sequence[DigitsTextExample], out_d
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", type=Path, required=True, help="a digits-text run (or checkpoint) directory")
-    parser.add_argument("--out", type=Path, default=Path("image_attention"), help="where PNGs and alignment.json go")
+    parser.add_argument("--out", type=nonempty_path, default=Path("image_attention"), help="where PNGs and alignment.json go")
     parser.add_argument("--examples", type=int, default=6,
                         help=f"held-out examples to draw (1..{MAX_EXAMPLES}; one PNG each per layer)")
     parser.add_argument("--split-seed", type=int, default=None, help="the run's data.split_seed (default: from the run)")

@@ -74,7 +74,7 @@ def test_an_encoder_is_refused_with_a_clear_error(tmp_path, capsys):
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     encoder.save_pretrained(tmp_path / "encoder", tokenizer=tokenizer)
     assert main(["generate", "--model", str(tmp_path / "encoder"), "--prompt", "the cat"]) == 2
-    assert "not a decoder" in capsys.readouterr().err
+    assert "encoder holds TransformerEncoder, not a decoder" in capsys.readouterr().err  # was "is a TransformerEncoder"
 
 
 def test_inspect_accepts_a_decoder(llama_dir, tmp_path):

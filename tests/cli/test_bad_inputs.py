@@ -415,3 +415,18 @@ def test_compare_checks_both_models_importance_inputs_before_analysing_either(fi
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"attnlab compare: error: model B ({bare}): --importance needs a classifier"), lines
     assert not analysed and not (tmp_path / "cmp").exists()
+
+
+def test_compare_importance_refuses_models_whose_classes_are_named_differently(files, tmp_path, capsys):
+    # Regression: labels were read by model A's names alone, so B's importance used A's class ids.
+    swapped = tmp_path / "swapped"
+    tokenizer = Tokenizer(train_tokenizer(TEXTS, vocab_size=60, kind="wordpiece"))
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=32, pad_id=tokenizer.pad_token_id)
+    EncoderClassifier(encoder, 2, label_names=["pos", "neg"]).save_pretrained(swapped, tokenizer=tokenizer)
+    code, lines, err = _run(["compare", "--model", str(files["model"]), "--model", str(swapped), "--data",
+                             str(files["root"] / "labelled.csv"), "--out", str(tmp_path / "cmp"), "--importance"],
+                            capsys)
+    assert code == 2 and len(lines) == 1, err
+    assert "model A names its classes ['neg', 'pos'], model B ['pos', 'neg']" in lines[0]
+    assert not (tmp_path / "cmp").exists()

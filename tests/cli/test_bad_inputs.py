@@ -145,7 +145,7 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "9:1"],
          "layer_9"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "1:5"],
-         "--mask-heads counts them 1..2), got index 4 (head 5 counted from 1)"),  # said "head index 4" alone
+         "--mask-heads counts them 1..2), got head index 4 (head 5 counted from 1)"),  # said "head index 4" alone
         (["explain", "--model", model, "--text", "hi", "--out", out, "--method", "lime"], "invalid choice"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),

@@ -60,3 +60,39 @@ def check_memory(nbytes: float, what: str, fix: str) -> None:
     if memory is not None and nbytes > memory / 2:
         raise ValueError(f"{what} needs about {gib(nbytes)} of memory, more than half of this machine's "
                          f"{gib(memory)}; {fix}")
+
+
+def check_inputs_match(module: Any, what: str, tensors: dict[str, Any], *, dtype: bool = True) -> None:
+    """Refuse inputs on another device, or of another floating dtype, than ``module``'s weights.
+
+    torch's own errors ("mat1 and mat2 must have the same dtype", "Expected all tensors to be
+    on the same device") name neither the argument nor the fix. Under ``torch.autocast``
+    mixed dtypes are the point, so only devices are compared there.
+
+    Args:
+        module: the module whose first parameter sets the expected device and dtype.
+        what: the module's name in the message (``"MultiHeadAttention"``).
+        tensors: ``{argument name: tensor or None}``.
+        dtype: compare floating dtypes too (``False`` for token ids).
+
+    Raises:
+        ValueError: one line naming the argument, both devices or dtypes, and the fix.
+    """
+    import torch
+
+    parameter = next(module.parameters(), None)
+    if parameter is None:
+        return
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor) or parameter.device.type == "meta":
+            continue
+        if tensor.device != parameter.device:
+            raise ValueError(f"{name} is on {tensor.device} but {what}'s weights are on {parameter.device}; "
+                             f"move one to the other ({name}.to({str(parameter.device)!r}) or "
+                             f"model.to({str(tensor.device)!r}))")
+        if (dtype and tensor.is_floating_point() and tensor.dtype != parameter.dtype
+                and not torch.is_autocast_enabled(tensor.device.type)):
+            short_input, short_weights = str(tensor.dtype).removeprefix("torch."), str(parameter.dtype).removeprefix(
+                "torch.")
+            raise ValueError(f"{name} is {short_input} but {what}'s weights are {short_weights}; convert one to "
+                             f"the other ({name}.to(torch.{short_weights}) or model.to(torch.{short_input}))")

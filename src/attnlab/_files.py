@@ -166,9 +166,11 @@ def check_output_dir(path: Union[str, Path], option: str = "--out", contents: st
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``path`` is a file, lies under a file, or under a directory this process
-            cannot write into; the message names the place and what to do.
+        ValueError: ``path`` is empty, is a file, lies under a file, or under a directory this
+            process cannot write into; the message names the place and what to do.
     """
+    if not str(path).strip():  # Path("") is the working directory: results would land among the user's files
+        raise ValueError(f"{option} is empty; name a directory (new or existing) for {contents}")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option} {path} is a file; name a directory (new or existing) for {contents}")
@@ -182,3 +184,20 @@ def check_output_dir(path: Union[str, Path], option: str = "--out", contents: st
         where = "into it" if existing == path else f"into {existing}, where it would be made"
         raise ValueError(f"{option} {path}: this user may not write {where}; choose another {option}")
     return path
+
+
+def check_path_argument(name: str, value: Any) -> None:
+    """Refuse a ``value`` that is not a path (``None``, a number, an empty string) with one
+    line naming ``name``, before pathlib's own ``TypeError`` about ``NoneType``."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
+        raise TypeError(f"{name} must be a path or a packaged name (str or pathlib.Path), got {value!r}")
+
+
+def nonempty_path(value: str) -> Path:
+    """An argparse ``type`` for an output path: ``""`` is refused (``Path("")`` is the working
+    directory, where results would land among the user's own files)."""
+    import argparse
+
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty; name a directory (new or existing)")
+    return Path(value)

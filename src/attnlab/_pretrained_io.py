@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
-__all__ = ["PretrainedIO", "loader", "loader_aliases", "register_loader"]
+__all__ = ["PretrainedIO", "check_save_directory", "loader", "loader_aliases", "register_loader"]
 
 Model = TypeVar("Model", bound="PretrainedIO")
 _LOADER: Optional[Any] = None
@@ -46,6 +46,27 @@ def loader_aliases(module: str, names: tuple[str, ...]) -> Callable[[str], Any]:
     return __getattr__
 
 
+SAVED_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def check_save_directory(directory: Any, *, overwrite: bool) -> None:
+    """Refuse, before writing, a ``directory`` that is not a path, is a file, or already
+    holds a model's files (unless ``overwrite``)."""
+    if not isinstance(directory, (str, Path)) or (isinstance(directory, str) and not directory.strip()):
+        raise TypeError(f"directory must be a path (str or pathlib.Path), got {directory!r}")
+    directory = Path(directory)
+    if directory.is_file():
+        raise ValueError(f"directory {directory} is a file; name a directory to save into")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
+    if overwrite or not directory.is_dir():
+        return
+    present = [name for name in SAVED_FILES if (directory / name).exists()]
+    if present:
+        raise ValueError(f"{directory / present[0]} already exists; pass overwrite=True to replace it, or save "
+                         f"into another directory")
+
+
 class PretrainedIO:
     """Mixin: open and save a model the way HuggingFace users do."""
 
@@ -59,10 +80,17 @@ class PretrainedIO:
         return loader().load_as(cls, path_or_name, device=device, dtype=dtype)
 
     def save_pretrained(
-        self, directory: Union[str, Path], *, tokenizer: Any = None, layout: str = "attnlab"
+        self, directory: Union[str, Path], *, tokenizer: Any = None, layout: str = "attnlab",
+        overwrite: bool = False,
     ) -> Path:
         """Write the model so that ``Class.from_pretrained(directory)`` opens it again;
         ``layout="huggingface"`` writes its family's HuggingFace layout instead (an encoder's,
         BERT's for attnlab's own dense encoders, a decoder's GPT-2 / Llama / Mistral / Qwen2),
-        which ``transformers`` opens. Files of the same names in ``directory`` are replaced."""
+        which ``transformers`` opens.
+
+        A directory that already holds a ``config.json`` or ``model.safetensors`` (another
+        model's, or the one this model came from) is refused, naming the file, unless
+        ``overwrite=True``, which replaces files of the same names.
+        """
+        check_save_directory(directory, overwrite=overwrite)
         return loader().save(self, directory, tokenizer=tokenizer, layout=layout)

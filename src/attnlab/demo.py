@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from ._files import nonempty_path
+
 DEFAULT_OUT = Path("runs/demo")
 EXAMPLES = (
     "A warm, funny and beautifully acted film.",
@@ -22,7 +24,7 @@ EXAMPLES = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", type=nonempty_path, default=DEFAULT_OUT,
                         help="run directory; an earlier demo run there is replaced, anything else is refused "
                              "(default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",

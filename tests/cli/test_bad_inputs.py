@@ -41,6 +41,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "a_file.txt").write_text("hello\n", encoding="utf-8")
     (root / "no_text_column.csv").write_text("label,body\npos,a fine film\n", encoding="utf-8")
     (root / "no_label.csv").write_text("text\na fine film\n", encoding="utf-8")
+    reviews = "".join(f"{text},{'pos' if index % 2 else 'neg'}\n" for index, text in enumerate(TEXTS))
+    (root / "reviews.csv").write_text("review,label\n" + reviews, encoding="utf-8")
     (root / "bad.jsonl").write_text('{"text": "fine", "label": "pos"}\n{oops\n', encoding="utf-8")
     (root / "data.xlsx").write_bytes(b"PK\x03\x04")
     (root / "latin1.csv").write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
@@ -70,11 +72,15 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["train", "--out", out, "--device", "cuda"], "no usable GPU"),
         (["train", "--out", out, "--data", str(root / "missing.csv")], "does not exist"),
         (["train", "--out", out, "--data", str(root / "no_label.csv")], "label"),
+        # analyze reads a 'review' column; train refused it without saying what to set
+        (["train", "--out", out, "--data", str(root / "reviews.csv")],
+         "'review' looks like the text: name it (data.text_column in train"),
         (["train", "--out", out, "--data", str(root / "bad.jsonl")], "bad.jsonl:2"),
         (["train", "--out", out, "--data", str(root / "data.xlsx")], "cannot tell the format"),
         (["train", "--out", out, "--data", str(root / "latin1.csv")], "not valid UTF-8"),
         (["train", "--out", out, "--set", "train.epochs=-1"], "epochs"),
         (["train", "--out", out, "--set", "nonsense.key=1"], "nonsense"),
+        (["train", "--out", out, "--set", "data.vocab_size=3"], "data.vocab_size must exceed 5"),  # was "vocab_size"
         (["train", "--out", out, "--set", "train.precision=fp16"], "needs a GPU"),
         (["train", "--out", out, "--config", str(root / "missing.toml")], "missing.toml"),
         (["train", "--out", out, "--config", str(root / "garbage.toml")], "garbage.toml"),
@@ -125,10 +131,21 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
          "label names ['neg', 'pos']"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--batch-size", "0"],
          "--batch-size"),
+        # named by their flags and refused before the model loads (--max-attention-cells 0 came after the
+        # progress bar started; --top-k 0 said "top_k")
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--top-k", "0"], "--top-k"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--sparsity-threshold", "5"],
+         "--sparsity-threshold"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--sparsity-threshold", "nan"],
+         "--sparsity-threshold"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--max-attention-cells", "0"],
+         "--max-attention-cells"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "0:1"],
          "numbered from 1"),
         (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "9:1"],
          "layer_9"),
+        (["analyze", "--model", model, "--data", "rotten_tomatoes", "--out", out, "--mask-heads", "1:5"],
+         "--mask-heads counts them 1..2), got head index 4 (head 5 counted from 1)"),  # said "head index 4" alone
         (["explain", "--model", model, "--text", "hi", "--out", out, "--method", "lime"], "invalid choice"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),
@@ -146,6 +163,7 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
                                 ("explain", ["--text", "hi", "--out", out]),
                                 ("compare", ["--model", model, "--data", "rotten_tomatoes", "--out", out]))],
         (["image-attention", "--run", model, "--out", out, "--examples", "0"], "--examples"),
+        (["image-attention", "--run", model, "--out", out, "--examples", "100000"], "1..100"),  # drew thousands
         (["image-attention", "--run", model, "--out", out], "not an image_text"),
         (["image-attention", "--run", str(root / "missing"), "--out", out], "does not exist"),
     ]
@@ -187,6 +205,7 @@ def test_every_commands_output_is_checked_before_any_work(files, capsys, monkeyp
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
         False if Path(path) == locked else real_access(path, mode, **kw)))  # also when tests run as root
     expectations = {
+        "": "is empty",  # Path("") is the working directory: inspect wrote its pictures among the user's files
         str(root / "a_file.txt"): "is a file",
         str(root / "a_file.txt" / "sub"): "lies under the file",
         str(locked / "sub"): "may not write",
@@ -364,3 +383,50 @@ def test_importance_reads_the_models_label_names(files, tmp_path, capsys):
                  "--out", str(out), "--importance", "--no-progress", "--format", "png"]) == 0
     statistics = json.loads((out / "statistics.json").read_text())
     assert len(statistics["head_importance"]) == 2  # [L][H]
+
+
+def test_analyze_says_which_column_it_read_when_train_would_need_it_named(files, tmp_path, capsys):
+    # Regression: analyze took a 'review' column silently, where train refuses the same file.
+    out = tmp_path / "analysis"
+    data = str(files["root"] / "reviews.csv")
+    assert main(["analyze", "--model", str(files["model"]), "--data", data, "--out", str(out), "--no-progress",
+                 "--limit", "4"]) == 0
+    assert f"texts: column 'review' of {data}" in capsys.readouterr().out
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", data, "--set", 'data.text_column="review"',
+                 "--set", "train.epochs=1", "--set", "model.d_model=16", "--set", "model.num_layers=1",
+                 "--set", "model.d_ff=32", "--set", "model.num_heads=2", "--quiet"]) == 0
+
+
+def test_compare_checks_both_models_importance_inputs_before_analysing_either(files, tmp_path, capsys, monkeypatch):
+    # Regression: model B's missing classifier was found only after model A's whole statistics pass.
+    from attnlab.inspect.commands import compare_models
+
+    bare = tmp_path / "bare-encoder"
+    torch.manual_seed(0)
+    tokenizer = Tokenizer(train_tokenizer(TEXTS, vocab_size=60, kind="wordpiece"))
+    TransformerEncoder(tokenizer.vocab_size, 16, 1, 2, 32, max_len=32, pad_id=0).save_pretrained(
+        bare, tokenizer=tokenizer)
+    analysed = []
+    real = compare_models.analyze_rows
+    monkeypatch.setattr(compare_models, "analyze_rows", lambda *a, **k: analysed.append(1) or real(*a, **k))
+    code, lines, err = _run(["compare", "--model", str(files["model"]), "--model", str(bare), "--data",
+                             str(files["root"] / "labelled.csv"), "--out", str(tmp_path / "cmp"), "--importance"],
+                            capsys)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"attnlab compare: error: model B ({bare}): --importance needs a classifier"), lines
+    assert not analysed and not (tmp_path / "cmp").exists()
+
+
+def test_compare_importance_refuses_models_whose_classes_are_named_differently(files, tmp_path, capsys):
+    # Regression: labels were read by model A's names alone, so B's importance used A's class ids.
+    swapped = tmp_path / "swapped"
+    tokenizer = Tokenizer(train_tokenizer(TEXTS, vocab_size=60, kind="wordpiece"))
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(tokenizer.vocab_size, 16, 2, 2, 32, max_len=32, pad_id=tokenizer.pad_token_id)
+    EncoderClassifier(encoder, 2, label_names=["pos", "neg"]).save_pretrained(swapped, tokenizer=tokenizer)
+    code, lines, err = _run(["compare", "--model", str(files["model"]), "--model", str(swapped), "--data",
+                             str(files["root"] / "labelled.csv"), "--out", str(tmp_path / "cmp"), "--importance"],
+                            capsys)
+    assert code == 2 and len(lines) == 1, err
+    assert "model A names its classes ['neg', 'pos'], model B ['pos', 'neg']" in lines[0]
+    assert not (tmp_path / "cmp").exists()

@@ -74,7 +74,7 @@ def test_an_encoder_is_refused_with_a_clear_error(tmp_path, capsys):
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     encoder.save_pretrained(tmp_path / "encoder", tokenizer=tokenizer)
     assert main(["generate", "--model", str(tmp_path / "encoder"), "--prompt", "the cat"]) == 2
-    assert "not a decoder" in capsys.readouterr().err
+    assert "encoder holds TransformerEncoder, not a decoder" in capsys.readouterr().err  # was "is a TransformerEncoder"
 
 
 def test_inspect_accepts_a_decoder(llama_dir, tmp_path):
@@ -146,6 +146,22 @@ def test_every_model_command_takes_a_gguf_file_as_attnlab_load_does(tiny_gguf, t
     except SystemExit as stop:
         code = stop.code
     assert code == 2 and ".gguf" in capsys.readouterr().err
+
+
+def test_a_decoders_pictures_and_report_show_the_tokens_text(tiny_gguf, tmp_path):
+    # Regression: the ticks and the report showed byte-level BPE's vocabulary strings ("Ġab").
+    from attnlab import load
+    from attnlab.inspect.commands.inspect_text import write_inspection
+
+    loaded = load(tiny_gguf)
+    text = "ab abc a ab"
+    inspection = write_inspection(loaded.model, loaded.tokenizer, text, tmp_path / "seen", formats=("svg",))
+    raw = loaded.tokenizer.encode(text).tokens
+    assert any("\u0120" in token for token in raw)  # the vocabulary's strings carry Ġ for a space
+    assert not any("\u0120" in token for token in inspection.tokens)
+    assert "".join(inspection.tokens).replace("\u2423", " ") == text  # each token's own text; a bare space: ␣
+    head = (tmp_path / "seen" / "head_L2_H1.svg").read_text(encoding="utf-8")
+    assert "\u0120" not in head and "\u0120" not in (tmp_path / "seen" / "report.html").read_text(encoding="utf-8")
 
 
 def test_dtype_flag_chooses_the_weights_dtype_and_the_command_says_which(llama_dir, capsys):

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_inputs_match, check_positive_int, check_probability
 from .._masked_mean import masked_mean
 from .._precision import Linear
 from ..outputs import ModelOutput
@@ -205,6 +205,8 @@ class CrossModalAttention(nn.Module):
     ) -> CrossModalOutput:
         """Fuse the image into the text; see the class docstring for shapes and masks."""
         self._check_features(visual_features, text_features)
+        check_inputs_match(self, "CrossModalAttention", {"visual_features": visual_features,
+                                                         "text_features": text_features})
         B, S, _ = visual_features.shape
         T = text_features.shape[1]
         visual_mask = _check_padding_mask("visual_mask", visual_mask, B, S)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_inputs_match, check_positive_int, check_probability
 from .._precision import Linear, bf16_is_emulated, linear
 from .functional import AttentionResult, attention
 from .masks import (
@@ -452,6 +452,7 @@ class MultiHeadAttention(nn.Module):
         packing: Optional[TokenPacking] = None,
     ) -> AttentionResult:
         refuse_key_padding_mask(key_padding_mask)
+        check_inputs_match(self, type(self).__name__, {"query": query, "key": key, "value": value})
         if packing is not None:
             if not (query is key and key is value):
                 raise ValueError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .._files import CorruptFileError, read_json
+from .._files import CorruptFileError, check_path_argument, read_json
 from .attnlab_layout import CONFIG_FILE, MODEL_FILE, is_attnlab_config, is_decoder_config, run_checkpoint
 from .decoders.loading import DECODER_MODEL_TYPES, DECODER_NAMES, packaged_gguf
 from .encoders import FAMILIES, Family
@@ -81,8 +81,7 @@ def open_source(path_or_name: Union[PathLike, Source]) -> Source:
     """
     if isinstance(path_or_name, Source):
         return path_or_name
-    if not isinstance(path_or_name, (str, Path)):
-        raise TypeError(f"path_or_name must be a str or Path, got {type(path_or_name).__name__}")
+    check_path_argument("path_or_name", path_or_name)  # None, a number, "": one line, not pathlib's
     name = str(path_or_name)
     if isinstance(path_or_name, str) and name.lower() in DECODER_NAMES:
         return Source(name, "huggingface", True, gguf=packaged_gguf(name.lower()))

@@ -18,7 +18,7 @@ from .splits import DatasetSplits, Example, split_examples
 
 __all__ = [
     "FORMATS", "TEXT_FORMATS", "TEXT_COLUMNS", "detect_format", "read_rows", "read_labelled_texts",
-    "read_texts", "load_text_classification", "label_order",
+    "read_texts", "load_text_classification", "label_order", "choose_text_column",
 ]
 
 FORMATS = ("csv", "jsonl")  # files with labels, for training
@@ -131,7 +131,10 @@ def _texts_and_labels(
     required = [(text_column, "text_column")] + ([(label_column, "label_column")] if label_required else [])
     for column, role in required:
         if kind == "csv" and column not in columns:
-            raise DataError(f"{path}: no column {column!r} ({role}); the columns are {columns}")
+            likely = next((name for name in TEXT_COLUMNS if name in columns), None) if role == "text_column" else None
+            hint = (f"; {likely!r} looks like the text: name it (data.text_column in train, --text-column in "
+                    f"analyze)" if likely else "")
+            raise DataError(f"{path}: no column {column!r} ({role}); the columns are {columns}{hint}")
     pairs = []
     for line, row in rows:
         for column, role in required:
@@ -188,15 +191,32 @@ def read_texts(
     """
     path = Path(path)
     kind, columns, rows = read_rows(path, format=format)
-    if text_column is None:
-        text_column = next((name for name in TEXT_COLUMNS if name in columns), None)
-        if text_column is None and kind == "csv":
-            raise DataError(
-                f"{path}: no text column: the columns are {columns}, none of {list(TEXT_COLUMNS)}; "
-                f"name the text column with --text-column (text_column=)"
-            )
-        text_column = text_column or "text"
+    text_column = _choose_text_column(path, kind, columns, text_column)
     return _texts_and_labels(path, kind, columns, rows, text_column, label_column, label_required=False)
+
+
+def _choose_text_column(path: Path, kind: str, columns: list[str], text_column: Optional[str]) -> str:
+    if text_column is not None:
+        return text_column
+    chosen = next((name for name in TEXT_COLUMNS if name in columns), None)
+    if chosen is None and kind == "csv":
+        raise DataError(
+            f"{path}: no text column: the columns are {columns}, none of {list(TEXT_COLUMNS)}; "
+            f"name the text column with --text-column (text_column=)"
+        )
+    return chosen or "text"
+
+
+def choose_text_column(path: Union[str, Path], *, text_column: Optional[str] = None,
+                       format: Optional[str] = None) -> str:
+    """The column :func:`read_texts` reads the texts from (``text`` for a ``.txt`` file).
+
+    Training takes ``text`` unless told otherwise; ``read_texts`` also takes ``sentence``,
+    ``review`` or ``content``, so a command that reads a file by that rule says which.
+    """
+    path = Path(path)
+    kind, columns, _ = read_rows(path, format=format)
+    return _choose_text_column(path, kind, columns, text_column)
 
 
 def label_order(labels: set[str]) -> list[str]:

@@ -3,10 +3,12 @@
 A trained tokenizer lowercases, splits BERT-style and wraps every text as
 ``[CLS] ... [SEP]``; its special tokens have fixed ids (``[PAD]`` is 0).
 
-The library's trainers break ties between equally frequent merges in hash order, so
-two trainings on the same texts can differ in a few tokens and in many ids. A run
-therefore saves its ``tokenizer.json``; resuming reads it back, and passing it as
-``data.tokenizer`` repeats a run exactly.
+Training is repeatable: the same texts give the same vocabulary and ids in every
+process. The library's WordPiece trainer numbers the ``##``-continuation of each
+character in hash order (which changes from process to process) and breaks ties between
+equally frequent merges by those numbers, so two trainings differed in a few tokens and
+in many ids. Here the continuations are numbered first, in sorted order, so the ties fall
+the same way every time. A run still saves its ``tokenizer.json``; resuming reads it back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from ._errors import DataError
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer", "load_tokenizer_file", "encode_texts", "special_ids"]
+__all__ = [
+    "SPECIAL_TOKENS", "TOKENIZER_KINDS", "train_tokenizer", "load_tokenizer_file", "encode_texts", "special_ids",
+    "token_texts",
+]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 TOKENIZER_KINDS = ("wordpiece", "bpe")
@@ -45,27 +50,47 @@ def train_tokenizer(
         raise ValueError(f"kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
+    texts = list(texts)
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     if kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        # the continuations numbered before the trainer meets them (see the module docstring)
+        continuations = [f"##{char}" for char in _continuation_characters(texts, normalizer, pre_tokenizer)]
         trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
-            show_progress=False,
+            vocab_size=vocab_size, min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS) + continuations, show_progress=False,
         )
-        tokenizer.decoder = decoders.WordPiece()
     else:
         tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
             show_progress=False,
         )
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(list(texts), trainer=trainer)
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    if kind == "wordpiece":
+        # the same vocabulary in a tokenizer whose only added tokens are the real special tokens
+        vocabulary = tokenizer.get_vocab(with_added_tokens=False)
+        tokenizer = Tokenizer(models.WordPiece(vocabulary, unk_token="[UNK]"))
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+        tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+        tokenizer.decoder = decoders.WordPiece()
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
     )
     return tokenizer
+
+
+def _continuation_characters(texts: Sequence[str], normalizer, pre_tokenizer) -> list[str]:
+    """Every character that follows another inside a word, sorted."""
+    seen: set[str] = set()
+    for text in texts:
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)):
+            seen.update(word[1:])
+    return sorted(seen)
 
 
 def load_tokenizer_file(path: Union[str, Path]) -> Tokenizer:
@@ -87,6 +112,34 @@ def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
     """``{"[PAD]": id, ...}`` for the special tokens this tokenizer knows."""
     found = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     return {token: index for token, index in found.items() if index is not None}
+
+
+_SHOWN_AS = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def token_texts(tokenizer: Tokenizer, ids: Sequence[int], tokens: Sequence[str]) -> list[str]:
+    """What each token reads as, for labels: ``"cat"`` for byte-level BPE's ``"Ġcat"``.
+
+    Tokenizers whose vocabulary is written in a private alphabet (byte-level BPE's ``Ġ`` for
+    a space, ``Ċ`` for a newline; SentencePiece's ``▁``) are decoded one token at a time;
+    WordPiece tokens are kept as they are (``##ing`` says that it continues a word, and its
+    decoding would drop that). Newlines and tabs are shown as ``\\n`` and ``\\t``, a token
+    that is only spaces as ``␣``.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        ids: the token ids.
+        tokens: their vocabulary strings (``encoding.tokens``), kept where decoding gives nothing.
+    """
+    decoder = getattr(tokenizer, "decoder", None)
+    if decoder is None or isinstance(decoder, decoders.WordPiece):
+        return list(tokens)
+    shown = []
+    for index, token in zip(ids, tokens):
+        text = tokenizer.decode([int(index)], skip_special_tokens=False)
+        text = "".join(_SHOWN_AS.get(char, char) for char in text)
+        shown.append(text if text.strip() else (text.replace(" ", "␣") or token))  # a bare space: ␣
+    return shown
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, max_length: int) -> list[list[int]]:

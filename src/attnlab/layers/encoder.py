@@ -9,13 +9,14 @@ PyTorch's ``src_mask`` / ``src_key_padding_mask`` keep PyTorch's meaning.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_inputs_match, check_positive_int, check_probability
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..attention.masks import combine_masks, from_torch_mask, keep_mask
@@ -218,6 +219,21 @@ def build_self_attention(config: EncoderConfig, *, device=None, dtype=None) -> O
     return None
 
 
+def _warn_real_padding(name: str, input_ids: Tensor, mask: Tensor, pad_id: int) -> None:
+    """Warn when ``mask`` calls positions holding ``pad_id`` real tokens."""
+    if input_ids.device.type == "meta":
+        return
+    contradicted = int(((input_ids == pad_id) & mask).sum())
+    if contradicted:
+        warnings.warn(
+            f"{name} marks {contradicted} position(s) holding pad_id={pad_id} as real tokens; they are "
+            f"attended to as the mask says. Pass a mask with 0 on padding, or none (it is then derived "
+            f"from pad_id)",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 class TransformerEncoder(PretrainedIO, nn.Module):
     """Token embedding, positions, a stack of encoder layers and a final LayerNorm.
 
@@ -394,6 +410,11 @@ class TransformerEncoder(PretrainedIO, nn.Module):
         """The ``[B, T]`` bool padding mask, or a rank 3/4 attention mask, from whichever
         argument carries it (at most one); derived from ``pad_id`` when none does.
 
+        A given ``[B, T]`` mask is used as given. Where it calls a position holding
+        ``pad_id`` a real token, a ``UserWarning`` says how many (the mask and the ids
+        disagree: usually a mask of ones, or rows padded after the mask was built); those
+        positions are attended to. Positions the mask hides are hidden whatever their id.
+
         Task heads call this to pool over the same real tokens the encoder attends to.
         """
         B, T = input_ids.shape
@@ -422,6 +443,8 @@ class TransformerEncoder(PretrainedIO, nn.Module):
             raise ValueError(
                 f"a 2-D {name} is a padding mask and must be [B, T] = [{B}, {T}], got {tuple(mask.shape)}"
             )
+        if mask.dim() == 2 and self.config.pad_id is not None:
+            _warn_real_padding(name, input_ids, mask, self.config.pad_id)
         return mask  # rank 3 or 4: an attention mask, validated by the attention
 
     def _packing(self, mask: Optional[Tensor]) -> Optional[TokenPacking]:
@@ -503,6 +526,8 @@ class TransformerEncoder(PretrainedIO, nn.Module):
                 (0 ablates a head).
             return_dict: ``False`` returns ``out.to_tuple()``, as in HuggingFace.
         """
+        check_inputs_match(self, "TransformerEncoder", {"input_ids": input_ids, "mask": mask,
+                                                        "attention_mask": attention_mask}, dtype=False)
         self._check_ids(input_ids)
         mask = self.padding_mask_for(input_ids, mask, attention_mask, src_key_padding_mask)
         packing = self._packing(mask)

@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from .._files import nonempty_path
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one setting, e.g. --set train.epochs=2 or --set task=digits-text (repeatable)")
     parser.add_argument("--data", help="a CSV or JSONL file with text and label columns (default: the embedded "
                                        "Rotten Tomatoes snippets)")
-    parser.add_argument("--out", type=Path, default=Path("runs/default"), help="the run directory (default: %(default)s)")
+    parser.add_argument("--out", type=nonempty_path, default=Path("runs/default"), help="the run directory (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the run in --out (only files attnlab wrote are removed)")

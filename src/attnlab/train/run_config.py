@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from ..data.tokenization import SPECIAL_TOKENS
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
 from ..checkpoints.encoders.loading import pretrained_width
@@ -92,6 +93,9 @@ class DataSettings:
             raise ValueError(f"data.dataset must be 'rotten_tomatoes' (or set data.path), got {self.dataset!r}")
         for name in ("vocab_size", "max_length", "min_frequency"):
             _positive(f"data.{name}", getattr(self, name))
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(f"data.vocab_size must exceed {len(SPECIAL_TOKENS)} (the special tokens "
+                             f"{', '.join(SPECIAL_TOKENS)}), got {self.vocab_size}")
         if self.train_limit is not None:
             _positive("data.train_limit", self.train_limit)
         if self.max_length < 2:
@@ -245,8 +249,14 @@ class RunConfig:
     @classmethod
     def from_json(cls, path: Union[str, Path]) -> "RunConfig":
         """Read a run's ``config.json``. Runs written before tasks owned their sections
-        carry every task's sections; one left at its defaults is dropped, not refused."""
+        carry every task's sections; one left at its defaults is dropped, not refused. A
+        pretrained run's architecture fields are its checkpoint's, read again from it."""
         values = json.loads(Path(path).read_text(encoding="utf-8"))
+        model = values.get("model") if isinstance(values, dict) else None
+        if isinstance(model, dict) and model.get("pretrained"):
+            # a pretrained run records the checkpoint's architecture (record_pretrained_architecture);
+            # the checkpoint decides it again when the run resumes
+            values["model"] = {key: value for key, value in model.items() if key not in ARCHITECTURE_FIELDS}
         data = values.get("data") if isinstance(values, dict) else None
         task = data.get("task", DEFAULT_TASK) if isinstance(data, dict) else DEFAULT_TASK
         if isinstance(values, dict) and task in task_names():

@@ -23,10 +23,11 @@ from torch.utils.data import Dataset
 from .._files import load_safetensors_into, read_json, write_json
 from ..checkpoints.attnlab_layout import MODEL_FILE
 from .distributed import distributed_info
-from .run_config import RunConfig
+from .run_config import ARCHITECTURE_FIELDS, RunConfig
 from .trainer import TrainerState, TransformerTrainer
 
 __all__ = [
+    "record_pretrained_architecture",
     "CONFIG_FILE", "REPORT_FILE", "RunResult", "check_split_sizes", "seed_everything", "barrier", "prepare_run_dir", "start_run",
     "trainer_options", "resume_checkpoint", "fit", "finish_run",
 ]
@@ -94,6 +95,17 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig
         write_json(config_path, config.to_dict())
     barrier()
     return config
+
+
+def record_pretrained_architecture(config: RunConfig, run_dir: Path, encoder_config: Any, resume: bool) -> None:
+    """Write the checkpoint's architecture (``d_model``, ``num_layers``, ...) into the run's
+    ``config.json`` in place of [model]'s defaults, which a pretrained run does not use."""
+    if not config.model.pretrained or resume or not distributed_info().is_main:
+        return
+    config_path = run_dir / CONFIG_FILE
+    values = read_json(config_path)
+    values["model"].update({name: getattr(encoder_config, name) for name in ARCHITECTURE_FIELDS})
+    write_json(config_path, values)
 
 
 def start_run(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig:

@@ -38,3 +38,32 @@ def test_masked_lm_collator_is_deterministic_and_skips_specials():
     assert (first["labels"] != -100).any()
     other = collate([data[i] for i in (1, 0, 2, 3)])
     assert not torch.equal(other["labels"], first["labels"])
+
+
+def test_wordpiece_training_is_repeatable():
+    # Regression: the WordPiece trainer numbered "##x" continuations in hash order and broke
+    # ties between equally frequent merges by those numbers: two trainings on the same texts
+    # (same config, same seed) gave different vocabularies and ids (test accuracy 0.594 vs 0.605).
+    import subprocess
+    import sys
+
+    from attnlab.data import load_rotten_tomatoes
+
+    texts = [text for text, _ in load_rotten_tomatoes().train][:2000]
+    sample = "an unbelievably tedious, overlong film ; yet strangely moving"
+    trained = [train_tokenizer(texts, vocab_size=2000) for _ in range(3)]
+    assert all(tokenizer.get_vocab() == trained[0].get_vocab() for tokenizer in trained)
+    assert len({tuple(tokenizer.encode(sample).ids) for tokenizer in trained}) == 1
+    # another process hashes with other keys
+    script = ("from attnlab.data import load_rotten_tomatoes, train_tokenizer\n"
+              "texts = [text for text, _ in load_rotten_tomatoes().train][:2000]\n"
+              f"print(train_tokenizer(texts, vocab_size=2000).encode({sample!r}).ids)\n")
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == str(trained[0].encode(sample).ids)
+    # still a WordPiece tokenizer whose only added tokens are the five special ones
+    tokenizer = trained[0]
+    assert sorted(token.content for token in tokenizer.get_added_tokens_decoder().values()) == sorted(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    assert tokenizer.token_to_id("[PAD]") == 0 and tokenizer.get_vocab_size() == 2000
+    assert any(token.startswith("##") for token in tokenizer.encode(sample).tokens)
+    assert tokenizer.decode(tokenizer.encode(sample).ids) == "an unbelievably tedious, overlong film ; yet strangely moving"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import networkx as nx
 import pytest
 import torch
@@ -143,6 +145,29 @@ def test_integrated_gradients_matches_captum_and_is_complete():
     theirs = integrated_gradients(model, IDS, target=1, steps=32, backend="captum")
     assert torch.allclose(ours.attributions, theirs.attributions, atol=1e-5)
     assert abs(float(ours.delta[0])) < 1e-3  # scores sum to y(x) - y(baseline)
+
+
+def test_integrated_gradients_take_captums_per_example_target_tensor():
+    # Regression: target=torch.tensor([0, 2]) (one class per row, as captum takes it) was refused.
+    captum = pytest.importorskip("captum.attr")
+    model = _classifier()
+    ids = torch.tensor([[2, 5, 6, 7, 8, 3], [2, 9, 4, 3, 0, 0]])
+    mask = ids != 0
+    rows = torch.tensor([0, 2])
+    ours = integrated_gradients(model, ids, target=rows, mask=mask, steps=32)
+    method = captum.LayerIntegratedGradients(lambda x: model(x, mask=mask.repeat(x.shape[0] // 2, 1)).logits,
+                                             model.encoder.embedding)
+    with warnings.catch_warnings():  # the baseline is pad ids under the input's mask, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        theirs = method.attribute(ids, baselines=torch.zeros_like(ids), target=rows, n_steps=32)
+    assert ours.target.tolist() == [0, 2]
+    assert torch.allclose(ours.attributions, theirs.float(), atol=1e-5)
+    assert torch.allclose(integrated_gradients(model, ids, target=[0, 2], mask=mask, steps=32).attributions,
+                          ours.attributions)
+    with pytest.raises(ValueError, match="one class per example: 2 values, got 3"):
+        integrated_gradients(model, ids, target=torch.tensor([0, 1, 2]), mask=mask)
+    with pytest.raises(ValueError, match=r"0\.\.2"):
+        integrated_gradients(model, ids, target=torch.tensor([0, 3]), mask=mask)
 
 
 def test_integrated_gradients_on_a_linear_model_is_input_times_weight():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,3 +79,16 @@ def test_patch_alignment_agrees_with_the_inspection_statistics():
                                   alignment=reference[:, None, :])
     expected = values["alignment_score"][rows["alignment_score"]].mean()
     assert patch_alignment(weights, reference, query_mask).mass == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_the_picture_has_a_colour_bar():
+    # Regression: the panels had no colour bar, so their scale (each panel's own maximum) was unsaid.
+    from attnlab.inspect.draw.image_attention import text_to_image_attention_figure
+
+    weights = torch.softmax(torch.randn(2, 3, 16), dim=-1)
+    figure = text_to_image_attention_figure(_image(), weights, ["[CLS]", "a", "seven"], patch_size=2)
+    bars = [axis for axis in figure.axes if "largest" in axis.get_ylabel()]
+    assert len(bars) == 1 and len(figure.axes) == 3 * (2 + 1) + 1  # tokens x (heads + mean), the bar
+    overlays = [axis.images[1] for axis in figure.axes if len(axis.images) == 2]  # image, attention
+    assert len(overlays) == 3 * 3 and all(overlay.get_clim() == (0, 1) for overlay in overlays)
+    assert all(float(np.asarray(overlay.get_array()).max()) == pytest.approx(1.0) for overlay in overlays)

@@ -72,3 +72,41 @@ def test_statistic_colours_start_at_zero_and_cells_tell_close_values_apart():
     assert shares.get_clim() == (0.0, 1.0)
     signed = plot_statistic(np.array([[-0.5, 2.0]]), "difference").axes[0].images[0]
     assert signed.get_clim() == pytest.approx((-0.5, 2.0))
+
+
+def _local_band(length: int, width: int) -> torch.Tensor:
+    """Each query spreads its attention evenly over the keys within ``width`` of it."""
+    positions = torch.arange(length)
+    band = (positions[:, None] - positions[None, :]).abs() <= width
+    return band.float() / band.sum(-1, keepdim=True)  # [T, T]
+
+
+def test_a_long_map_shows_its_structure_on_a_labelled_scale():
+    # Regression: a 500-token map was one dark block: weights near 1/17 on a fixed 0..1 scale.
+    weights = _local_band(500, 8)
+    figure = plot_head(weights, [f"t{i}" for i in range(500)])
+    ax, bar = figure.axes
+    image = ax.images[0]
+    shown = np.asarray(image.get_array())
+    low, high = image.get_clim()
+    assert low == 0.0 and high == pytest.approx(float(shown.max()))
+    brightness = np.asarray(image.norm(shown))
+    diagonal = np.arange(shown.shape[0])
+    assert brightness[diagonal, diagonal].min() > 0.35  # the band is bright (0.19 on a 0..1 scale)
+    assert np.median(brightness) < 0.05  # and the rest dark
+    assert "attention" in bar.get_ylabel()
+    assert len(ax.get_xticks()) <= 48 and len(ax.get_yticks()) <= 48  # pooled labels, thinned
+
+    # one layer: one scale for every head, so a faint head stays faint beside a sharp one
+    layer = torch.stack([weights, torch.full((500, 500), 1 / 500)])
+    layer_figure = plot_layer(layer, [f"t{i}" for i in range(500)])
+    scales = {image.get_clim() for ax in layer_figure.axes for image in ax.images}
+    assert len(scales) == 1 and next(iter(scales))[1] == pytest.approx(
+        float(bucket_attention(weights, [""] * 500, max_tokens=64)[0].max()))
+
+
+def test_the_model_view_has_a_colour_bar():
+    # Regression: model.png had no colour bar (its tiles are each scaled to their own maximum).
+    layer = torch.softmax(torch.randn(2, 6, 6), -1)
+    figure = plot_model({"layer_1": layer, "layer_2": layer})
+    assert len(figure.axes) == 2 and "largest weight" in figure.axes[1].get_ylabel()

@@ -79,3 +79,21 @@ def test_bad_layer_arguments() -> None:
     layer = TransformerEncoderLayer(8, 2, 16)
     with pytest.raises(ValueError, match=r"query must be \[B, length, 8\], got shape \(2, 3, 6\)"):
         layer(torch.randn(2, 3, 6))
+
+
+def test_a_mask_that_calls_pad_ids_real_tokens_is_warned_about():
+    # Regression: attention_mask=ones over padded ids was taken silently; the padding was attended to.
+    import warnings
+
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(30, 16, 1, 2, 32, pad_id=0).eval()
+    ids = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    with pytest.warns(UserWarning, match=r"attention_mask marks 2 position\(s\) holding pad_id=0 as real tokens"):
+        given = encoder(ids, attention_mask=torch.ones(2, 5)).last_hidden_state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        derived = encoder(ids).last_hidden_state  # from pad_id
+        agreeing = encoder(ids, attention_mask=ids != 0).last_hidden_state
+        encoder(ids, mask=torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]))  # hiding real tokens is a choice
+    assert torch.equal(derived, agreeing)
+    assert not torch.allclose(given[0, :3], derived[0, :3])  # the mask was used as given

@@ -73,7 +73,9 @@ def test_saving_into_an_existing_directory_replaces_only_the_files_it_writes(tmp
     (directory / "notes.txt").write_text("mine")
     _decoder(GPT2_LIKE).save_pretrained(directory)
     model = _decoder(LLAMA_LIKE)
-    model.save_pretrained(directory)  # as encoders do: same names replaced, other files left alone
+    with pytest.raises(ValueError, match=r"existing/config\.json already exists; pass overwrite=True"):
+        model.save_pretrained(directory)
+    model.save_pretrained(directory, overwrite=True)  # as encoders do: same names replaced, other files left alone
     assert (directory / "notes.txt").read_text() == "mine"
     assert attnlab.load(directory).model.config == model.config
 

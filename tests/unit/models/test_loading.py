@@ -148,3 +148,36 @@ def test_sentence_pairs_match_huggingfaces_tokenizer_on_minilm() -> None:
         ours(first, second[:1])
     with pytest.raises(ValueError, match="truncation='only_second' cannot cut"):  # HF: a bare Exception
         ours(first, second, truncation="only_second", max_length=14)
+
+
+def test_save_pretrained_does_not_replace_a_directorys_model_unless_asked(tmp_path):
+    # Regression: save_pretrained wrote over a user's config.json without a word.
+    from attnlab import TransformerEncoder
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "settings"}', encoding="utf-8")
+    model = TransformerEncoder(20, 8, 1, 2, 16)
+    with pytest.raises(ValueError, match=r"mine/config\.json already exists; pass overwrite=True"):
+        model.save_pretrained(mine)
+    assert (mine / "config.json").read_text(encoding="utf-8") == '{"my": "settings"}'
+    assert not (mine / "model.safetensors").exists()
+    model.save_pretrained(tmp_path / "fresh")
+    with pytest.raises(ValueError, match=r"fresh/config\.json already exists"):  # a second save too
+        model.save_pretrained(tmp_path / "fresh")
+    model.save_pretrained(mine, overwrite=True)
+    assert torch.equal(TransformerEncoder.from_pretrained(mine).embedding.weight, model.embedding.weight)
+    (tmp_path / "a_file").write_text("x", encoding="utf-8")
+    with pytest.raises(ValueError, match="is a file"):
+        model.save_pretrained(tmp_path / "a_file")
+
+
+@pytest.mark.parametrize("value", [None, "", 3])
+def test_load_of_something_that_is_not_a_path_names_the_argument(value):
+    # Regression: load(None) ended in pathlib's "expected str, bytes or os.PathLike object, not NoneType".
+    import attnlab
+
+    with pytest.raises(TypeError, match=r"^path_or_name must be a path or a packaged name .* got "):
+        attnlab.load(value)
+    with pytest.raises(TypeError, match="path_or_name must be a path"):
+        attnlab.TransformerEncoder.from_pretrained(value)

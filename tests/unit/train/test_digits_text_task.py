@@ -78,3 +78,5 @@ def test_image_attention_command_draws_pngs_and_scores_alignment(tmp_path, capsy
     assert len(list(pictures.glob("*.png"))) == 2
     page = (pictures / "report.html").read_text()
     assert "alignment_score" in page and "data:image/png;base64" in page
+    # Regression: the tables' reference read "previous/next token"; here it is the inked patches
+    assert "previous/next token" not in page and "on inked patches (the reference)" in page

@@ -145,3 +145,30 @@ def test_checkpoint_cadence_is_a_setting_and_rates_must_be_finite():
     for bad in ("train.learning_rate=inf", "train.learning_rate=nan", "train.save_every_minutes=0"):
         with pytest.raises(ValueError, match="must be"):
             resolve_run_config(None, [bad])
+
+
+def test_a_pretrained_run_records_the_checkpoints_architecture_and_resumes(tmp_path):
+    # Regression: config.json said d_model 128, num_layers 2 (the defaults) for a run started
+    # from a checkpoint of width 24 and 3 layers.
+    from attnlab import TransformerEncoder
+    from attnlab.cli import main
+    from attnlab.data import Tokenizer, train_tokenizer
+    from attnlab.models.pretrained import bert_style_config
+
+    texts = ["a fine film", "dull and long", "great fun", "not very good", "the plot is thin"] * 8
+    tokenizer = Tokenizer(train_tokenizer(texts, vocab_size=60, kind="wordpiece"))
+    torch.manual_seed(0)
+    encoder = TransformerEncoder.from_config(bert_style_config(tokenizer.vocab_size, 24, 3, 2, 40, max_len=32,
+                                                               pad_id=tokenizer.pad_token_id))
+    encoder.save_pretrained(tmp_path / "checkpoint", tokenizer=tokenizer, layout="huggingface")
+    data = tmp_path / "reviews.csv"
+    data.write_text("text,label\n" + "".join(f"{text},{index % 2}\n" for index, text in enumerate(texts)))
+    out = tmp_path / "run"
+    common = ["--data", str(data), "--quiet", "--set", f"model.pretrained={json.dumps(str(tmp_path / 'checkpoint'))}",
+              "--set", "data.max_length=16"]
+    assert main(["train", "--out", str(out), *common, "--set", "train.max_steps=1"]) == 0
+    recorded = json.loads((out / "config.json").read_text())["model"]
+    assert {key: recorded[key] for key in ("d_model", "num_layers", "num_heads", "d_ff", "position", "norm_first")} == {
+        "d_model": 24, "num_layers": 3, "num_heads": 2, "d_ff": 40, "position": "learned", "norm_first": False}
+    assert RunConfig.from_json(out / "config.json").model.pretrained == str(tmp_path / "checkpoint")
+    assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0  # the recorded sizes are accepted

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..._checks import check_positive_int, check_probability
+from ..._checks import check_inputs_match, check_positive_int, check_probability
 from ..._masked_mean import masked_mean
 from ..._precision import Linear, linear
 from .block_sparse import BlockSparseWeights, block_sparse_attention
@@ -270,6 +270,7 @@ class SparseAttention(nn.Module):
     ) -> AttentionResult:
         """Attend; see the class docstring for the exact pattern, masks and weights."""
         self._check_inputs(query, key, value, is_causal)
+        check_inputs_match(self, "SparseAttention", {"query": query, "key": key, "value": value})
         B, T, E = query.shape
         refuse_key_padding_mask(key_padding_mask)
         key_mask = self._key_mask(mask, attention_mask, B, T)  # [B, T] | None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from .resolve import MODEL_HELP, add_dtype_argument
 
@@ -64,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dtype_argument(parser)
 
 
+def check_statistics_options(args: argparse.Namespace) -> None:
+    """--top-k, --sparsity-threshold and --max-attention-cells, by their flags, before any work."""
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1 (keys whose mass is summed), got {args.top_k}")
+    if not 0 < args.sparsity_threshold <= 1:  # also refuses nan
+        raise ValueError(f"--sparsity-threshold must lie in (0, 1] (a weight below it counts as unattended), "
+                         f"got {args.sparsity_threshold}")
+    if args.max_attention_cells < 1:
+        raise ValueError(f"--max-attention-cells must be at least 1 (B*T*T cells a batch), got "
+                         f"{args.max_attention_cells}")
+
+
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ..._files import check_output_dir
@@ -75,12 +89,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_statistics_options(args)
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
     resolved = resolve_model(args.model, dtype=args.dtype)
     print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved.model, "label_names", None))
+    if args.text_column is None and Path(args.data).is_file():
+        from ...data.text_files import choose_text_column
+
+        column = choose_text_column(args.data)
+        if column != "text":  # train reads "text" unless told: say which column these texts came from
+            print(f"texts: column {column!r} of {args.data} (--text-column to read another; train needs "
+                  f"data.text_column={json.dumps(column)})")
     lengths = [len(encoding.ids) for encoding in resolved.tokenizer.encode_batch([text for text, _ in rows])]
     longer = sum(length > max_length for length in lengths)
     if longer:

@@ -47,6 +47,8 @@ class Analysis:
 
 def check_importance_inputs(model: nn.Module, rows: Sequence[tuple[str, Optional[int]]]) -> None:
     """Head importance needs a classifier and a class for every text: say which is missing."""
+    if isinstance(model, TransformersModel):
+        raise ValueError("--importance is not available on models opened through transformers yet")
     classes = getattr(model, "num_labels", None)
     if not isinstance(classes, int):
         raise ValueError(f"--importance needs a classifier (class logits and a loss); this "
@@ -105,8 +107,6 @@ def analyze_rows(
         )
 
     if isinstance(model, TransformersModel):  # opened through transformers: statistics mode
-        if importance:
-            raise ValueError("--importance is not available on models opened through transformers yet")
         statistics = analyze_transformers(
             model, batches(), pad_id=pad_id, sparsity_threshold=sparsity_threshold, top_k=top_k,
             token_groups=special_token_groups(tokenizer), head_mask=head_mask,

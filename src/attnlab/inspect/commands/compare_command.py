@@ -52,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
     resolved = [resolve_model(spec, dtype=args.dtype) for spec in args.models]
     print("; ".join(dtype_line(model) for model in resolved))
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
+    names_a, names_b = (getattr(model.model, "label_names", None) for model in resolved)
+    if args.importance and names_a and names_b and list(names_a) != list(names_b):
+        # the file's labels become class ids by model A's names; B would be scored against A's classes
+        raise ValueError(f"--importance: model A names its classes {list(names_a)}, model B {list(names_b)}; "
+                         f"the labels can be read for one of them only: compare models with the same classes")
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
-                      label_names=getattr(resolved[0].model, "label_names", None))
+                      label_names=names_a)
     comparison = compare_models(
         resolved[0].model,
         resolved[0].tokenizer,

@@ -12,7 +12,7 @@ from ..._files import write_json
 from ..compute.analyzer import AttentionStatistics
 from ..compute.comparison import compare_statistics
 from ..draw.comparison import comparison_fragment, render_comparison
-from .analyze_texts import analyze_rows
+from .analyze_texts import analyze_rows, check_importance_inputs
 
 __all__ = ["Comparison", "compare_models", "write_comparison"]
 
@@ -53,6 +53,12 @@ def compare_models(
         **options: passed to :func:`~attnlab.inspect.commands.analyze_texts.analyze_rows`
             (``batch_size``, ``max_length``, ``importance``, ...).
     """
+    if options.get("importance"):  # both models checked before either is analysed
+        for label, name, model in (("A", names[0], model_a), ("B", names[1], model_b)):
+            try:
+                check_importance_inputs(model, rows)
+            except ValueError as error:
+                raise ValueError(f"model {label} ({name}): {error}") from None
     a = analyze_rows(model_a, tokenizer_a, rows, **options)
     b = analyze_rows(model_b, tokenizer_b, rows, **options)
     return Comparison(compare_statistics(a, b, names=names), a, b)

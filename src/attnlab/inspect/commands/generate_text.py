@@ -92,7 +92,7 @@ def generate_text(
     """
     served = isinstance(model, TransformersModel)  # opened through transformers
     if not served and (not callable(getattr(model, "generate", None)) or not hasattr(model, "new_cache")):
-        raise ValueError(f"{model_name} is a {type(model).__name__}, not a decoder: generate needs a GPT-2 or "
+        raise ValueError(f"{model_name} holds {type(model).__name__}, not a decoder: generate needs a GPT-2 or "
                          f"Llama-family model")
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")

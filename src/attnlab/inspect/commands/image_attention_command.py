@@ -16,12 +16,19 @@ from typing import Sequence
 
 import torch
 
+from ..._files import nonempty_path
 from ...data.digits_text import DigitsTextExample, collate_digits_text
 from ..compute.image_alignment import cross_attention_alignment, ink_patches
 from ..draw.image_attention import plot_text_to_image_attention
 from ..draw.report import render_summary
 
-__all__ = ["draw_examples", "write_html_summary", "add_arguments", "run"]
+__all__ = ["ALIGNMENT_DESCRIPTIONS", "MAX_EXAMPLES", "draw_examples", "write_html_summary", "add_arguments", "run"]
+
+ALIGNMENT_DESCRIPTIONS = {
+    "alignment_score": "mass the statement's tokens put on inked patches (the reference)",
+    "alignment_argmax": "how often a token's most attended patch is inked",
+}
+MAX_EXAMPLES = 100  # pictures per cross-modal layer; each is a grid of tokens x heads
 
 
 def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path], *, meta: dict) -> Path:
@@ -32,7 +39,8 @@ def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path]
     chance = next(iter(alignment.values()))["chance"] if alignment else 0.0
     meta = {**meta, "reference": f"patches with ink; uniform attention would put {chance:.3f} of its mass there"}
     page = render_summary(tables, layers, title="attnlab: text-token to image-patch attention", meta=meta,
-                          images={caption: image for caption, image in images.items()})
+                          images={caption: image for caption, image in images.items()},
+                          descriptions=ALIGNMENT_DESCRIPTIONS)
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path
@@ -69,8 +77,9 @@ def draw_examples(model, tokenizer, examples: Sequence[DigitsTextExample], out_d
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", type=Path, required=True, help="a digits-text run (or checkpoint) directory")
-    parser.add_argument("--out", type=Path, default=Path("image_attention"), help="where PNGs and alignment.json go")
-    parser.add_argument("--examples", type=int, default=6, help="held-out examples to draw")
+    parser.add_argument("--out", type=nonempty_path, default=Path("image_attention"), help="where PNGs and alignment.json go")
+    parser.add_argument("--examples", type=int, default=6,
+                        help=f"held-out examples to draw (1..{MAX_EXAMPLES}; one PNG each per layer)")
     parser.add_argument("--split-seed", type=int, default=None, help="the run's data.split_seed (default: from the run)")
 
 
@@ -79,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     from ...data.digits_text import load_digits_text
     from ...checkpoints import load_model
 
-    if args.examples < 1:
-        raise ValueError(f"--examples must be at least 1 (held-out examples to draw), got {args.examples}")
+    if not 1 <= args.examples <= MAX_EXAMPLES:
+        raise ValueError(f"--examples must lie in 1..{MAX_EXAMPLES} (held-out examples drawn, one PNG each per "
+                         f"layer), got {args.examples}")
     check_output_dir(args.out, "--out", "the pictures and alignment.json")
     loaded = load_model(args.run)
     if loaded.config.get("model_type") != "image_text":

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ...data.tokenization import token_texts
 from ..compute.capture import capture_attention
 from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
 from ..compute.heads import forward_batch
@@ -46,7 +47,11 @@ class Inspection:
 
 
 def encode_text(tokenizer: Any, text: str, max_length: int) -> tuple[torch.Tensor, list[str]]:
-    """``(input_ids [1, T], tokens)`` for one text, cut to ``max_length`` tokens."""
+    """``(input_ids [1, T], tokens)`` for one text, cut to ``max_length`` tokens.
+
+    The tokens are what each one reads as (``"cat"``, not byte-level BPE's ``"Ġcat"``; see
+    :func:`attnlab.data.tokenization.token_texts`).
+    """
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     encoding = tokenizer.encode(text)
@@ -54,7 +59,7 @@ def encode_text(tokenizer: Any, text: str, max_length: int) -> tuple[torch.Tenso
     ids, tokens = [encoding.ids[i] for i in real], [encoding.tokens[i] for i in real]
     if not ids:
         raise ValueError(f"the tokenizer produced no token for {text!r}")
-    return torch.tensor([ids], dtype=torch.long), tokens
+    return torch.tensor([ids], dtype=torch.long), token_texts(tokenizer, ids, tokens)
 
 
 def write_inspection(

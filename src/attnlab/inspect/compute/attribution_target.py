@@ -110,14 +110,35 @@ def logits_of(output: Any) -> Tensor:
     return logits
 
 
+def _per_example_targets(target, B: int, C: int, device) -> Tensor:
+    """A class per example, as captum takes it: a ``[B]`` tensor or list (a 0-d tensor: one class)."""
+    if isinstance(target, Tensor):
+        if target.dim() == 0 and not target.is_floating_point() and target.dtype != torch.bool:
+            target = target.reshape(1).expand(B)
+        elif target.dim() != 1 or target.is_floating_point() or target.dtype == torch.bool:
+            raise ValueError(f"a target tensor must hold one class index per example, [B] = [{B}] integers; "
+                             f"got {target.dtype} of shape {tuple(target.shape)}")
+        values = target.to(device=device, dtype=torch.long)
+    else:
+        if not all(isinstance(value, int) and not isinstance(value, bool) for value in target):
+            raise TypeError(f"a target list must hold one class index (int) per example, got {list(target)!r}")
+        values = torch.tensor(list(target), dtype=torch.long, device=device)
+    if values.shape != (B,):
+        raise ValueError(f"target must give one class per example: {B} values, got {values.numel()}")
+    if bool(((values < 0) | (values >= C)).any()):
+        raise ValueError(f"targets must lie in 0..{C - 1} (the model has {C} classes), got {values.tolist()}")
+    return values
+
+
 def resolve_target(
-    logits: Tensor, target: Optional[Union[int, str]], label_names: Optional[list[str]] = None
+    logits: Tensor, target: Optional[Union[int, str, Tensor, list[int]]], label_names: Optional[list[str]] = None
 ) -> Tensor:
     """The explained class per example: ``target`` (an index or a label name) or the prediction.
 
     Args:
         logits: ``[B, C]``.
-        target: a 0-based class index, a label name, or ``None`` for the predicted class.
+        target: a 0-based class index, a label name, one index per example (a ``[B]``
+            tensor or list, as captum takes), or ``None`` for the predicted class.
         label_names: the model's class names, to read a name.
 
     Returns:
@@ -126,6 +147,8 @@ def resolve_target(
     B, C = logits.shape
     if target is None:
         return logits.argmax(-1)
+    if isinstance(target, (Tensor, list, tuple)):
+        return _per_example_targets(target, B, C, logits.device)
     if isinstance(target, str):
         names = list(label_names or [])
         if target in names:

@@ -59,7 +59,9 @@ def head_mask_from(model: nn.Module, heads: Union[Tensor, Mapping[str, Iterable[
         row = names.index(layer)
         for head in removed:
             if not 0 <= int(head) < counts[row]:
-                raise ValueError(f"{layer} has {counts[row]} heads, got head index {head}")
+                raise ValueError(f"{layer} has {counts[row]} heads (0-based indices 0..{counts[row] - 1}; "
+                                 f"--mask-heads counts them 1..{counts[row]}), got head index {head} "
+                                 f"(head {int(head) + 1} counted from 1)")
             mask[row, int(head)] = 0.0
     return mask
 

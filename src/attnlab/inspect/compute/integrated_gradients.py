@@ -13,6 +13,7 @@ scores sum to ``y_c(x) - y_c(x')`` up to the quadrature error (``delta``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -49,7 +50,11 @@ class IntegratedGradients:
 
 
 def _forward(model: nn.Module, input_ids: Tensor, mask: Optional[Tensor]) -> Tensor:
-    return logits_of(model(input_ids) if mask is None else model(input_ids, mask=mask))
+    with warnings.catch_warnings():
+        # the baseline is pad ids under the input's mask on purpose: the encoder's warning
+        # about a mask that calls pad ids real tokens does not apply
+        warnings.filterwarnings("ignore", message=r".*holding pad_id=", category=UserWarning)
+        return logits_of(model(input_ids) if mask is None else model(input_ids, mask=mask))
 
 
 def _ours(model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch) -> Tensor:
@@ -110,7 +115,7 @@ def integrated_gradients(
     model: nn.Module,
     input_ids: Tensor,
     *,
-    target: Optional[Union[int, str]] = None,
+    target: Optional[Union[int, str, Tensor, list[int]]] = None,
     baseline_ids: Optional[Tensor] = None,
     mask: Optional[Tensor] = None,
     steps: int = 50,
@@ -122,7 +127,8 @@ def integrated_gradients(
     Args:
         model: a classifier built on an attnlab :class:`~attnlab.TransformerEncoder`.
         input_ids: ``[B, T]``.
-        target: class index, label name, or ``None`` for each example's prediction.
+        target: class index, label name, one class per example (a ``[B]`` tensor or
+            list, as captum takes), or ``None`` for each example's prediction.
         baseline_ids: ``[B, T]`` ids of the reference input; default the pad id at every
             position (keep ``[CLS]``/``[SEP]`` there to explain only the words).
         mask: ``[B, T]``, ``True`` on real tokens.

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..compute.image_alignment import patch_attention_map
 
-__all__ = ["plot_text_to_image_attention"]
+__all__ = ["plot_text_to_image_attention", "text_to_image_attention_figure"]
 
 
 def plot_text_to_image_attention(
@@ -33,21 +33,43 @@ def plot_text_to_image_attention(
 ) -> Path:
     """Draw each token's attention over the image, per head and averaged, to a PNG.
 
+    The picture is :func:`text_to_image_attention_figure`'s; the arguments are its, and
+    ``path``, where the PNG goes.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    figure = text_to_image_attention_figure(image, weights, tokens, patch_size=patch_size, title=title,
+                                            reference=reference)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def text_to_image_attention_figure(
+    image: Union[Tensor, np.ndarray],
+    weights: Tensor,
+    tokens: Sequence[str],
+    *,
+    patch_size: int,
+    title: Optional[str] = None,
+    reference: Optional[Tensor] = None,
+) -> Figure:
+    """Each token's attention over the image, per head and averaged.
+
     One row per token, one column per head plus the head average; each panel shows the
-    image in grey with the attention in colour over it. Inked reference patches, when
-    given, are outlined in the left-most column.
+    image in grey with the attention in colour over it, scaled to the panel's largest
+    weight (the colour bar's 0..1). Inked reference patches, when given, are outlined in
+    the left-most column.
 
     Args:
         image: ``[height, width]`` pixels in ``[0, 1]``.
         weights: ``[H, T, S]`` text-token -> patch attention of one example.
         tokens: the ``T`` token strings (padding already dropped from ``weights``).
-        path: where to write the PNG.
         patch_size: side of a patch in pixels.
         title: figure title.
         reference: ``[S]`` bool reference patches to outline.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
     """
     image = torch.as_tensor(image).detach().float()
     if weights.dim() != 3 or weights.shape[1] != len(tokens):
@@ -69,7 +91,7 @@ def plot_text_to_image_attention(
             axis = axes[row][column]
             axis.imshow(image.numpy(), cmap="gray_r", vmin=0, vmax=1)
             top = max(float(panels[column, row].max()), 1e-6)
-            axis.imshow(maps[column, row], cmap="inferno", alpha=0.55, vmin=0, vmax=top)
+            overlay = axis.imshow(maps[column, row] / top, cmap="inferno", alpha=0.55, vmin=0, vmax=1)
             axis.set_xticks([])
             axis.set_yticks([])
             if row == 0:
@@ -83,8 +105,9 @@ def plot_text_to_image_attention(
                                                  patch_size, fill=False, edgecolor="cyan", linewidth=0.6))
     if title:
         figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return path
+    figure.tight_layout(rect=(0.0, 0.0, 0.9, 1.0))
+    bar = figure.colorbar(overlay, cax=figure.add_axes((0.92, 0.2, 0.02, 0.6)))
+    bar.solids.set_alpha(1.0)
+    bar.set_label("attention / the panel's largest", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    return figure

@@ -98,6 +98,17 @@ def bucket_attention(
     return matrix, labels_q, labels_k
 
 
+def _scale_top(matrices: Sequence[np.ndarray]) -> float:
+    """Top of the colour scale: the largest weight drawn, so a long map shows its structure.
+
+    A map over hundreds of keys holds weights near ``1 / S``; on a fixed 0..1 scale it is one
+    dark block. The colour bar gives the scale's values, so the picture stays honest.
+    """
+    finite = [float(np.nanmax(matrix)) for matrix in matrices if matrix.size and np.isfinite(matrix).any()]
+    top = max(finite, default=1.0)
+    return top if top > 0 else 1.0
+
+
 def _draw_map(
     ax, matrix: np.ndarray, labels_q: Sequence[str], labels_k: Sequence[str], *, ticks: int, vmax=None
 ):
@@ -125,9 +136,11 @@ def plot_head(
     title: Optional[str] = None,
     window: Optional[tuple[int, int]] = None,
     max_tokens: int = 128,
-    max_ticks: int = 64,
+    max_ticks: int = 48,
 ) -> Figure:
     """Heatmap of one head with token labels (rows: queries, columns: keys).
+
+    The colour scale runs from 0 to the map's largest (pooled) weight, given by the bar.
 
     Args:
         weights: one head's attention map.
@@ -145,13 +158,18 @@ def plot_head(
     side = min(12.0, 3.0 + 0.12 * max(len(labels_q), len(labels_k)))
     figure = Figure(figsize=(side + 1.2, side))
     ax = figure.add_subplot()
-    image = _draw_map(ax, matrix, labels_q, labels_k, ticks=max_ticks, vmax=1.0)
+    image = _draw_map(ax, matrix, labels_q, labels_k, ticks=max_ticks, vmax=_scale_top([matrix]))
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     if title:
         ax.set_title(title, parse_math=False)
-    figure.colorbar(image, ax=ax, shrink=0.8, label="attention")
+    figure.colorbar(image, ax=ax, shrink=0.8, label=_bar_label(matrix.shape, len(tokens), key_tokens, window))
     return figure
+
+
+def _bar_label(shape: tuple[int, ...], T: int, key_tokens, window) -> str:
+    pooled_keys = window is None and shape[1] < (T if key_tokens is None else len(key_tokens))
+    return "attention (summed over each key bucket)" if pooled_keys else "attention"
 
 
 def plot_layer(
@@ -165,6 +183,8 @@ def plot_layer(
 ) -> Figure:
     """One layer's heads as a grid of heatmaps (labels on the left column and bottom row).
 
+    The heads share one colour scale, from 0 to the layer's largest (pooled) weight.
+
     Shape:
         ``weights`` ``[H, T, S]``.
     """
@@ -177,13 +197,13 @@ def plot_layer(
     figure = Figure(figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6))
     axes = figure.subplots(rows, columns, squeeze=False)
     image = None
+    pooled = [bucket_attention(head, tokens, key_tokens, window=window, max_tokens=max_tokens) for head in stack]
+    top = _scale_top([matrix for matrix, _, _ in pooled])  # one scale for the layer: heads compare
     for index, ax in enumerate(axes.flat):
         if index >= H:
             ax.set_axis_off()
             continue
-        matrix, labels_q, labels_k = bucket_attention(
-            stack[index], tokens, key_tokens, window=window, max_tokens=max_tokens
-        )
+        matrix, labels_q, labels_k = pooled[index]
         ticks = 24 if len(labels_q) <= 24 else 8
         image = _draw_map(
             ax,
@@ -191,13 +211,14 @@ def plot_layer(
             labels_q if index % columns == 0 else [],
             labels_k if index // columns == rows - 1 else [],
             ticks=ticks,
-            vmax=1.0,
+            vmax=top,
         )
         ax.set_title(f"head {index + 1}", fontsize=9)
     if title:
         figure.suptitle(title, parse_math=False)
     if image is not None:
-        figure.colorbar(image, ax=axes, shrink=0.6, label="attention")
+        figure.colorbar(image, ax=axes, shrink=0.6, label=_bar_label(pooled[0][0].shape, len(tokens), key_tokens,
+                                                                    window))
     return figure
 
 
@@ -243,7 +264,7 @@ def plot_model(
             mosaic[top : top + tile.shape[0], left : left + tile.shape[1]] = tile
     figure = Figure(figsize=(min(2 + 1.1 * H, 20), min(1.5 + 1.1 * L, 20)))
     ax = figure.add_subplot()
-    ax.imshow(mosaic, cmap=CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
+    image = ax.imshow(mosaic, cmap=CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_xticks(
         [c * (tw + gap) + tw / 2 for c in range(H)], [f"head {c + 1}" for c in range(H)], fontsize=7
     )
@@ -253,6 +274,7 @@ def plot_model(
         fontsize=10,
         parse_math=False,
     )
+    figure.colorbar(image, ax=ax, shrink=0.8, label="weight / the head's largest weight")
     return figure
 
 

@@ -330,6 +330,7 @@ def render_summary(
     meta: Optional[Mapping[str, str]] = None,
     images: Optional[Mapping[str, Union[str, Path]]] = None,
     extra_tables: Optional[Mapping[str, str]] = None,
+    descriptions: Optional[Mapping[str, str]] = None,
 ) -> str:
     """A static summary page: statistics tables and PNG plots inlined as data URIs.
 
@@ -340,6 +341,8 @@ def render_summary(
         meta: ``{label: text}`` lines under the title.
         images: ``{caption: path to a PNG}``.
         extra_tables: ``{heading: ready HTML}`` (built with escaping by the caller).
+        descriptions: ``{statistic: what it measures}`` in place of the usual
+            descriptions (a table scored against another reference says which).
     """
     meta_lines = _meta_html(meta)
     figures = []
@@ -357,7 +360,7 @@ def render_summary(
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>
 <main>
 <section id="statistics"><h2>Statistics per layer and head</h2>
-{stats_tables_html(tables, layers, descriptions=STATISTIC_DESCRIPTIONS)}
+{stats_tables_html(tables, layers, descriptions={**STATISTIC_DESCRIPTIONS, **(descriptions or {})})}
 </section>
 {extra}
 <section class="figures"><h2>Plots</h2>{''.join(figures)}</section>

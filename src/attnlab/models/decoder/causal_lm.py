@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..._checks import check_inputs_match
 from ..._precision import Linear
 from ..._pretrained_io import PretrainedIO
 from ...attention.masks import keep_mask
@@ -146,6 +147,8 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
         if cache is None and use_cache:
             cache = self.new_cache()
         past = 0 if cache is None else len(cache)
+        check_inputs_match(self, "DecoderForCausalLM", {"input_ids": input_ids, "attention_mask": attention_mask},
+                           dtype=False)
         keep = self._check_inputs(input_ids, attention_mask, past)
         B, T = input_ids.shape
         S = past + T

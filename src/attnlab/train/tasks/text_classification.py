@@ -25,7 +25,8 @@ from ..checkpoint import TRAINER_STATE_FILE, find_resumable, set_rng_state
 from ..distributed import distributed_info
 from ..run_config import RunConfig
 from ..run_steps import (
-    RunResult, barrier, check_split_sizes, finish_run, fit, seed_everything, start_run, trainer_options,
+    RunResult, barrier, check_split_sizes, finish_run, fit, record_pretrained_architecture, seed_everything,
+    start_run, trainer_options,
 )
 from ..trainer import TransformerTrainer
 from . import DEFAULT_TASK, TASKS, Task
@@ -120,6 +121,7 @@ def train_text_classification(config: RunConfig, run_dir: Union[str, Path], *, r
                                            for name in ("train", "validation", "test"))
     seed_everything(train.seed)  # the model's initial weights depend on the seed alone
     model = _build_classifier(config, tokenizer, splits.label_names)
+    record_pretrained_architecture(config, run_dir, model.encoder.config, resume)
     if train.mlm_steps:
         _pretrain_masked_lm(config, model, tokenizer, train_set, run_dir, resume, quiet)
     trainer = TransformerTrainer(model, train.learning_rate, train.warmup_steps, output_dir=run_dir,

@@ -8,9 +8,9 @@ On a Llama-style model of realistic width (random weights; default 8 layers of w
 * one layer's weights: ``attach(model, layers=[k])`` against plain ``sdpa``, no weights
   (goal: <= 1.15x);
 * peak memory of the statistics mode (every layer reduced on the fly) against eager's
-  with ``output_attentions`` at 1,024 and 4,096 tokens, each in a fresh process (peak
-  resident memory above the process's after the model is built), next to one layer's
-  ``[B, H, T, T]`` in float32.
+  with ``output_attentions`` at 1,024 and 4,096 tokens, each in a fresh process (the peak
+  resident memory of the forward, counted afresh once the model is built (Linux), above
+  what the process held then), next to one layer's ``[B, H, T, T]`` in float32.
 
 Run (one heavy job at a time on a shared machine)::
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -107,9 +106,16 @@ def speed(args) -> None:
           + ", ".join(f"{o / s:.2f}" for o, s in zip(runs["one"], runs["sdpa"])))
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak() -> None:
+    """Start the peak resident memory (VmHWM) afresh: building the model peaks above what it
+    holds, which would otherwise hide the forward's own peak."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
 
 
 def memory_child(args) -> None:
@@ -118,7 +124,8 @@ def memory_child(args) -> None:
 
     model = build(args.layers, args.width, args.heads, args.kv_heads, args.vocab)
     ids = torch.randint(0, args.vocab, (1, args.length))
-    baseline = _rss()
+    _reset_peak()
+    baseline = _status_kib("VmRSS") * 1024
     with torch.no_grad():
         if args.child == "eager":
             model.set_attn_implementation("eager")
@@ -129,7 +136,7 @@ def memory_child(args) -> None:
             seen.statistics()
         else:
             model(input_ids=ids)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_kib("VmHWM") * 1024
     print(json.dumps({"extra": max(0, peak - baseline)}))
 
 
@@ -149,8 +156,9 @@ def memory(args) -> None:
         results[mode] = json.loads(out.strip().splitlines()[-1])["extra"]
     shown = {mode: "skipped (would not fit)" if value is None else f"{value / GIB:.2f} GiB"
              for mode, value in results.items()}
-    ratio = (f"{results['statistics'] / layer_weights:.2f}x one layer's weights"
-             if results["statistics"] is not None else "")
+    ratio = (f"{results['statistics'] / layer_weights:.2f}x one layer's weights; "
+             f"{(results['statistics'] - results['sdpa']) / GIB:.2f} GiB above sdpa's"
+             if results["statistics"] is not None and results["sdpa"] is not None else "")
     print(f"T={args.length}: peak extra memory of a forward: sdpa {shown['sdpa']}; statistics mode "
           f"{shown['statistics']} ({ratio}); eager + output_attentions {shown['eager']}; one layer's "
           f"[1, H, T, T] float32 = {layer_weights / GIB:.2f} GiB")
@@ -168,6 +176,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-lengths", type=int, nargs="*", default=[1024, 4096])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-speed", action="store_true", help="only the memory figures")
     parser.add_argument("--child", choices=["eager", "statistics", "sdpa"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -178,7 +187,8 @@ def main(argv=None) -> int:
         args.length, args.memory_lengths, args.repeats, args.rounds = 32, [32], 1, 1
     load = os.getloadavg()[0]
     print(f"CPU: {cpu_name()}; load average {load:.2f} ({'idle' if load < 0.5 else 'busy'})")
-    speed(args)
+    if not args.no_speed:
+        speed(args)
     for length in args.memory_lengths:
         memory(argparse.Namespace(**{**vars(args), "length": length}))
     return 0

@@ -359,3 +359,21 @@ def test_a_directory_transformers_cannot_open_gets_one_line_and_nothing_written(
         error = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(error) == 1 and message in error[0], error
         assert not (tmp_path / "out").exists()
+
+
+def test_raw_rollout_and_flow_on_a_served_llama_equal_attnlabs_own_llama(tmp_path):
+    # The explain methods that read weights, on a causal model: both explain the last token.
+    from attnlab.hf.opening import TransformersModel
+
+    model = _llama(layers=2)
+    model.save_pretrained(tmp_path)
+    ours = attnlab.load(tmp_path).model.eval()
+    served = TransformersModel(_llama(layers=2), name="llama")
+    served.model.load_state_dict(model.state_dict())
+    ids = torch.randint(1, 100, (1, 7))
+    methods = ["raw", "rollout", "flow"]
+    got = attribute_tokens(served, ids, methods)
+    expected = attribute_tokens(ours, ids, methods)
+    for method in methods:
+        assert torch.allclose(got.scores[method], expected.scores[method], atol=1e-5), method
+    assert got.scores["raw"][0, 0] < 0.99  # not row 0's [1, 0, 0, ...]

@@ -84,6 +84,12 @@ def chromium():
         launched.close()
 
 
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """The same headless chromium, under the name the page tests use."""
+    return chromium
+
+
 def open_offline(browser, path: Path):
     """Open ``path``; returns ``(page, problems, requests)`` (console errors, every URL asked for)."""
     page = browser.new_page()

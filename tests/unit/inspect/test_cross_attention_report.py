@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.inspect.draw.report import render_report, write_report
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TARGET = ["der", "<b>Hund</b>", "bellt", "</s>"]
 SOURCE = ["the", "dog", "barks", "loudly", "."]
 
@@ -49,17 +45,6 @@ def test_long_sides_are_pooled_apart():
     source = [f"s{i}" for i in range(300)]
     data = _data(render_report(weights, [f"t{i}" for i in range(30)], key_tokens=source, max_tokens=100))
     assert len(data["tokens"]) == 30 and len(data["key_tokens"]) == 100
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def test_hovering_a_target_token_shows_its_row_and_a_source_token_its_column(browser, tmp_path):

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from attnlab.inspect.commands.explain_generation import GenerationExplanation
 from attnlab.inspect.draw.generation_explanation import plot_generation_attribution, render_generation_explanation
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKENS = ["<s>", "<script>window.__pwned = 1</script>", " the", "&amp;", " cat", "</script>", " sat"]
 P = 4
 
@@ -57,17 +53,6 @@ def test_notebooks_get_the_page_in_a_frame():
     explanation = GenerationExplanation("p", TOKENS, list(range(7)), P, _scores(), [-1.0, -2.0, -0.5])
     fragment = explanation._repr_html_()
     assert fragment.startswith("<iframe srcdoc=") and "<script>window" not in fragment
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def test_stepping_through_the_generated_tokens(browser, tmp_path):

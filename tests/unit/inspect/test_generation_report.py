@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.inspect.draw.generation_report import render_generation_report, write_generation_report
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKENS = ["<s>", "<script>window.__pwned = 1</script>", "the", "&amp;", " cat", " sat", "</script>", " down"]
 PROMPT = 4
 
@@ -33,17 +29,6 @@ def test_tokens_never_reach_the_page_as_markup():
 def test_wrong_shapes_are_refused():
     with pytest.raises(ValueError, match=r"rows must be \[G, L, H, N\]"):
         render_generation_report(_rows()[:, :, :, :-1], TOKENS, PROMPT)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def test_stepping_through_the_generation(browser, tmp_path):

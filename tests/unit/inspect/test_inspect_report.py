@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,16 +11,6 @@ import torch
 from attnlab.inspect.draw.report import json_for_script, render_report, render_summary, write_report
 from attnlab.inspect.compute.rollout import attention_rollout
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 HOSTILE = [
     "[CLS]",
     "<script>window.__pwned = 1</script>",
@@ -74,17 +63,6 @@ def test_long_inputs_are_pooled_in_the_report():
     page = render_report(_attentions(tokens, layers=1, heads=1), tokens, max_tokens=100)
     data = json.loads(re.search(r'type="application/json">(.*?)</script>', page, re.S).group(1))
     assert len(data["tokens"]) == 100 and data["tokens"][0] == "0-2 w0 w1 w2"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -133,7 +133,10 @@ def exact_attention(
         # the softmax runs in float32, as transformers' eager functions do; every step on
         # the [B, H, t, S] scores works in place (a fresh tensor of that size per step
         # costs page faults on top of the pass itself)
-        scores = torch.matmul(block, key[:, :, :keys].transpose(-2, -1)).mul_(scaling).float()  # [B, H, t, keys]
+        if triangular and softcap is None and sinks is None:  # scale the [B, H, t, D] queries, not the scores
+            scores = torch.matmul(block * scaling, key[:, :, :keys].transpose(-2, -1)).float()  # [B, H, t, keys]
+        else:  # eager's order, to its last bit: the soft-capped and sink models have no sdpa to match
+            scores = torch.matmul(block, key[:, :, :keys].transpose(-2, -1)).mul_(scaling).float()
         if softcap is not None:  # out of place: tanh keeps its output for the backward
             scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
@@ -188,9 +191,10 @@ def exact_attention(
             if keep is not None and single and keys == S:
                 kept.append(keep)
             elif keep is not None:
-                if full is None:
-                    full = keep.new_zeros(B, keep.shape[1], T, S)
+                if full is None:  # every block writes its rows; only what lies past its keys is zeroed
+                    full = keep.new_empty(B, keep.shape[1], T, S)
                 full[:, :, rows, :keys] = keep
+                full[:, :, rows, keys:] = 0.0
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     weights = full if full is not None else (kept[0] if kept else None)
     return output.transpose(1, 2).contiguous(), weights  # [B, T, H, D]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import shlex
 import sys
 from typing import NoReturn, Optional, Sequence
+
+from ._command_errors import run_reporting_errors
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -59,26 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
-    from .train.interrupts import TrainingInterrupted
-
-    try:
-        return int(module.run(args) or 0)
-    except TrainingInterrupted as error:  # a clean stop: the checkpoint is written
-        again = f"; continue with: attnlab {args.command} --out {shlex.quote(str(args.out))} --resume" if (
-            error.checkpoint is not None and hasattr(args, "resume") and hasattr(args, "out")) else ""
-        print(f"attnlab {args.command}: {error}{again}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt as error:  # a second signal during training, or Ctrl-C outside it
-        print(f"attnlab {args.command}: stopped{f' ({error})' if str(error) else ''}", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError) as error:
-        # a path the user named that cannot be used; commands check their outputs up front,
-        # so this is a last line of defence (the path changed while the command ran)
-        print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(args.command, module.run, args)
 
 
 if __name__ == "__main__":

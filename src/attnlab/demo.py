@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ._command_errors import run_reporting_errors
 from ._files import nonempty_path
 
 DEFAULT_OUT = Path("runs/demo")
@@ -109,7 +110,7 @@ def _write_report(run_dir: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m attnlab.demo", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args())
+    return run_reporting_errors("demo", run, parser.parse_args())
 
 
 if __name__ == "__main__":

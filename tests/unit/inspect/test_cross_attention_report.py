@@ -47,14 +47,10 @@ def test_long_sides_are_pooled_apart():
     assert len(data["tokens"]) == 30 and len(data["key_tokens"]) == 100
 
 
-def test_hovering_a_target_token_shows_its_row_and_a_source_token_its_column(browser, tmp_path):
+def test_hovering_a_target_token_shows_its_row_and_a_source_token_its_column(browser, open_page, tmp_path):
     attentions = _cross()
     path = write_report(tmp_path / "report.html", attentions, TARGET, key_tokens=SOURCE, sides=("target", "source"))
-    page = browser.new_page()
-    problems = []
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.goto(path.as_uri())
+    page, problems, _ = open_page(browser, path)
     page.wait_for_selector("body[data-ready=true]", timeout=10_000)
     page.click("#layer-buttons button[data-layer='1']")
     page.click("#head-buttons button[data-head='2']")

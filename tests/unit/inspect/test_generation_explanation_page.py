@@ -55,15 +55,10 @@ def test_notebooks_get_the_page_in_a_frame():
     assert fragment.startswith("<iframe srcdoc=") and "<script>window" not in fragment
 
 
-def test_stepping_through_the_generated_tokens(browser, tmp_path):
+def test_stepping_through_the_generated_tokens(browser, open_page, tmp_path):
     path = tmp_path / "explanation.html"
     path.write_text(_page(), encoding="utf-8")
-    page = browser.new_page()
-    problems, requests = [], []
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.on("request", lambda request: requests.append(request.url))
-    page.goto(path.as_uri())
+    page, problems, requests = open_page(browser, path)
     page.wait_for_selector("body[data-ready=true]", timeout=10_000)
     assert problems == [] and [url for url in requests if not url.startswith("file://")] == []
     assert page.evaluate("window.__pwned") is None

@@ -31,14 +31,9 @@ def test_wrong_shapes_are_refused():
         render_generation_report(_rows()[:, :, :, :-1], TOKENS, PROMPT)
 
 
-def test_stepping_through_the_generation(browser, tmp_path):
+def test_stepping_through_the_generation(browser, open_page, tmp_path):
     path = write_generation_report(tmp_path / "generation.html", _rows(), TOKENS, PROMPT)
-    page = browser.new_page()
-    problems, requests = [], []
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.on("request", lambda request: requests.append(request.url))
-    page.goto(path.as_uri())
+    page, problems, requests = open_page(browser, path)
     page.wait_for_selector("body[data-ready=true]", timeout=10_000)
     assert problems == [] and [url for url in requests if not url.startswith("file://")] == []
     assert page.evaluate("window.__pwned") is None

@@ -66,7 +66,7 @@ def test_long_inputs_are_pooled_in_the_report():
 
 
 @pytest.fixture
-def opened(browser, tmp_path):
+def opened(browser, open_page, tmp_path):
     """Open a fresh report; returns (page, attentions, rollout, problems, requests)."""
     tokens = HOSTILE
     attentions = _attentions(tokens)
@@ -78,12 +78,7 @@ def opened(browser, tmp_path):
         statistics={"entropy": [[1.0, 2.0, 3.0]] * 2},
         rollout=rollout,
     )
-    page = browser.new_page()
-    problems, requests = [], []
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("request", lambda request: requests.append(request.url))
-    page.goto(path.as_uri())
+    page, problems, requests = open_page(browser, path)
     page.wait_for_selector("body[data-ready=true]", timeout=10_000)
     yield page, attentions, rollout, problems, requests
     page.close()

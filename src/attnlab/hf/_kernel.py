@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._routes import route_of
+
 __all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
 
 BACKEND_NAME = "attnlab"
@@ -231,8 +233,6 @@ def attnlab_attention_forward(
     (the model left on ``attn_implementation="attnlab"`` outside any ``attach``) gives its
     weights when the call asks for ``output_attentions``, as ``eager`` would.
     """
-    from ._routes import route_of
-
     # attnlab's own inspection tools (capture_attention, mask_heads, the explain methods)
     # reach a served module through these keywords, as they reach attnlab's modules.
     need_weights = kwargs.pop("need_weights", None)

@@ -159,6 +159,7 @@ class AttachedModel:
         self.statistics_mode = statistics
         self._weights: dict[str, Tensor] = {}
         self.head_outputs: dict[str, Tensor] = {}
+        self._statistics_options = statistics_options
         self._head_statistics = HeadStatistics(**statistics_options)
         self._causal_statistics = CausalStatistics()
         self._padding: dict[str, Optional[Tensor]] = {}
@@ -184,10 +185,7 @@ class AttachedModel:
     def clear(self) -> None:
         """Forget recorded weights and statistics (the backend stays attached)."""
         self._weights, self.head_outputs = {}, {}
-        self._head_statistics = HeadStatistics(
-            sparsity_threshold=self._head_statistics.sparsity_threshold, top_k=self._head_statistics.top_k,
-            token_groups=self._head_statistics.token_groups, chunk_cells=self._head_statistics.chunk_cells,
-        )
+        self._head_statistics = HeadStatistics(**self._statistics_options)
         self._causal_statistics = CausalStatistics()
 
     # -- each forward -----------------------------------------------------------------

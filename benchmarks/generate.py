@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import resource
 import tempfile
 import time
@@ -39,6 +38,7 @@ from typing import Callable
 import torch
 
 import attnlab
+from attnlab._machine import competing_load, machine_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._precision import Linear
 
@@ -57,18 +57,6 @@ def build_models(directory: Path, quick: bool):
           for name in ("sdpa", "eager")}
     ours = attnlab.load(directory).model
     return hf, ours, sizes["vocab_size"]
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what ``platform`` says, and torch's vector capability."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-        name = names[0] if names else name
-    except OSError:
-        pass
-    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def timed(function: Callable[[], object]) -> float:
@@ -107,15 +95,24 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--prompt", type=int, default=128, help="prompt length")
     parser.add_argument("--new", type=int, default=128, help="new tokens")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out the compile=True rows (each compiles for minutes)")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="start N busy processes for the run (competing load; they stop with it)")
     args = parser.parse_args(argv)
+    with competing_load(args.load):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompt, new = (8, 8) if args.quick else (args.prompt, args.new)
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as directory:
         hf, ours, vocab = build_models(Path(directory), args.quick)
-    print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}; {torch.get_num_threads()} threads; "
-          f"CPU: {cpu_name()}")
+    print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
+    print(machine_line(args.load))
     print("| batch | attnlab | tok/s | HF | tok/s | ratio |")
     print("|---|---|---|---|---|---|")
     for batch in args.batches:
@@ -132,11 +129,15 @@ def main(argv=None) -> int:
             "eager+attentions": lambda: hf["eager"].generate(ids, output_attentions=True,
                                                              return_dict_in_generate=True, **hf_options),
         }
+        compiled = [key for key in cases if "compile" in key]
+        if not args.compile:
+            for key in compiled:
+                del cases[key]
         with torch.no_grad():
             ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1)  # warm-up: first calls pay set-up
             hf["sdpa"].generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
             # compile=True pays its compilation on the first call for a batch size and length
-            compile_seconds = {key: timed(cases[key]) for key in ("compile=True", "+weights compile=True")}
+            compile_seconds = {key: timed(cases[key]) for key in compiled if key in cases}
             runs: dict[str, list[float]] = {key: [] for key in cases}
             for _ in range(repeats):
                 for key, case in cases.items():
@@ -147,10 +148,13 @@ def main(argv=None) -> int:
                                            ("+weights", "eager+attentions", "eager + output_attentions"),
                                            ("+weights compile=True", "eager+attentions",
                                             "eager + output_attentions")):
+            if ours_key not in rate:
+                continue
             print(f"| {batch} | {ours_key} | {rate[ours_key]:.1f} | {hf_label} | {rate[hf_key]:.1f} | "
                   f"{rate[ours_key] / rate[hf_key]:.2f}x |")
-        print(f"  batch {batch}: first compile=True calls (compiling included): "
-              + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
+        if compile_seconds:
+            print(f"  batch {batch}: first compile=True calls (compiling included): "
+                  + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
         packed = batch >= 4
         floor, size = weight_pass(ours, batch, repeats, packed)
         how = "MKL packed, as generate runs from batch 4 on" if packed else "plain products"

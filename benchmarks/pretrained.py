@@ -42,6 +42,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from attnlab._machine import competing_load, machine_line
 from attnlab.checkpoints.encoders.loading import from_pretrained, load_tokenizer, pretrained_dir
 from attnlab.models.sentence import pad_encodings
 
@@ -229,9 +230,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="with --families: only this family (repeatable)")
     parser.add_argument("--width", type=int, default=384, help="with --families: model width")
     parser.add_argument("--layers", type=int, default=6, help="with --families: layers")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="start N busy processes for the run (competing load; they stop with it)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    with competing_load(args.load):
+        print(f"torch {torch.__version__}; {machine_line(args.load)}")
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.families:
         batches = make_batches(embedded_reviews(args.num_texts), args.batch_size, args.max_length)
         benchmark_families(batches, args.repeats, width=args.width, layers=args.layers, families=args.family)

@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	# attnlab's block-sparse kernel (AMX CPUs), compiled here once rather than on first use
 	# (CPUs with AMX only; elsewhere, or without a compiler, torch's fused path serves).
 	$(PY) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel:', status())"
+	# attnlab's portable kernels (at::vec: AVX2, AVX-512, ARM), compiled here once for this CPU
+	# (without a compiler torch's products serve, slower).
+	$(PY) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -76,8 +76,9 @@ def machine_line(competing: int = 0) -> str:
 
 
 @contextlib.contextmanager
-def competing_load(processes: int, max_seconds: float = 3600.0) -> Iterator[None]:
-    """``processes`` busy processes (one pure-Python spin loop each) for the ``with`` block.
+def competing_load(processes: int, max_seconds: float = 3600.0) -> Iterator[list[subprocess.Popen]]:
+    """``processes`` busy processes (one pure-Python spin loop each) for the ``with`` block;
+    yields them.
 
     Each stops by itself after ``max_seconds`` or when this process exits, and all are
     stopped when the block ends.
@@ -85,14 +86,14 @@ def competing_load(processes: int, max_seconds: float = 3600.0) -> Iterator[None
     if processes < 0:
         raise ValueError(f"competing load: {processes} processes; give 0 or more")
     if processes == 0:
-        yield
+        yield []
         return
     deadline = time.monotonic() + max_seconds
     spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(deadline), str(os.getpid())])
                 for _ in range(processes)]
     try:
         time.sleep(0.2)  # let them start spinning before the first timing
-        yield
+        yield spinners
     finally:
         for spinner in spinners:
             spinner.terminate()

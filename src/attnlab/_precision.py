@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._packed_weights import packed_linear
+from ._skinny import skinny_linear
 
 __all__ = ["cpu_has_native_bf16", "bf16_is_emulated", "linear", "Linear"]
 
@@ -111,8 +112,10 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same ``state_dict``) that calls :func:`linear`, or
-    MKL's packed product inside :func:`attnlab._packed_weights.packed_for_rows`."""
+    """``nn.Linear`` (same parameters, same ``state_dict``) that calls :func:`linear`; a
+    product of a few rows (a decoding step's) goes to attnlab's native kernel
+    (:mod:`attnlab._skinny`), and MKL's packed product serves inside
+    :func:`attnlab._packed_weights.packed_for_rows`."""
 
     takes_packed_weights = True
 
@@ -121,4 +124,7 @@ class Linear(nn.Linear):
             out = packed_linear(self, x)
             if out is not None:
                 return out
+        out = skinny_linear(x, self.weight, self.bias)
+        if out is not None:
+            return out
         return linear(x, self.weight, self.bias)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..._packed_weights import packed_for_rows
+from ..._threads import threads_for_load
 from ...attention.masks import keep_mask
 from ...outputs import LayerAttentions, ModelOutput
 from .compiled_decoding import CompiledDecoding, check_no_hooks, compiled_capacity
@@ -212,8 +213,10 @@ def generate(
     capacity = T + max_new_tokens + 1
     cache = model.new_cache(capacity=compiled_capacity(capacity) if compile else capacity)
     recorded: list = []
-    out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions,
-                logits_to_keep=1)
+    # Every forward runs on the cores other processes leave free (attnlab._threads).
+    with threads_for_load():
+        out = model(input_ids, keep, past_key_values=cache, use_cache=True, output_attentions=output_attentions,
+                    logits_to_keep=1)
     logits, attentions = out.logits, out.attentions  # [B, 1, V], per layer [B, H, T, T]
     if output_attentions:
         recorded.append(attentions)
@@ -243,12 +246,13 @@ def generate(
             if last and not output_attentions:
                 break
             # With capture on, the last token also goes through the model, to record its own row.
-            if compiled is not None:
-                logits, attentions = compiled(token)  # [B, 1, V], per layer [B, H, 1, S]
-            else:
-                out = model(token[:, None], keep, past_key_values=cache, use_cache=True,
-                            output_attentions=output_attentions)
-                logits, attentions = out.logits, out.attentions
+            with threads_for_load():
+                if compiled is not None:
+                    logits, attentions = compiled(token)  # [B, 1, V], per layer [B, H, 1, S]
+                else:
+                    out = model(token[:, None], keep, past_key_values=cache, use_cache=True,
+                                output_attentions=output_attentions)
+                    logits, attentions = out.logits, out.attentions
             if output_attentions:
                 recorded.append(attentions)
             if last:

@@ -75,7 +75,6 @@ import gc
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -95,6 +94,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from attnlab import MultiHeadAttention, TransformerEncoder  # noqa: E402
 from attnlab.layers.positional import PositionalEncoding  # noqa: E402
+from attnlab._machine import competing_load, machine_line  # noqa: E402
 from attnlab._precision import cpu_has_native_bf16  # noqa: E402
 
 MIB = 1024 * 1024
@@ -478,6 +478,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--force-bf16", action="store_true",
                         help="time bfloat16 autocast even on a CPU that emulates it (minutes per step)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="start N busy processes for the run (competing load; they stop with it)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the peak-memory subprocesses")
     parser.add_argument("--memory-case", help=argparse.SUPPRESS)  # internal: one memory measurement
@@ -498,12 +500,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def _machine() -> str:
-    load = " ".join(f"{value:.2f}" for value in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+def _machine(competing: int) -> str:
     bf16 = "native" if cpu_has_native_bf16() else "emulated (no AVX512-BF16/AMX)"
-    return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-            f"{torch.backends.cpu.get_cpu_capability()}, bfloat16 matmul {bf16}, load average {load}")
+    return f"torch {torch.__version__}, bfloat16 matmul {bf16}; {machine_line(competing)}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -517,13 +516,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        print(f"# attnlab benchmarks ({'quick smoke run' if args.quick else 'full'})")
-        print(f"start: {_machine()}")
-        if "mha" in args.sections:
-            bench_mha(args)
-        if "encoder" in args.sections:
-            bench_encoder(args)
-        print(f"\nend: {_machine()}")
+        with competing_load(args.load):
+            print(f"# attnlab benchmarks ({'quick smoke run' if args.quick else 'full'})")
+            print(f"start: {_machine(args.load)}")
+            if "mha" in args.sections:
+                bench_mha(args)
+            if "encoder" in args.sections:
+                bench_encoder(args)
+            print(f"\nend: {_machine(args.load)}")
     finally:
         torch.set_num_threads(threads)
     return 0

@@ -30,17 +30,9 @@ import time
 
 import torch
 
+from attnlab._machine import competing_load, machine_line
+
 GIB = 1024 ** 3
-
-
-def cpu_name() -> str:
-    name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as info:
-            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
 
 
 def build(layers: int, width: int, heads: int, kv_heads: int, vocab: int):
@@ -177,6 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-speed", action="store_true", help="only the memory figures")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="start N busy processes for the run (competing load; they stop with it)")
     parser.add_argument("--child", choices=["eager", "statistics", "sdpa"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -185,12 +179,12 @@ def main(argv=None) -> int:
     if args.quick:
         args.layers, args.width, args.heads, args.kv_heads, args.vocab = 2, 64, 4, 2, 100
         args.length, args.memory_lengths, args.repeats, args.rounds = 32, [32], 1, 1
-    load = os.getloadavg()[0]
-    print(f"CPU: {cpu_name()}; load average {load:.2f} ({'idle' if load < 0.5 else 'busy'})")
-    if not args.no_speed:
-        speed(args)
-    for length in args.memory_lengths:
-        memory(argparse.Namespace(**{**vars(args), "length": length}))
+    with competing_load(args.load):
+        print(machine_line(args.load))
+        if not args.no_speed:
+            speed(args)
+        for length in args.memory_lengths:
+            memory(argparse.Namespace(**{**vars(args), "length": length}))
     return 0
 
 

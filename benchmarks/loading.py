@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 import attnlab
+from attnlab._machine import machine_line
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 start = time.perf_counter()
 model = attnlab.load(sys.argv[1], dtype=sys.argv[2]).model
@@ -50,7 +50,8 @@ parameters = {p.data_ptr(): p for p in model.parameters()}.values()
 print(json.dumps({"seconds": seconds, "peak": peak, "before": before, "used": used,
                   "torch": torch.__version__, "threads": torch.get_num_threads(),
                   "dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in parameters}),
-                  "bytes": sum(p.numel() * p.element_size() for p in parameters)}))
+                  "bytes": sum(p.numel() * p.element_size() for p in parameters),
+                  "machine": machine_line()}))
 """
 
 
@@ -119,19 +120,6 @@ def write_checkpoint(directory: Path, *, hidden: int, layers: int, heads: int, i
     return count
 
 
-def cpu_name() -> str:
-    """The CPU's model name (with its family and model numbers, which a virtual machine's
-    short name such as "AMD EPYC" leaves out)."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ":" in line)
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    name, family, model = (fields.get(key, "?") for key in ("model name", "cpu family", "model"))
-    return f"{name} (family {family}, model {model})"
-
-
 def _run_child(arguments: list[str], what: str) -> str:
     source = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's attnlab
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (source, os.environ.get("PYTHONPATH"))))}
@@ -189,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, dtype in enumerate(args.dtypes):
             result = load_in_child(directory, dtype)
             if index == 0:
-                print(f"CPU: {cpu_name()}; torch {result['torch']}, {result['threads']} threads")
+                print(f"{result['machine']}; torch {result['torch']}")
                 print("| dtype | model size | peak RSS loading | before loading | peak - before | load time "
                       "| peak RSS after a forward pass |")
                 print("|---|---|---|---|---|---|---|")

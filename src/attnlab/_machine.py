@@ -14,11 +14,15 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["competing_load", "cpu_count", "cpu_name", "load_average", "machine_line"]
+__all__ = ["CpuSample", "busy_now", "competing_load", "cpu_count", "cpu_name", "cpu_sample", "load_average",
+           "machine_line", "others_busy"]
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # A busy process: spins until its deadline, or until the process that started it is gone
 # (checked every ~0.1 s), so that a killed benchmark never leaves it behind.
@@ -40,13 +44,59 @@ def cpu_count() -> int:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (Linux), else what ``platform`` says, and torch's vector capability."""
+    """The CPU's model name with its family and model numbers (Linux; a virtual machine's
+    short name such as "AMD EPYC" says little without them), else what ``platform`` says;
+    and torch's vector capability."""
     name = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-        name = names[0] if names else name
+            fields: dict[str, str] = {}
+            for line in info:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+        if "model name" in fields:
+            name = f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """The machine's CPU time at one moment (Linux's ``/proc/stat``)."""
+
+    wall: float  # time.monotonic()
+    busy_ticks: int  # every core's non-idle time since boot, in clock ticks (steal included)
+    own_seconds: float  # this process's CPU time
+
+
+def cpu_sample() -> Optional[CpuSample]:
+    """The machine's CPU time now; ``None`` where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    return CpuSample(time.monotonic(), busy, time.process_time())
+
+
+def others_busy(previous: CpuSample, now: CpuSample) -> float:
+    """Cores the other processes kept busy, on average, between two samples."""
+    seconds = max(now.wall - previous.wall, 1e-9)
+    others = (now.busy_ticks - previous.busy_ticks) / _TICKS - (now.own_seconds - previous.own_seconds)
+    return max(others / seconds, 0.0)
+
+
+def busy_now(seconds: float = 1.0) -> Optional[float]:
+    """Cores the other processes keep busy, measured over the next ``seconds``."""
+    first = cpu_sample()
+    if first is None:
+        return None
+    time.sleep(seconds)
+    second = cpu_sample()
+    return None if second is None else others_busy(first, second)
 
 
 def load_average() -> Optional[float]:
@@ -57,22 +107,23 @@ def load_average() -> Optional[float]:
 
 
 def machine_line(competing: int = 0) -> str:
-    """One line for a benchmark's output: CPU, cores, torch threads and how busy the machine is.
+    """One line for a benchmark's output: CPU, cores, torch threads and how busy the machine
+    is (measured over one second now, and the load average).
 
     ``competing``: busy processes this run started itself (``--load``), which the load
     average takes a minute to show.
     """
-    load = load_average()
-    cores = cpu_count()
+    load, busy, cores = load_average(), busy_now(), cpu_count()
     if competing:
         state = f"{competing} competing busy process{'es' if competing > 1 else ''} started by --load"
-    elif load is None:
+    elif busy is None:
         state = "load unknown"
     else:
-        state = "idle" if load < 0.5 * cores else "busy"
-    load_text = "" if load is None else f"load average {load:.2f}, "
+        state = "idle" if busy < 0.25 else "busy"
+    measured = [] if busy is None else [f"other processes busy on {busy:.1f} of {cores} cores"]
+    measured += [] if load is None else [f"load average {load:.2f}"]
     return (f"CPU: {cpu_name()}; {cores} cores, {torch.get_num_threads()} torch threads; "
-            f"{load_text}{state}")
+            f"{', '.join(measured + [state])}")
 
 
 @contextlib.contextmanager

@@ -22,38 +22,16 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
 
-from ._machine import cpu_count
+from ._machine import CpuSample, cpu_count, cpu_sample, others_busy
 
 __all__ = ["SAMPLE_SECONDS", "free_cores", "threads_for_load"]
 
 SAMPLE_SECONDS = 0.5
 """The shortest interval over which the other processes' CPU time is measured."""
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-@dataclass(frozen=True)
-class _Sample:
-    wall: float  # time.monotonic()
-    busy_ticks: int  # every core's non-idle time since boot (steal included)
-    own_seconds: float  # this process's CPU time
-
-
-def _read_sample() -> Optional[_Sample]:
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    # user nice system idle iowait irq softirq steal [guest guest_nice, already in user]
-    busy = sum(fields[:8]) - fields[3] - fields[4]
-    return _Sample(time.monotonic(), busy, time.process_time())
-
 
 def _runnable_others() -> Optional[int]:
     """Tasks runnable right now on the machine besides this call's own thread."""
@@ -65,24 +43,22 @@ def _runnable_others() -> Optional[int]:
     return max(running - 1, 0)
 
 
-def free_cores(previous: _Sample, now: _Sample, cores: int) -> float:
+def free_cores(previous: CpuSample, now: CpuSample, cores: int) -> float:
     """Cores the other processes left free between two samples."""
-    seconds = now.wall - previous.wall
-    others = (now.busy_ticks - previous.busy_ticks) / _TICKS - (now.own_seconds - previous.own_seconds)
-    return min(max(cores - others / seconds, 0.0), float(cores))
+    return min(max(cores - others_busy(previous, now), 0.0), float(cores))
 
 
 class _LoadWatch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sample: Optional[_Sample] = None
+        self._sample: Optional[CpuSample] = None
         self._free: Optional[float] = None
 
     def free(self, cores: int) -> Optional[float]:
         with self._lock:
             now_wall = time.monotonic()
             if self._sample is None or now_wall - self._sample.wall >= SAMPLE_SECONDS:
-                sample = _read_sample()
+                sample = cpu_sample()
                 if sample is None:
                     return None
                 if self._sample is not None:

@@ -9,19 +9,20 @@ import pytest
 import torch
 
 from attnlab import _machine, _threads
-from attnlab._threads import _Sample, free_cores, threads_for, threads_for_load
+from attnlab._machine import CpuSample
+from attnlab._threads import free_cores, threads_for, threads_for_load
 
 
 def test_free_cores_subtracts_this_process_s_own_time():
-    ticks = _threads._TICKS
-    before = _Sample(wall=10.0, busy_ticks=0, own_seconds=1.0)
+    ticks = _machine._TICKS
+    before = CpuSample(wall=10.0, busy_ticks=0, own_seconds=1.0)
     # 1 s: the machine was busy 1.5 core-seconds, 0.5 of them this process's own
-    after = _Sample(wall=11.0, busy_ticks=int(1.5 * ticks), own_seconds=1.5)
+    after = CpuSample(wall=11.0, busy_ticks=int(1.5 * ticks), own_seconds=1.5)
     assert free_cores(before, after, cores=2) == pytest.approx(1.0)
     # every core busy with others, and more runnable than cores: none free (never negative)
-    flooded = _Sample(wall=11.0, busy_ticks=2 * ticks, own_seconds=1.0)
+    flooded = CpuSample(wall=11.0, busy_ticks=2 * ticks, own_seconds=1.0)
     assert free_cores(before, flooded, cores=2) == 0.0
-    idle = _Sample(wall=11.0, busy_ticks=0, own_seconds=1.0)
+    idle = CpuSample(wall=11.0, busy_ticks=0, own_seconds=1.0)
     assert free_cores(before, idle, cores=2) == 2.0
 
 
@@ -53,7 +54,7 @@ def test_the_block_runs_on_the_free_cores_and_restores_torch_s_setting(monkeypat
 
 
 def test_the_watch_measures_the_machine_where_it_can():
-    first = _threads._read_sample()
+    first = _machine.cpu_sample()
     if first is None:
         pytest.skip("no /proc/stat here")
     watch = _threads._LoadWatch()

@@ -25,7 +25,9 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kWeightRows = 4;
-constexpr int64_t kRows = 2;
+// Rows of x per pass: kWeightRows * kRows accumulators, kWeightRows weight vectors and one
+// row vector must fit the vector registers (16 with AVX2 and NEON, 32 with AVX-512).
+constexpr int64_t kRows = Vec::size() >= 16 ? 4 : 2;
 
 // A vector of float32 from `size` consecutive weights (size <= Vec::size()).
 inline Vec load_weights(const float* w, int64_t size) {
@@ -69,7 +71,7 @@ inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride,
   for (int64_t r = 0; r < R; ++r)
     for (int64_t o = 0; o < O; ++o)
       out[r * out_stride + o] =
-          at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc[r][o], Vec::size());
+          at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc[r][o]);
 }
 
 // Weight rows [begin, end) against every row of x.

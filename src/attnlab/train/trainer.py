@@ -27,6 +27,7 @@ from torch.utils.data import Dataset, DistributedSampler
 
 from .._files import load_safetensors_into
 from .._precision import cpu_has_native_bf16
+from .._threads import threads_for_load
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
 from .checkpoint import find_resumable, rng_state, save_checkpoint, set_rng_state
 from .distributed import all_reduce_mean, any_process, distributed_info
@@ -212,7 +213,12 @@ class TransformerTrainer:
         raise TypeError(f"batch must be a dict or an (inputs, targets) pair, got {type(batch).__name__}")
 
     def _optimizer_step(self, batches: Sequence[Any], criterion: Optional[Callable] = None) -> float:
-        """One optimizer step over ``batches`` (accumulated), each loss weighted by its share."""
+        """One optimizer step over ``batches`` (accumulated), each loss weighted by its share,
+        on the cores other processes leave free (:mod:`attnlab._threads`)."""
+        with threads_for_load():
+            return self._optimizer_step_here(batches, criterion)
+
+    def _optimizer_step_here(self, batches: Sequence[Any], criterion: Optional[Callable]) -> float:
         self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         units = [prediction_units(batch.get("labels")) if isinstance(batch, dict) else prediction_units(batch[1]) for batch in batches]

@@ -94,7 +94,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from attnlab import MultiHeadAttention, TransformerEncoder  # noqa: E402
 from attnlab.layers.positional import PositionalEncoding  # noqa: E402
-from attnlab._machine import competing_load, machine_line  # noqa: E402
+from attnlab._machine import competing_load, machine_line, paths_line  # noqa: E402
 from attnlab._precision import cpu_has_native_bf16  # noqa: E402
 
 MIB = 1024 * 1024
@@ -519,6 +519,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with competing_load(args.load):
             print(f"# attnlab benchmarks ({'quick smoke run' if args.quick else 'full'})")
             print(f"start: {_machine(args.load)}")
+            print(paths_line())
             if "mha" in args.sections:
                 bench_mha(args)
             if "encoder" in args.sections:

@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 import attnlab
-from attnlab._machine import competing_load, machine_line
+from attnlab._machine import competing_load, machine_line, paths_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._precision import Linear
 
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         hf, ours, vocab = build_models(Path(directory), args.quick)
     print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
     print(machine_line(args.load))
+    print(paths_line())
     print("| batch | attnlab | tok/s | HF | tok/s | ratio |")
     print("|---|---|---|---|---|---|")
     for batch in args.batches:

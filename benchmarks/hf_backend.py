@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from attnlab._machine import competing_load, machine_line
+from attnlab._machine import competing_load, machine_line, paths_line
 
 GIB = 1024 ** 3
 
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
         args.length, args.memory_lengths, args.repeats, args.rounds = 32, [32], 1, 1
     with competing_load(args.load):
         print(machine_line(args.load))
+        print(paths_line())
         if not args.no_speed:
             speed(args)
         for length in args.memory_lengths:

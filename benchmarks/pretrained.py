@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from attnlab._machine import competing_load, machine_line
+from attnlab._machine import competing_load, machine_line, paths_line
 from attnlab.checkpoints.encoders.loading import from_pretrained, load_tokenizer, pretrained_dir
 from attnlab.models.sentence import pad_encodings
 
@@ -236,6 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(args.threads)
     with competing_load(args.load):
         print(f"torch {torch.__version__}; {machine_line(args.load)}")
+        print(paths_line())
         run(args)
 
 

@@ -38,7 +38,8 @@ from typing import Callable
 import torch
 
 import attnlab
-from attnlab._machine import competing_load, machine_line, paths_line
+from attnlab._machine import competing_load, machine_line
+from attnlab._paths import paths_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._precision import Linear
 

@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 import torch
 
 __all__ = ["CpuSample", "busy_now", "competing_load", "cpu_count", "cpu_name", "cpu_sample", "load_average",
-           "machine_line", "others_busy", "paths_line"]
+           "machine_line", "others_busy"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -124,16 +124,6 @@ def machine_line(competing: int = 0) -> str:
     measured += [] if load is None else [f"load average {load:.2f}"]
     return (f"CPU: {cpu_name()}; {cores} cores, {torch.get_num_threads()} torch threads; "
             f"{', '.join(measured + [state])}")
-
-
-def paths_line() -> str:
-    """Which of attnlab's machine-dependent paths serve in this process: the native kernels
-    and whether threads follow the load (:mod:`attnlab._threads`)."""
-    from ._skinny import skinny_kernel_status  # the kernels build on first use: not at import
-    from ._threads import adaptive
-
-    threads = "follow the free cores" if adaptive() else "fixed (ATTNLAB_THREADS=fixed)"
-    return f"attnlab paths: few-row products {skinny_kernel_status()}; threads {threads}"
 
 
 @contextlib.contextmanager

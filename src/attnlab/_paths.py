@@ -1,0 +1,18 @@
+"""Which of attnlab's machine-dependent paths serve in this process, in one line for the
+benchmarks to print beside their ratios (it sits above :mod:`attnlab._machine` and
+:mod:`attnlab._threads`, which it reads)."""
+
+from __future__ import annotations
+
+from ._threads import adaptive
+
+__all__ = ["paths_line"]
+
+
+def paths_line() -> str:
+    """Which of attnlab's machine-dependent paths serve in this process: the native kernels
+    and whether threads follow the load (:mod:`attnlab._threads`)."""
+    from ._skinny import skinny_kernel_status  # the kernels build on first use: not at import
+
+    threads = "follow the free cores" if adaptive() else "fixed (ATTNLAB_THREADS=fixed)"
+    return f"attnlab paths: few-row products {skinny_kernel_status()}; threads {threads}"

@@ -12,7 +12,8 @@ __all__ = ["paths_line"]
 def paths_line() -> str:
     """Which of attnlab's machine-dependent paths serve in this process: the native kernels
     and whether threads follow the load (:mod:`attnlab._threads`)."""
-    from ._skinny import skinny_kernel_status  # the kernels build on first use: not at import
+    from . import _native  # the kernels build on first use: not at import
 
     threads = "follow the free cores" if adaptive() else "fixed (ATTNLAB_THREADS=fixed)"
-    return f"attnlab paths: few-row products {skinny_kernel_status()}; threads {threads}"
+    return (f"attnlab paths: few-row products {_native.status('skinny_linear')}; "
+            f"causal softmax {_native.status('causal_softmax')}; threads {threads}")

@@ -157,3 +157,16 @@ def test_align_refuses_bad_arguments_in_one_line(tmp_path, capsys):
     (tmp_path / "pred.txt").write_text("0-0\n")
     assert main(["align", "--alignments", str(tmp_path / "pred.txt"), "--gold", str(tmp_path / "gold.txt")]) == 2
     assert "--gold gold.txt line 1: '1:1' is not a link" in capsys.readouterr().err
+
+
+def test_inspect_an_image_takes_the_model_directorys_preprocessing(tmp_path, capsys):
+    model, image = _vit_dir(tmp_path), _image(tmp_path / "cat.png")
+    (model / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"shortest_edge": 40},
+        "do_center_crop": True, "crop_size": {"height": 24, "width": 40}, "resample": 3, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.4, 0.5, 0.6], "image_std": [0.2, 0.3, 0.4]}))
+    out = tmp_path / "image"
+    assert main(["inspect", "--model", str(model), "--image", str(image), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "preprocessing: the model directory's preprocessor_config.json" in printed
+    assert json.loads((out / "statistics.json").read_text())["grid"] == [3, 5]  # the 24 x 40 crop

@@ -170,3 +170,41 @@ def test_inspect_an_image_takes_the_model_directorys_preprocessing(tmp_path, cap
     printed = capsys.readouterr().out
     assert "preprocessing: the model directory's preprocessor_config.json" in printed
     assert json.loads((out / "statistics.json").read_text())["grid"] == [3, 5]  # the 24 x 40 crop
+
+
+def _vit_classifier_dir(tmp_path):
+    torch.manual_seed(0)
+    labels = {0: "cat", 1: "dog"}
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=2, id2label=labels,
+                                    label2id={v: k for k, v in labels.items()})
+    directory = tmp_path / "vit-classifier"
+    transformers.ViTForImageClassification(config).eval().save_pretrained(directory)
+    return directory
+
+
+def test_explain_an_image_writes_the_heatmaps_over_it(tmp_path, capsys):
+    model, image = _vit_classifier_dir(tmp_path), _image(tmp_path / "cat.png")
+    out = tmp_path / "why"
+    code = main(["explain", "--model", str(model), "--image", str(image), "--target", "dog", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "explained class 'dog' (index 1" in printed and "grad-attention: strongest patch" in printed
+    assert {"explanation.png", "explanation.json", "report.html"} <= {path.name for path in out.iterdir()}
+    written = json.loads((out / "explanation.json").read_text())
+    assert written["label"] == "dog" and written["grid"] == [4, 4]
+    assert list(written["scores"]) == ["grad-attention", "rollout", "raw"]
+    assert all(len(scores) == 16 for scores in written["scores"].values())
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_explain_an_image_refuses_text_methods_and_a_model_without_classes(tmp_path, capsys):
+    image = _image(tmp_path / "cat.png")
+    classifier = _vit_classifier_dir(tmp_path)
+    out = tmp_path / "never"
+    assert main(["explain", "--model", str(classifier), "--image", str(image), "--method", "flow",
+                 "--out", str(out)]) == 2
+    assert "--method flow does not explain an image" in capsys.readouterr().err
+    assert main(["explain", "--model", str(_vit_dir(tmp_path)), "--image", str(image), "--out", str(out)]) == 2
+    assert "no [1, C] logits" in capsys.readouterr().err
+    assert not out.exists()

@@ -132,6 +132,17 @@ def _vision_part(model: nn.Module) -> nn.Module:
     return model
 
 
+def _position_options(model: nn.Module, part: nn.Module, pixel_values: Tensor) -> dict[str, Any]:
+    """``interpolate_pos_encoding=True`` for an image of another size than the model's, where
+    ``part``'s forward takes it."""
+    side = getattr(vision_config(model), "image_size", None)
+    native = tuple(side) if isinstance(side, (list, tuple)) else (side, side)
+    if tuple(pixel_values.shape[2:]) != native and "interpolate_pos_encoding" in inspect.signature(
+            part.forward).parameters:
+        return {"interpolate_pos_encoding": True}
+    return {}
+
+
 def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
     """Every self-attention map of one image (see the module docstring).
 
@@ -145,13 +156,7 @@ def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
                          f"{getattr(pixel_values, 'shape', pixel_values)}")
     patch = _patch_size(vision_config(model))
     part = _vision_part(model)
-    extra = {}
-    config = vision_config(model)
-    side = getattr(config, "image_size", None)
-    native = tuple(side) if isinstance(side, (list, tuple)) else (side, side)
-    if tuple(pixel_values.shape[2:]) != native and "interpolate_pos_encoding" in inspect.signature(
-            part.forward).parameters:
-        extra["interpolate_pos_encoding"] = True
+    extra = _position_options(model, part, pixel_values)
     with torch.no_grad(), attach(model, layers="all") as seen:
         part(pixel_values=pixel_values, **extra)
         weights = {name: value[0].detach().float() for name, value in seen.attentions.items()

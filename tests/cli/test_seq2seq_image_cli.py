@@ -208,3 +208,64 @@ def test_explain_an_image_refuses_text_methods_and_a_model_without_classes(tmp_p
     assert main(["explain", "--model", str(_vit_dir(tmp_path)), "--image", str(image), "--out", str(out)]) == 2
     assert "no [1, C] logits" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_analyze_a_folder_of_images_writes_statistics_per_layer_and_head(tmp_path, capsys):
+    model = _vit_dir(tmp_path)
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for index, size in enumerate([(40, 56), (32, 32), (64, 20)]):
+        _image(folder / f"image_{index}.png", size)
+    (folder / "notes.txt").write_text("not a picture")
+    out = tmp_path / "stats"
+    code = main(["analyze", "--model", str(model), "--images", str(folder), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert "3 images, 51 tokens, 2 layers" in capsys.readouterr().out  # 17 tokens each: class + 4 x 4
+    statistics = json.loads((out / "statistics.json").read_text())
+    tables = statistics["statistics"]
+    assert {"entropy", "mean_attention_distance", "class_prefix_mass", "class_patch_entropy"} <= set(tables)
+    assert "mean_distance" not in tables and "alignment_score" not in tables
+    for name in ("mean_attention_distance", "class_prefix_mass", "class_patch_entropy", "entropy"):
+        assert [len(tables[name][layer]) for layer in ("layer_1", "layer_2")] == [4, 4]
+    assert all(0 <= value <= 1 for value in tables["class_prefix_mass"]["layer_1"])
+    # the distance is in pixels on the 32 x 32 picture (patches of 8): between 0 and the diagonal
+    assert all(0 < value < 8 * 3 * 2 ** 0.5 for value in tables["mean_attention_distance"]["layer_2"])
+    page = (out / "summary.html").read_text()
+    assert "3 images" in page and "figure 7" in page
+
+
+def test_mean_attention_distance_is_the_hand_computed_one(tmp_path):
+    from PIL import Image
+
+    from attnlab.hf.image_analysis import analyze_images
+    from attnlab.hf.vision import image_attention, image_steps
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=64)
+    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+    picture = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    steps = image_steps(model)
+    got = analyze_images(model, [picture], steps).statistics
+    weights = image_attention(model, steps(picture)).attentions["layer_1"].double()  # [2, 5, 5]
+    centres = [(0, 0), (0, 8), (8, 0), (8, 8)]
+    for head in range(2):
+        rows = weights[head, 1:, 1:] / weights[head, 1:, 1:].sum(-1, keepdim=True)
+        want = sum(float(rows[t, s]) * float(np.hypot(centres[t][0] - centres[s][0], centres[t][1] - centres[s][1]))
+                   for t in range(4) for s in range(4)) / 4
+        assert abs(got["mean_attention_distance"]["layer_1"][head] - want) < 1e-6
+        assert abs(got["class_prefix_mass"]["layer_1"][head] - float(weights[head, 0, 0])) < 1e-6
+
+
+def test_analyze_images_refuses_text_options_and_an_empty_folder(tmp_path, capsys):
+    model = _vit_dir(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "never"
+    assert main(["analyze", "--model", str(model), "--images", str(empty), "--out", str(out)]) == 2
+    assert "holds no PNG or JPEG file" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(model), "--images", str(empty), "--importance", "--out", str(out)]) == 2
+    assert "--importance applies to --data" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(model), "--out", str(out)]) == 2
+    assert "give --data (texts) or --images" in capsys.readouterr().err
+    assert not out.exists()

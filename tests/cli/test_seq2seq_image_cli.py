@@ -269,3 +269,99 @@ def test_analyze_images_refuses_text_options_and_an_empty_folder(tmp_path, capsy
     assert main(["analyze", "--model", str(model), "--out", str(out)]) == 2
     assert "give --data (texts) or --images" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _whisper_dir(tmp_path, *, tokenizer=True):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=50,
+        max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )
+    directory = tmp_path / "whisper"
+    transformers.WhisperForConditionalGeneration(config).eval().save_pretrained(directory)
+    transformers.WhisperFeatureExtractor(feature_size=8, chunk_length=1).save_pretrained(directory)  # 1 s: 100 frames
+    if tokenizer:
+        vocabulary = {"<pad>": 0, "<s>": 1, "</s>": 2, **{word: index for index, word in enumerate(WORDS, 3)}}
+        words = Tokenizer(models.WordLevel(vocabulary, unk_token="<pad>"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        words.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def _wav(path, seconds=0.5, rate=8000, channels=2, width=2):
+    import wave
+
+    times = np.arange(int(seconds * rate)) / rate
+    tone = 0.5 * np.sin(2 * np.pi * 440 * times)
+    samples = np.repeat((tone * 32767).astype("<i2")[:, None], channels, axis=1)
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(channels)
+        writer.setsampwidth(width)
+        writer.setframerate(rate)
+        writer.writeframes(samples.tobytes())
+    return path
+
+
+def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_path, capsys):
+    model, clip = _whisper_dir(tmp_path), _wav(tmp_path / "clip.wav")
+    out = tmp_path / "audio"
+    code = main(["inspect", "--model", str(model), "--audio", str(clip), "--max-new-tokens", "3",
+                 "--out", str(out), "--format", "png"])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "0.50 s at 8000 Hz -> 8 mel channels x 100 frames" in printed
+    assert {"report.html", "encoder.html", "decoder.html", "generation.html", "cross_layer_1.png",
+            "statistics.json"} <= {path.name for path in out.iterdir()}
+    statistics = json.loads((out / "statistics.json").read_text())
+    assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 50
+    assert statistics["layers"]["cross.layer_2"]["keys"] == "source"
+    page = (out / "report.html").read_text()
+    data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
+    assert data["sides"] == ["target", "source"] and data["tokens"][0] == "<s>"
+
+
+def test_the_clips_features_are_the_feature_extractors_and_a_target_is_scored(tmp_path, capsys):
+    import wave
+
+    from attnlab.hf.audio import audio_features, read_wav
+    from attnlab.hf.seq2seq import pair_attention
+
+    model_dir, clip = _whisper_dir(tmp_path), _wav(tmp_path / "clip.wav", rate=16000, channels=1)
+    samples, rate = read_wav(clip)
+    with wave.open(str(clip)) as reader:
+        raw = np.frombuffer(reader.readframes(reader.getnframes()), dtype="<i2") / 32768.0
+    np.testing.assert_allclose(samples, raw, atol=1e-7)
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(model_dir).eval()
+    got = audio_features(model_dir, model, samples, rate)
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(model_dir)
+    want = extractor(raw.astype(np.float32), sampling_rate=16000, return_tensors="np")["input_features"][0]
+    np.testing.assert_allclose(got.features.numpy(), want, atol=1e-6)
+    assert got.seconds_per_position == 0.02
+    out = tmp_path / "scored"
+    assert main(["inspect", "--model", str(model_dir), "--audio", str(clip), "--target", "w3 w4", "--out",
+                 str(out)]) == 0, capsys.readouterr().err
+    statistics = json.loads((out / "statistics.json").read_text())
+    assert statistics["target_tokens"] == ["<s>", "w3", "w4"] and "generation.html" not in {
+        path.name for path in out.iterdir()}
+    pair = pair_attention(model, None, torch.tensor([1, 3, 4]), source_features=got.features)
+    assert pair.cross["cross.layer_1"].shape == (4, 3, 50)
+
+
+def test_a_bad_clip_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    model = _whisper_dir(tmp_path, tokenizer=False)
+    out = tmp_path / "never"
+    assert main(["inspect", "--model", str(model), "--audio", str(tmp_path / "no.wav"), "--out", str(out)]) == 2
+    assert "--audio" in capsys.readouterr().err
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF not really")
+    assert main(["inspect", "--model", str(model), "--audio", str(bad), "--out", str(out)]) == 2
+    assert "is not a PCM WAV file" in capsys.readouterr().err
+    long = _wav(tmp_path / "long.wav", seconds=1.5)
+    assert main(["inspect", "--model", str(model), "--audio", str(long), "--out", str(out)]) == 2
+    assert "longer than the model's window of 1 s" in capsys.readouterr().err
+    assert main(["inspect", "--model", str(model), "--text", "a", "--max-new-tokens", "2", "--out", str(out)]) == 2
+    assert "--max-new-tokens applies to --audio" in capsys.readouterr().err
+    assert not out.exists()

@@ -67,7 +67,7 @@ def encode_side(tokenizer: Any, text: str, max_length: int, argument: str) -> tu
 
 
 def _token_text(tokenizer: Any, index: int) -> str:
-    text = tokenizer.id_to_token(int(index))
+    text = tokenizer.id_to_token(int(index)) if tokenizer is not None else None
     return text if text is not None else f"<{int(index)}>"
 
 
@@ -100,6 +100,8 @@ def write_pair_inspection(
     formats: Sequence[str] = ("png",),
     max_tokens: int = 128,
     model_name: str = "model",
+    source_features: Optional[torch.Tensor] = None,
+    source_labels: Optional[Sequence[str]] = None,
 ) -> PairInspection:
     """Run ``source`` and ``target`` (or a target generated from ``source`` when ``target`` is
     ``None``) through an encoder-decoder model and write into ``out``: ``report.html`` (the
@@ -119,17 +121,33 @@ def write_pair_inspection(
         formats: picture formats.
         max_tokens: beyond this many positions pages and pictures pool positions.
         model_name: shown on the pages.
+        source_features: ``[C, F]`` a speech model's input features instead of a source text
+            (``source`` then names the clip); the target is generated greedily when not given
+            (:func:`~attnlab.hf.audio.greedy_target`).
+        source_labels: with ``source_features``: one label per encoder position (its time).
     """
+    from ...hf.audio import greedy_target
     from ...hf.seq2seq import decoder_start, generate_pair, pair_attention
 
     inner = getattr(model, "model", model)
-    source_ids, source_tokens = encode_side(tokenizer, source, max_length, "--source")
-    if target is None:
-        pair = generate_pair(inner, source_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    if source_features is not None:
+        start = decoder_start(inner)
+        if target is None:
+            decoder_ids = greedy_target(inner, source_features, start=start, max_new_tokens=max_new_tokens)
+        else:
+            target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
+            decoder_ids = torch.cat([torch.tensor([start]), target_ids])  # [T]: start token first
+        pair = pair_attention(inner, None, decoder_ids, source_features=source_features)
+        S = next(iter(pair.cross.values())).shape[-1]
+        source_tokens = list(source_labels or [])[:S] or [f"frame {index}" for index in range(S)]
     else:
-        target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
-        decoder_ids = torch.cat([torch.tensor([decoder_start(inner)]), target_ids])  # [T]: start token first
-        pair = pair_attention(inner, source_ids, decoder_ids)
+        source_ids, source_tokens = encode_side(tokenizer, source, max_length, "--source")
+        if target is None:
+            pair = generate_pair(inner, source_ids, max_new_tokens=max_new_tokens, do_sample=False)
+        else:
+            target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
+            decoder_ids = torch.cat([torch.tensor([decoder_start(inner)]), target_ids])  # [T]: start token first
+            pair = pair_attention(inner, source_ids, decoder_ids)
     target_tokens = [_token_text(tokenizer, index) for index in pair.target_ids.tolist()]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

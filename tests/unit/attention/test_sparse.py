@@ -541,9 +541,10 @@ def test_merged_route_gradcheck() -> None:
     assert torch.autograd.gradcheck(function, leaves, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
 
 
-def test_end_padding_and_globals_keep_most_blocks_on_the_unmasked_fused_call() -> None:
+def test_end_padding_and_globals_keep_most_blocks_on_the_unmasked_fused_call(monkeypatch) -> None:
     # Padding at the sequence end biases only the last blocks' windows; global keys are
-    # merged afterwards and do not send any block to a masked call.
+    # merged afterwards and do not send any block to a masked call (torch's path).
+    monkeypatch.setenv("ATTNLAB_SPARSE_KERNEL", "torch")
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     blocks = {"masked": 0, "unmasked": 0}
 

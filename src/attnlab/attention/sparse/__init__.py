@@ -1,8 +1,9 @@
 """Sparse attention: block-local windows plus global tokens, any length, O(T·block).
 
 ``SparseAttention`` (the article's module, corrected) runs on ``block_sparse_attention``,
-whose fast path is the block-window kernel (``_block_window_kernel``, ``_block_window_native``:
-C++ compiled on first use); ``pattern`` draws which keys each query sees.
+whose fast path is the block-window kernel (``_block_window_kernel``; C++ compiled on first
+use: ``_block_window_native`` on AMX CPUs, ``_block_window_portable`` elsewhere, chosen by
+``_kernel_choice``); ``pattern`` draws which keys each query sees.
 """
 
 from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask

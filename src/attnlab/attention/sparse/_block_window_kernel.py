@@ -14,10 +14,13 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-In bfloat16 and float32 on CPUs with AMX the forward and the backward are attnlab's own
-kernel (``_block_window_native.cpp``: windows, global keys and the global tokens' rows in
-one pass each; see ``_block_window_native.py``). Otherwise the forward attends each run
-of consecutive blocks in one call of torch's fused CPU
+Which kernel serves is chosen per call (``_kernel_choice``; ``ATTNLAB_SPARSE_KERNEL``), and
+the backward takes its forward's. In bfloat16 and float32 on CPUs with AMX the forward and
+the backward are attnlab's AMX kernel (``_block_window_native.cpp``: windows, global keys
+and the global tokens' rows in one pass each; see ``_block_window_native.py``). In float32
+elsewhere the windows are attnlab's portable kernel (``attnlab/_native/block_window.cpp``,
+see ``_block_window_portable.py``), and the global parts the torch ops below. Otherwise
+the forward attends each run of consecutive blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
 as the mask (all windows are read in place; only the batch-edge windows are copied).
@@ -44,7 +47,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._block_window_native import native_window_kernel
+from ._kernel_choice import window_kernel
 
 __all__ = ["block_window_attention"]
 
@@ -536,9 +539,9 @@ class _BlockWindowAttention(torch.autograd.Function):
         chunk = _chunk_size(L, W, n)
 
         flash = _flash_with_logsumexp(query) if Dv == D else None  # it takes one head dim
-        native = native_window_kernel(query, Dv, L, G > 0, scale)
+        path, native = window_kernel(query, Dv, L, G > 0, scale)  # which kernel serves, and its operators
         global_rows = None  # the global tokens' rows: output [B * H, G, Dv], log-sum-exp [B * H, G]
-        if native is not None:
+        if path == "amx":
             # AMX CPUs: windows, global keys and global rows in one kernel of our own.
             global_queries = _global_rows(query_flat, B, H, global_index)  # [B * H, G, D]
             output, logsumexp, *global_rows = native.forward(
@@ -547,9 +550,16 @@ class _BlockWindowAttention(torch.autograd.Function):
                 global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
                 global_queries, key_bias.float().contiguous(), scale,
             )  # [n, L, Dv], [n, L], [B * H, G, Dv], [B * H, G]
-        elif flash is not None:
-            # The windows through the fused kernel, then the global keys merged in exactly.
-            output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
+        elif path == "portable" or flash is not None:
+            # The windows through the portable kernel (float32) or torch's fused one, then
+            # the global keys merged in exactly.
+            if path == "portable":
+                output, logsumexp = native.forward(
+                    query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
+                    window_bias.contiguous(), bias.row_biased, scale,
+                )  # [n, L, Dv], [n, L]
+            else:
+                output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
             if G:
                 logsumexp = _merge_global_keys(
                     output.view(B * H, N * L, Dv),
@@ -599,6 +609,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             global_index, global_keys, global_values, key_bias, row_logsumexp,
         )
         ctx.sizes = (B, H, T, N, L, w, scale, keys.shift, values.shift)
+        ctx.kernel = (path, native)  # the backward takes the forward's path
         return output.view(B, H, N * L, Dv)[:, :, :T]
 
     @staticmethod
@@ -624,8 +635,8 @@ class _BlockWindowAttention(torch.autograd.Function):
         def global_rows(blocks: Tensor) -> Tensor:  # [n, L, D] -> [B * H, G, D]
             return _global_rows(blocks, B, H, global_index)
 
-        native = native_window_kernel(query_flat, Dv, L, G > 0, scale)
-        if native is not None:
+        path, native = ctx.kernel
+        if path == "amx":
             # Everything in the kernel of our own (AMX CPUs). The global tokens' own
             # gradients come back apart, in float32, and join the sequence's here.
             global_grad, global_output = global_rows(grad_flat), global_rows(output)  # [B * H, G, Dv]
@@ -648,12 +659,21 @@ class _BlockWindowAttention(torch.autograd.Function):
                 grad_query.view(B, H, N * L, D)[:, :, global_index] = global_query_grad
             return sequence_layout(grad_query), grad_key, grad_value, None, None, None, None, None, None, None
 
-        # Elsewhere in torch ops: the windows chunk by chunk, the global parts over whole heads.
+        # Elsewhere the windows in the portable kernel (float32) or in torch ops chunk by
+        # chunk; the global parts in torch ops over whole heads.
         keys = _Windows(key_source, key_shift, n, w)
         values = _Windows(value_source, value_shift, n, w)
-        grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
-            query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
-        )
+        if path == "portable":
+            grad_query, grad_key_blocks, grad_value_blocks = native.backward(
+                query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
+                window_bias.contiguous(), bias.row_biased, grad_flat.contiguous(), output, logsumexp, scale,
+            )  # [n, L, D], [n, L, D], [n, L, Dv]
+            # rowsum(dO * O), for the global parts below: [n, L, 1]
+            row_term = torch.linalg.vecdot(grad_flat, output).unsqueeze(-1) if G else None
+        else:
+            grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
+                query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
+            )
         grad_key, grad_value = sequence_layout(grad_key_blocks), sequence_layout(grad_value_blocks)
         if G:
             # Every query of head (b, h) against its G global keys at once: [B * H, N * L, G].

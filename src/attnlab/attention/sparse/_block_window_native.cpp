@@ -1161,7 +1161,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> block_window_backward
 
 }  // namespace
 
-TORCH_LIBRARY(attnlab_block_window, m) {
+TORCH_LIBRARY(attnlab_block_window_amx, m) {
   m.def(
       "forward(Tensor query, Tensor key_source, Tensor value_source, int shift, int value_shift, int spread, "
       "int heads, "

@@ -54,7 +54,7 @@ def build() -> Any:
 
     try:
         load(
-            name="attnlab_block_window",
+            name="attnlab_block_window_amx",
             sources=[str(_SOURCE)],
             extra_cflags=_FLAGS,
             extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP inlined into this library
@@ -64,7 +64,7 @@ def build() -> Any:
     except Exception as error:  # no compiler, no ninja, a compile error
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise RuntimeError(f"could not build {_SOURCE.name}: {first_line[:200]}") from error
-    return torch.ops.attnlab_block_window
+    return torch.ops.attnlab_block_window_amx
 
 
 def status() -> str:

@@ -1,0 +1,416 @@
+// Block-sparse attention's windows in float32, forward and backward, on any CPU torch runs on.
+//
+// Dimension letters as in attention/sparse/_block_window_kernel.py: L block size, D (Dv)
+// head dim of keys (values), W = spread * L window keys of a block, n query blocks.
+//
+// Why a kernel of our own: without it every chunk of blocks costs a dozen torch calls
+// (GEMMs, bias, exp, sums), each a parallel region over buffers that leave the caches, and
+// torch's fused attention cuts a block into pieces and repacks its window for each. Here
+// each block is one pass: S = Q K^T over its whole window (one GEMM), the softmax on rows
+// that are still in cache, O = P V (one GEMM), the 1 / sum applied to the [L, Dv] output
+// rather than to the [L, W] probabilities. Written on at::vec and torch's CPU GEMM
+// (cpublas::brgemm: oneDNN's small-matrix kernels, for AVX2 and AVX-512 alike), so one
+// source serves every vector width; where that GEMM is missing (cpublas raises), the
+// caller's check against float64 fails and torch's path serves.
+//
+// Keys and values come as [blocks, L, D] sources; window offset o of query block i is
+// source block i + shift + o. Offsets outside the source take no part in any product
+// (the window bias removes their keys anyway: they lie outside the batch). Blocks are
+// taken kChunk at a time: the keys their windows cover are transposed once per chunk
+// (the GEMM takes no transposed operand), not once per window.
+// Log-sum-exps are natural logs; -inf for a row without any key (output 0).
+//
+// Backward: see window_backward.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using Vec = at::vec::Vectorized<float>;
+
+constexpr int64_t kChunk = 8;  // query blocks per task (at least spread - 1 in the backward)
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Row-major C[M, N] (+)= A[M, K] B[K, N].
+inline void matmul(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                   float* c, int64_t ldc, bool accumulate) {
+  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, accumulate, a, b, c, /*is_vnni=*/false);
+}
+
+// dst[j * ld_dst + i] = src[i * ld_src + j] for an [M, N] src: 16 x 16 tiles in registers.
+void transpose(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t M, int64_t N) {
+  int64_t i = 0;
+  for (; i + 16 <= M; i += 16) {
+    int64_t j = 0;
+    for (; j + 16 <= N; j += 16) {
+      at::vec::transpose_mxn<float, 16, 16>(src + i * ld_src + j, ld_src, dst + j * ld_dst + i, ld_dst);
+    }
+    for (; j < N; ++j) {
+      for (int64_t r = i; r < i + 16; ++r) dst[j * ld_dst + r] = src[r * ld_src + j];
+    }
+  }
+  for (; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+  }
+}
+
+// The offsets [first, stop) of a window whose blocks lie inside a source of `count` blocks.
+struct Span {
+  int64_t first, stop;
+  int64_t width() const { return stop > first ? stop - first : 0; }
+};
+
+inline Span inside(int64_t start, int64_t spread, int64_t count) {
+  return {std::max<int64_t>(0, -start), std::min(spread, count - start)};
+}
+
+inline float reduce_sum(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, x);
+}
+
+// x <- x * scale (+ bias); returns the maximum (NaN if any is NaN).
+float scale_max(float* x, const float* bias, float scale, int64_t size) {
+  const Vec factor(scale);
+  Vec top(-kInf);
+  int64_t i = 0;
+  for (; i + Vec::size() <= size; i += Vec::size()) {
+    Vec a = Vec::loadu(x + i) * factor;
+    if (bias) a = a + Vec::loadu(bias + i);
+    a.store(x + i);
+    top = at::vec::maximum(top, a);
+  }
+  float result = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, top);
+  for (; i < size; ++i) {
+    x[i] = x[i] * scale + (bias ? bias[i] : 0.0f);
+    result = std::isnan(x[i]) || std::isnan(result) ? NAN : std::max(result, x[i]);
+  }
+  return result;
+}
+
+// x <- exp(x - top); returns the sum.
+float exp_sum(float* x, float top, int64_t size) {
+  const Vec shift(top);
+  Vec sum(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= size; i += Vec::size()) {
+    const Vec e = (Vec::loadu(x + i) - shift).exp_u20();
+    e.store(x + i);
+    sum = sum + e;
+  }
+  float total = reduce_sum(sum);
+  for (; i < size; ++i) {
+    x[i] = std::exp(x[i] - top);
+    total += x[i];
+  }
+  return total;
+}
+
+inline float dot(const float* a, const float* b, int64_t size) {
+  return at::vec::map2_reduce_all<float>([](Vec x, Vec y) { return x * y; },
+                                         [](Vec x, Vec y) { return x + y; }, a, b, size);
+}
+
+struct Problem {
+  const float *q, *k, *v;
+  int64_t n, L, D, Dv, W, spread, key_shift, value_shift, key_count, value_count, heads, blocks;
+  const float* window_bias;
+  const bool* biased;
+  float scale;
+
+  // Block i's row of the window bias (the heads of a sequence share it), or null.
+  const float* bias_of(int64_t i) const {
+    const int64_t row = (i / (heads * blocks)) * blocks + i % blocks;
+    return biased[row] ? window_bias + row * W : nullptr;
+  }
+  // Window offsets whose key and value blocks both lie inside their sources: the others
+  // carry probability 0 (the bias removes them), so every product skips them.
+  Span span(int64_t i) const {
+    const Span keys = inside(i + key_shift, spread, key_count);
+    const Span values = inside(i + value_shift, spread, value_count);
+    return {std::max(keys.first, values.first), std::min(keys.stop, values.stop)};
+  }
+  // keys_t [D, ld] <- the keys of the padded blocks chunk .. chunk + count + spread - 2
+  // (block t of the chunk in columns [t L, (t + 1) L)), transposed; zeros outside the source.
+  void transpose_keys(int64_t chunk, int64_t count, float* keys_t, int64_t ld) const {
+    for (int64_t t = 0; t < count + spread - 1; ++t) {
+      const int64_t source = chunk + key_shift + t;
+      if (source >= 0 && source < key_count) {
+        transpose(k + source * L * D, D, keys_t + t * L, ld, L, D);
+      } else {
+        for (int64_t d = 0; d < D; ++d) std::fill(keys_t + d * ld + t * L, keys_t + d * ld + (t + 1) * L, 0.0f);
+      }
+    }
+  }
+};
+
+Problem problem_of(const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
+                   int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
+                   const Tensor& biased, double scale) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key_source.scalar_type() == at::kFloat &&
+                  value_source.scalar_type() == at::kFloat && window_bias.scalar_type() == at::kFloat,
+              "block_window: float32 inputs only");
+  TORCH_CHECK(biased.scalar_type() == at::kBool, "block_window: `biased` must be bool");
+  TORCH_CHECK(query.dim() == 3 && key_source.dim() == 3 && value_source.dim() == 3,
+              "block_window: blocks must be [count, L, D]");
+  TORCH_CHECK(query.is_contiguous() && key_source.is_contiguous() && value_source.is_contiguous() &&
+                  window_bias.is_contiguous() && biased.is_contiguous(),
+              "block_window: contiguous inputs only");
+  TORCH_CHECK(spread >= 1 && spread % 2 == 1 && heads >= 1 && blocks >= 1, "block_window: bad sizes");
+  Problem p;
+  p.n = query.size(0);
+  p.L = query.size(1);
+  p.D = query.size(2);
+  p.Dv = value_source.size(2);
+  p.spread = spread;
+  p.W = spread * p.L;
+  TORCH_CHECK(key_source.size(1) == p.L && key_source.size(2) == p.D && value_source.size(1) == p.L,
+              "block_window: key and value blocks must match the query blocks");
+  TORCH_CHECK(p.n % (heads * blocks) == 0, "block_window: blocks do not divide into heads");
+  TORCH_CHECK(window_bias.dim() == 2 && window_bias.size(0) == p.n / heads && window_bias.size(1) == p.W,
+              "block_window: window_bias must be [B * N, W]");
+  TORCH_CHECK(biased.numel() == window_bias.size(0), "block_window: `biased` must be [B * N]");
+  p.q = query.data_ptr<float>();
+  p.k = key_source.data_ptr<float>();
+  p.v = value_source.data_ptr<float>();
+  p.key_shift = key_shift;
+  p.value_shift = value_shift;
+  p.key_count = key_source.size(0);
+  p.value_count = value_source.size(0);
+  p.heads = heads;
+  p.blocks = blocks;
+  p.window_bias = window_bias.data_ptr<float>();
+  p.biased = biased.data_ptr<bool>();
+  p.scale = static_cast<float>(scale);
+  return p;
+}
+
+std::tuple<Tensor, Tensor> window_forward(const Tensor& query, const Tensor& key_source,
+                                          const Tensor& value_source, int64_t key_shift, int64_t value_shift,
+                                          int64_t spread, int64_t heads, int64_t blocks,
+                                          const Tensor& window_bias, const Tensor& biased, double scale) {
+  const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
+                               window_bias, biased, scale);
+  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W;
+  auto output = at::empty({n, L, Dv}, query.options());
+  auto logsumexp = at::empty({n, L}, query.options());
+  float* out = output.data_ptr<float>();
+  float* lse = logsumexp.data_ptr<float>();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t ld = (kChunk + spread - 1) * L;  // columns of the transposed keys
+    std::vector<float> keys_t(D * ld), scores(L * W), inverse(L);
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t chunk = index * kChunk, count = std::min(n, chunk + kChunk) - chunk;
+      p.transpose_keys(chunk, count, keys_t.data(), ld);
+      for (int64_t i = chunk; i < chunk + count; ++i) {
+        const Span span = p.span(i);
+        const int64_t columns = span.width() * L;
+        float* out_i = out + i * L * Dv;
+        float* lse_i = lse + i * L;
+        if (columns == 0) {
+          std::fill(out_i, out_i + L * Dv, 0.0f);
+          std::fill(lse_i, lse_i + L, -kInf);
+          continue;
+        }
+        const float* bias = p.bias_of(i);
+        if (bias) bias += span.first * L;
+        // S = Q K^T over the window's keys: [L, columns].
+        matmul(L, columns, D, p.q + i * L * D, D, keys_t.data() + (i - chunk + span.first) * L, ld,
+               scores.data(), columns, false);
+        for (int64_t r = 0; r < L; ++r) {
+          float* row = scores.data() + r * columns;
+          const float top = scale_max(row, bias, p.scale, columns);
+          if (top == -kInf || std::isnan(top)) {  // no key; or NaN scores, whose output is NaN
+            std::fill(row, row + columns, top == -kInf ? 0.0f : top);
+            inverse[r] = top == -kInf ? 0.0f : top;
+            lse_i[r] = top;
+            continue;
+          }
+          const float sum = exp_sum(row, top, columns);
+          inverse[r] = 1.0f / sum;
+          lse_i[r] = top + std::log(sum);
+        }
+        // O = P V, then each row divided by its sum.
+        matmul(L, Dv, columns, scores.data(), columns, p.v + (i + p.value_shift + span.first) * L * Dv, Dv, out_i,
+               Dv, false);
+        for (int64_t r = 0; r < L; ++r) {
+          const Vec factor(inverse[r]);
+          at::vec::map([factor](Vec x) { return x * factor; }, out_i + r * Dv, out_i + r * Dv, Dv);
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release(/*is_vnni=*/false);
+  });
+  return {output, logsumexp};
+}
+
+// Backward, in the transposed layout (window keys as rows, the block's queries as
+// columns), where every product takes its operands as they lie: per block,
+// S^T = K Q^T and dP^T = V dO^T; P^T = exp(scale S^T + bias - lse) from the forward's
+// log-sum-exp (+inf: probability 0); dS^T = scale P^T * (dP^T - rowsum(dO * O)); then
+// dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T. Each task takes kChunk consecutive blocks
+// and adds into its own sums of the key and value blocks its windows cover (padded block
+// t = i + offset). Its first and last spread - 1 padded blocks are shared with its
+// neighbours: they wait in edge buffers and are added after all tasks; the others go
+// straight to the gradients.
+std::tuple<Tensor, Tensor, Tensor> window_backward(
+    const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
+    int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
+    const Tensor& biased, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
+    double scale) {
+  const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
+                               window_bias, biased, scale);
+  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, w = (spread - 1) / 2;
+  TORCH_CHECK(grad_output.is_contiguous() && output.is_contiguous() && logsumexp.is_contiguous() &&
+                  grad_output.scalar_type() == at::kFloat && output.scalar_type() == at::kFloat &&
+                  logsumexp.scalar_type() == at::kFloat,
+              "block_window_backward: contiguous float32 gradient, output and log-sum-exp");
+  TORCH_CHECK(grad_output.numel() == n * L * Dv && output.numel() == n * L * Dv && logsumexp.numel() == n * L,
+              "block_window_backward: gradient, output or log-sum-exp of the wrong size");
+  const float* dout = grad_output.data_ptr<float>();
+  const float* out = output.data_ptr<float>();
+  const float* lse = logsumexp.data_ptr<float>();
+  auto grad_query = at::empty({n, L, D}, query.options());
+  auto grad_key = at::empty({n, L, D}, query.options());
+  auto grad_value = at::empty({n, L, Dv}, query.options());
+  float* dq = grad_query.data_ptr<float>();
+  float* dk = grad_key.data_ptr<float>();
+  float* dv = grad_value.data_ptr<float>();
+
+  const int64_t shared = spread - 1;  // padded blocks a task shares with each neighbour
+  const int64_t chunk_blocks = std::max(kChunk, shared);
+  const int64_t chunks = (n + chunk_blocks - 1) / chunk_blocks;
+  const int64_t block_size = L * (D + Dv);  // one block's key then value sums
+  const int64_t edge_size = std::max<int64_t>(shared, 1) * block_size;
+  auto edges = at::empty({chunks, 2, edge_size}, query.options());
+  float* edge_data = edges.data_ptr<float>();
+  // Padded block t is block t - w of the sequence; those outside it are discarded.
+  const auto emit = [&](const float* key_block, const float* value_block, int64_t padded) {
+    if (padded < w || padded >= n + w) return;
+    std::memcpy(dk + (padded - w) * L * D, key_block, L * D * sizeof(float));
+    std::memcpy(dv + (padded - w) * L * Dv, value_block, L * Dv * sizeof(float));
+  };
+
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t local_blocks = chunk_blocks + shared, ld = local_blocks * L;
+    std::vector<float> keys_t(D * ld), query_t(D * L), grad_t(Dv * L), query_grad_t(D * L);
+    std::vector<float> probs_t(W * L), scores_grad_t(W * L), term(L), row_lse(L);
+    std::vector<float> key_sums(local_blocks * L * D), value_sums(local_blocks * L * Dv);
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t chunk = index * chunk_blocks, count = std::min(n, chunk + chunk_blocks) - chunk;
+      std::fill(key_sums.begin(), key_sums.end(), 0.0f);
+      std::fill(value_sums.begin(), value_sums.end(), 0.0f);
+      p.transpose_keys(chunk, count, keys_t.data(), ld);
+      for (int64_t i = chunk; i < chunk + count; ++i) {
+        float* dq_i = dq + i * L * D;
+        const Span span = p.span(i);
+        const int64_t columns = span.width() * L;  // window keys taking part: rows here
+        if (columns == 0) {
+          std::fill(dq_i, dq_i + L * D, 0.0f);
+          continue;
+        }
+        const float* q_i = p.q + i * L * D;
+        const float* dout_i = dout + i * L * Dv;
+        const float* bias = p.bias_of(i);
+        if (bias) bias += span.first * L;
+        for (int64_t r = 0; r < L; ++r) {
+          term[r] = dot(dout_i + r * Dv, out + (i * L + r) * Dv, Dv);
+          const float e = lse[i * L + r];
+          row_lse[r] = e == -kInf ? kInf : e;  // no key: probability 0
+        }
+        transpose(q_i, D, query_t.data(), L, L, D);
+        transpose(dout_i, Dv, grad_t.data(), L, L, Dv);
+        const int64_t local = i - chunk + span.first;  // the window's first block in the chunk's buffers
+        matmul(columns, L, D, p.k + (i + p.key_shift + span.first) * L * D, D, query_t.data(), L, probs_t.data(),
+               L, false);
+        matmul(columns, L, Dv, p.v + (i + p.value_shift + span.first) * L * Dv, Dv, grad_t.data(), L,
+               scores_grad_t.data(), L, false);
+        const Vec factor(p.scale);
+        for (int64_t c = 0; c < columns; ++c) {
+          const Vec key_bias(bias ? bias[c] : 0.0f);
+          float* prob = probs_t.data() + c * L;
+          float* ds = scores_grad_t.data() + c * L;
+          int64_t r = 0;
+          for (; r + Vec::size() <= L; r += Vec::size()) {
+            const Vec x = (Vec::loadu(prob + r) * factor + key_bias - Vec::loadu(row_lse.data() + r)).exp_u20();
+            x.store(prob + r);
+            ((Vec::loadu(ds + r) - Vec::loadu(term.data() + r)) * x * factor).store(ds + r);
+          }
+          for (; r < L; ++r) {
+            prob[r] = std::exp(prob[r] * p.scale + (bias ? bias[c] : 0.0f) - row_lse[r]);
+            ds[r] = (ds[r] - term[r]) * prob[r] * p.scale;
+          }
+        }
+        matmul(columns, Dv, L, probs_t.data(), L, dout_i, Dv, value_sums.data() + local * L * Dv, Dv, true);
+        matmul(columns, D, L, scores_grad_t.data(), L, q_i, D, key_sums.data() + local * L * D, D, true);
+        matmul(D, L, columns, keys_t.data() + local * L, ld, scores_grad_t.data(), L, query_grad_t.data(), L,
+               false);
+        transpose(query_grad_t.data(), L, dq_i, D, D, L);
+      }
+      // The sums out: the first `shared` padded blocks to this task's head buffer (the
+      // first task has no neighbour before it), the last `shared` to its tail buffer (the
+      // last task has none after it), the rest to the gradients.
+      const bool last = index == chunks - 1;
+      float* head = edge_data + (index * 2) * edge_size;
+      float* tail = edge_data + (index * 2 + 1) * edge_size;
+      for (int64_t t = 0; t < count + shared; ++t) {
+        const float* key_block = key_sums.data() + t * L * D;
+        const float* value_block = value_sums.data() + t * L * Dv;
+        float* edge = nullptr;
+        if (t < shared && index > 0) {
+          edge = head + t * block_size;
+        } else if (t >= count && !last) {
+          edge = tail + (t - count) * block_size;
+        }
+        if (edge) {
+          std::memcpy(edge, key_block, L * D * sizeof(float));
+          std::memcpy(edge + L * D, value_block, L * Dv * sizeof(float));
+        } else {
+          emit(key_block, value_block, chunk + t);
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release(/*is_vnni=*/false);
+  });
+  // The padded blocks two tasks share: task c's head plus task c - 1's tail (every task
+  // but the last has chunk_blocks >= shared blocks, so no block is shared by three).
+  at::parallel_for(1, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(block_size);
+    for (int64_t index = begin; index < end; ++index) {
+      const float* head = edge_data + (index * 2) * edge_size;
+      const float* tail = edge_data + ((index - 1) * 2 + 1) * edge_size;
+      for (int64_t t = 0; t < shared; ++t) {
+        at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, sum.data(), head + t * block_size,
+                             tail + t * block_size, block_size);
+        emit(sum.data(), sum.data() + L * D, index * chunk_blocks + t);
+      }
+    }
+  });
+  return {grad_query, grad_key, grad_value};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(attnlab_block_window, m) {
+  m.def(
+      "forward(Tensor query, Tensor key_source, Tensor value_source, int key_shift, int value_shift, "
+      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, float scale) -> (Tensor, Tensor)",
+      &window_forward);
+  m.def(
+      "backward(Tensor query, Tensor key_source, Tensor value_source, int key_shift, int value_shift, "
+      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, Tensor grad_output, "
+      "Tensor output, Tensor logsumexp, float scale) -> (Tensor, Tensor, Tensor)",
+      &window_backward);
+}

@@ -22,7 +22,8 @@ from torch import nn
 
 from .._files import follow_umask, load_safetensors_into, read_json, write_json
 from .._pretrained_io import loader_aliases
-from ..layers import EncoderConfig, TransformerEncoder
+from ..layers import EncoderConfig
+from ..models.encoder import TransformerEncoder
 from ..layers.decoder_config import DecoderConfig
 from .tensors import CheckpointTensors
 from ..models.classifier import EncoderClassifier

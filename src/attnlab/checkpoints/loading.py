@@ -36,7 +36,7 @@ from torch import nn
 from .._pretrained_io import register_loader
 
 from ..data.tokenizer import Tokenizer
-from ..layers.encoder import TransformerEncoder, find_encoder
+from ..models.encoder import TransformerEncoder, find_encoder
 from ..models.classifier import EncoderClassifier
 from ..models.decoder.causal_lm import DecoderForCausalLM
 from ..models.masked_lm import EncoderForMaskedLM

@@ -12,7 +12,7 @@ from .._checks import check_positive_int, check_probability
 from .._masked_mean import masked_mean
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
-from ..layers import TransformerEncoder
+from .encoder import TransformerEncoder
 from .outputs import TaskOutput
 
 __all__ = ["DensePooler", "EncoderClassifier", "POOLINGS", "POOLER_ACTIVATIONS", "pool"]

@@ -26,7 +26,8 @@ from .._checks import check_positive_int, check_probability, dataclass_from_dict
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
-from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
+from ..layers.encoder_layer import TransformerEncoderLayer
+from .encoder import TransformerEncoder
 from ..attention.masks import keep_mask
 from ..layers.ffn import PositionWiseFFN
 from ..outputs import LayerAttentions, ModelOutput

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
-from ..layers import TransformerEncoder
+from .encoder import TransformerEncoder
 from ..layers.ffn import resolve_activation
 from .outputs import TaskOutput
 

@@ -38,7 +38,7 @@ from tokenizers import Tokenizer
 
 from ..._files import follow_umask, read_json, write_json
 from ..._pretrained_io import loader_aliases
-from ...layers.encoder import TransformerEncoder
+from ...models.encoder import TransformerEncoder
 from ...layers.encoder_config import EncoderConfig
 from ..errors import UnsupportedCheckpointError
 from ._bert_like import POST_NORM as BERT_STYLE_OPTIONS

@@ -367,3 +367,19 @@ def test_a_bad_clip_is_one_line_and_nothing_is_written(tmp_path, capsys):
     assert main(["inspect", "--model", str(model), "--text", "a", "--max-new-tokens", "2", "--out", str(out)]) == 2
     assert "--max-new-tokens applies to --audio" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("rows, kept", [("predicting", slice(0, -1)), ("reading", slice(1, None))])
+def test_align_takes_the_rows_that_predict_each_target_token_or_those_that_read_it(tmp_path, capsys, rows, kept):
+    from attnlab.hf.seq2seq import pair_attention
+    from attnlab.inspect.compute.word_alignment import attention_alignment, format_pharaoh
+
+    model = _bart_dir(tmp_path)
+    (tmp_path / "pairs.txt").write_text("w3 w4 w5 w6 ||| w7 w8 w9 w10 w11\n")
+    out = tmp_path / "pred.txt"
+    assert main(["align", "--model", str(model), "--pairs", str(tmp_path / "pairs.txt"), "--out", str(out),
+                 "--rows", rows]) == 0, capsys.readouterr().err
+    bart = transformers.BartForConditionalGeneration.from_pretrained(model).eval()
+    pair = pair_attention(bart, torch.tensor([3, 4, 5, 6]), torch.tensor([1, 7, 8, 9, 10, 11]))  # start token first
+    want = attention_alignment({name: weights[:, kept] for name, weights in pair.cross.items()})
+    assert out.read_text().strip() == format_pharaoh(want)

@@ -53,7 +53,8 @@ def test_inspect_a_pair_writes_the_cross_attention_page_pictures_statistics_and_
     assert "mean_distance" not in cross and "mean_distance" in statistics["layers"]["encoder.layer_1"]
     assert len(cross["entropy"]) == 4
     links = (out / "alignment.txt").read_text().split()
-    assert len(links) == 5 and {int(link.split("-")[1]) for link in links} == set(range(5))
+    # w7 w8 w9 </s> after the start token, each read at the step that predicts it
+    assert len(links) == 4 and {int(link.split("-")[1]) for link in links} == set(range(4))
 
 
 def test_generate_on_a_seq2seq_model_writes_the_step_through_page(tmp_path, capsys):

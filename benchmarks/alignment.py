@@ -14,8 +14,8 @@ by alignment error rate (:func:`alignment_error_rate`).
 Which decoder row stands for target word ``j``: the decoder reads ``[start, w_0, ..., w_n-1]``,
 and the row at position ``j`` is the one that *predicts* ``w_j`` (the row at ``j + 1``
 *reads* it). Both are scored: ``AER (predicting rows)`` is the usual reading of attention as
-alignment (the step that emits the word); ``AER (reading rows)`` is what ``attnlab align``
-takes (the rows of the target tokens given).
+alignment (the step that emits the word, ``attnlab align``'s default); ``AER (reading rows)`` is
+``attnlab align --rows reading``.
 """
 
 from __future__ import annotations

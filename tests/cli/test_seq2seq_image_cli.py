@@ -53,7 +53,8 @@ def test_inspect_a_pair_writes_the_cross_attention_page_pictures_statistics_and_
     assert "mean_distance" not in cross and "mean_distance" in statistics["layers"]["encoder.layer_1"]
     assert len(cross["entropy"]) == 4
     links = (out / "alignment.txt").read_text().split()
-    assert len(links) == 5 and {int(link.split("-")[1]) for link in links} == set(range(5))
+    # w7 w8 w9 </s> after the start token, each read at the step that predicts it
+    assert len(links) == 4 and {int(link.split("-")[1]) for link in links} == set(range(4))
 
 
 def test_generate_on_a_seq2seq_model_writes_the_step_through_page(tmp_path, capsys):
@@ -195,7 +196,9 @@ def test_explain_an_image_writes_the_heatmaps_over_it(tmp_path, capsys):
     assert written["label"] == "dog" and written["grid"] == [4, 4]
     assert list(written["scores"]) == ["grad-attention", "rollout", "raw"]
     assert all(len(scores) == 16 for scores in written["scores"].values())
-    assert "data:image/png;base64," in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "Most probable classes" in page
+    assert "Statistics per layer and head" not in page  # a page of pictures has no empty statistics section
 
 
 def test_explain_an_image_refuses_text_methods_and_a_model_without_classes(tmp_path, capsys):
@@ -365,3 +368,19 @@ def test_a_bad_clip_is_one_line_and_nothing_is_written(tmp_path, capsys):
     assert main(["inspect", "--model", str(model), "--text", "a", "--max-new-tokens", "2", "--out", str(out)]) == 2
     assert "--max-new-tokens applies to --audio" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("rows, kept", [("predicting", slice(0, -1)), ("reading", slice(1, None))])
+def test_align_takes_the_rows_that_predict_each_target_token_or_those_that_read_it(tmp_path, capsys, rows, kept):
+    from attnlab.hf.seq2seq import pair_attention
+    from attnlab.inspect.compute.word_alignment import attention_alignment, format_pharaoh
+
+    model = _bart_dir(tmp_path)
+    (tmp_path / "pairs.txt").write_text("w3 w4 w5 w6 ||| w7 w8 w9 w10 w11\n")
+    out = tmp_path / "pred.txt"
+    assert main(["align", "--model", str(model), "--pairs", str(tmp_path / "pairs.txt"), "--out", str(out),
+                 "--rows", rows]) == 0, capsys.readouterr().err
+    bart = transformers.BartForConditionalGeneration.from_pretrained(model).eval()
+    pair = pair_attention(bart, torch.tensor([3, 4, 5, 6]), torch.tensor([1, 7, 8, 9, 10, 11]))  # start token first
+    want = attention_alignment({name: weights[:, kept] for name, weights in pair.cross.items()})
+    assert out.read_text().strip() == format_pharaoh(want)

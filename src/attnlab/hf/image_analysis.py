@@ -112,7 +112,8 @@ def analyze_images(
         raise ValueError("no image to analyse")
     means = heads.means()
     layers = list(means)
-    names = [name for name in dict.fromkeys(n for layer in layers for n in means[layer]) if name not in _ONE_DIMENSIONAL]
+    found = dict.fromkeys(name for layer in layers for name in means[layer])
+    names = [name for name in found if name not in _ONE_DIMENSIONAL]
     table = {name: {layer: means[layer].get(name) for layer in layers} for name in names}
     for name in dict.fromkeys(n for layer in layers for n in sums[layer]):
         table[name] = {layer: (sums[layer][name] / examples).tolist() for layer in layers}

@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", nargs="+", default=None,
                         help="a decoder's prompt(s): explain what the model generates after each")
     parser.add_argument("--image", default=None,
-                        help="a PNG or JPEG for an image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification): "
-                             "grad-attention, rollout and raw attention over the patches")
+                        help="a PNG or JPEG for an image classifier directory (ViT, DeiT, DINOv2 "
+                             "...ForImageClassification): grad-attention, rollout and raw attention over the patches")
     parser.add_argument("--continuation", default=None,
                         help="with --prompt: explain this text after the prompt instead of the model's own "
                              "continuation (start it with a space where a word follows)")

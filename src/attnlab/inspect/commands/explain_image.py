@@ -83,7 +83,8 @@ def write_image_explanation(
               "explained class": f"{explanation.label} (index {explanation.target}, p = {explanation.probability:.4f})",
               "patch grid": f"{gh} x {gw} patches, {explanation.prefix} token(s) before them"},
         images={f"{', '.join(names)}: the class token's view of the patches": figure},
-        extra_tables={"Most probable classes": f"<table><tr><th>class</th><th>probability</th></tr>{rows}</table>"},
+        extra_tables={"Most probable classes": '<table class="stats"><thead><tr><th>class</th>'
+                                               f"<th>probability</th></tr></thead><tbody>{rows}</tbody></table>"},
     )
     report = out / "report.html"
     report.write_text(page, encoding="utf-8")

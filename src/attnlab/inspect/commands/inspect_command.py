@@ -155,7 +155,7 @@ def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
                                        max_tokens=args.max_tokens, model_name=args.model)
     print(f"{len(inspection.source_tokens)} source and {len(inspection.target_tokens)} target tokens, "
           f"{len(inspection.cross)} cross-attention layers")
-    print(f"alignment (source-target tokens): {inspection.alignment}")
+    print(f"alignment (source-target tokens, the target counted after its start token): {inspection.alignment}")
     for path in inspection.figures + inspection.pages[1:]:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")

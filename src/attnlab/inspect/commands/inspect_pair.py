@@ -40,7 +40,9 @@ class PairInspection:
         source_tokens, target_tokens: the two sides (the target as the decoder reads it,
             its start token first).
         cross: ``{"cross.layer_k": [H, T, S]}``.
-        alignment: the Pharaoh links from the cross-attention averaged over layers and heads.
+        alignment: the Pharaoh links from the cross-attention averaged over layers and heads:
+            source token ``i`` - target token ``j`` (counted from 0 after the start token), read
+            at the decoder step that predicts target token ``j``.
     """
 
     report: Path
@@ -169,7 +171,9 @@ def write_pair_inspection(
                               meta=meta, statistics=_tables(statistics["encoder"]), max_tokens=max_tokens))
     pages.append(write_report(out / "decoder.html", pair.decoder, target_tokens, title="decoder self-attention",
                               meta=meta, statistics=_tables(statistics["decoder"]), max_tokens=max_tokens))
-    links = attention_alignment(pair.cross)
+    # decoder position k predicts target_tokens[k + 1]: target token j (after the start token) is row j
+    links = attention_alignment({name: weights[:, :-1] for name, weights in pair.cross.items()}) if len(
+        target_tokens) > 1 else frozenset()
     alignment = format_pharaoh(links)
     (out / "alignment.txt").write_text(alignment + "\n", encoding="utf-8")
     write_json(out / "statistics.json", {
@@ -180,8 +184,9 @@ def write_pair_inspection(
                                                ("cross", "target", "source"))
             for name, values in statistics[kind].items()
         },
-        "alignment": {"from": "cross-attention, every layer and head averaged; each target token to the source "
-                              "token it attends to most", "pharaoh": alignment},
+        "alignment": {"from": "cross-attention, every layer and head averaged; each target token (counted from 0 "
+                              "after the start token) to the source token the decoder attends to most at the step "
+                              "that predicts it", "pharaoh": alignment},
     })
     if target is None and len(target_tokens) > 1:
         G, S = len(target_tokens) - 1, len(source_tokens)

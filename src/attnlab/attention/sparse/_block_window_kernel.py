@@ -48,6 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._threads import threads_for_load
 from ._kernel_choice import window_kernel
 
 __all__ = ["block_window_attention"]
@@ -616,6 +617,11 @@ class _BlockWindowAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        with threads_for_load():  # as the forward (block_sparse_attention): on the free cores
+            return _BlockWindowAttention._backward(ctx, grad_output)
+
+    @staticmethod
+    def _backward(ctx, grad_output):
         (
             query_flat, key_source, value_source, output, logsumexp, window_bias, global_bias,
             global_index, global_keys, global_values, key_bias, row_logsumexp,

@@ -12,6 +12,11 @@ Compares, for B=1, H=8, D=64, blocks of 128 and one neighbour block on each side
 * ``flex``       ``torch.compile(flex_attention)`` with the same block mask, built by
                  ``BlockMask.from_kv_blocks`` (``create_block_mask`` evaluates all T^2 pairs)
 
+``sparse`` runs on the block-sparse kernel path that ``ATTNLAB_SPARSE_KERNEL`` picks (``auto``:
+AMX where the CPU has it, else the portable kernel, else torch's ops); the output names it,
+with the CPU and how busy the machine was. ``--kernels amx portable torch`` times several
+paths side by side in one process; ``--load N`` starts N competing busy processes for the run.
+
 Method: every (method, T) runs in a fresh subprocess. Memory is the resident-set
 high-water mark (``VmHWM``) minus the resident set just before the measured call,
 after the inputs exist, a warm-up call has run (and compiled, for flex), freed heap has
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -41,6 +47,9 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SOURCE))
+from attnlab.attention.sparse._kernel_choice import CHOICES, VARIABLE  # noqa: E402
+
 METHODS = ("sparse", "flex", "dense+mask", "dense")
 
 
@@ -208,7 +217,27 @@ def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
                                           global_positions=global_positions).output
         return block_sparse_attention(q, k, v, block_size=L, window=w).output
 
-    kernels = {"sparse": sparse, "sparse masked": lambda q, k, v: sparse(q, k, v, masked=True)}
+    def on_path(path, call):  # the block-sparse kernel path for this call alone
+        if path is None:
+            return call
+
+        def run(*inputs):
+            before = os.environ.get(VARIABLE)
+            os.environ[VARIABLE] = path
+            try:
+                return call(*inputs)
+            finally:
+                if before is None:
+                    del os.environ[VARIABLE]
+                else:
+                    os.environ[VARIABLE] = before
+        return run
+
+    kernels = {}
+    for path in args.kernels or [None]:
+        name = "sparse" if path is None else f"sparse[{path}]"
+        kernels[name] = on_path(path, sparse)
+        kernels[f"{name} masked"] = on_path(path, lambda q, k, v: sparse(q, k, v, masked=True))
     if "dense" in args.methods and T <= args.dense_max_len:
         kernels["dense"] = F.scaled_dot_product_attention
     result: dict = {"T": T}
@@ -232,7 +261,7 @@ def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
 
     def forward_backward(kernel):
         def call():
-            kernel(*leaves).backward(grad_out)
+            kernel(*leaves).backward(grad_out)  # the backward takes its forward's kernel path
             for leaf in leaves:
                 leaf.grad = None
         return call
@@ -259,6 +288,7 @@ def run_side_by_side_child(T: int, args: argparse.Namespace) -> dict:
     result["sparse_fwd_gflop"] = 4 * B * H * T * W * D / 1e9  # Q K^T and P V over the windows
     result["dense_fwd_gflop"] = 4 * B * H * T * T * D / 1e9
     result["threads"] = torch.get_num_threads()
+    result["kernels"] = args.kernels or [None]
     return result
 
 
@@ -266,29 +296,30 @@ def _print_side_by_side(result: dict, args: argparse.Namespace) -> None:
     ms, T = result["ms"], result["T"]
     print(f"T={T}, side by side in one process ({args.dtype}, {result['threads']} threads, "
           f"each call in turn, median of {args.repeats}):")
-    for mode in ("fwd", "fwd+bwd"):
-        mine = ms.get(f"sparse {mode}")
-        parts = [f"sparse {mine:.1f} ms"]
-        if f"dense {mode}" in ms:
-            dense = ms[f"dense {mode}"]
-            parts.append(f"dense (no mask) {dense:.0f} ms -> sparse is {dense / mine:.1f}x faster")
-        if f"flex {mode}" in ms:
-            parts.append(f"flex {ms[f'flex {mode}']:.1f} ms -> flex/sparse {ms[f'flex {mode}'] / mine:.2f}x")
-        masked = ms.get(f"sparse masked {mode}")
-        parts.append(f"with key padding + 2 global tokens {masked:.1f} ms ({masked / mine:.2f}x unmasked)")
-        print(f"  {mode:8s} " + "; ".join(parts))
+    ceiling = result["gemm_gflops"]
+    for path in result.get("kernels", [None]):
+        name = "sparse" if path is None else f"sparse[{path}]"
+        for mode in ("fwd", "fwd+bwd"):
+            mine = ms.get(f"{name} {mode}")
+            parts = [f"{name} {mine:.1f} ms"]
+            if f"dense {mode}" in ms:
+                dense = ms[f"dense {mode}"]
+                parts.append(f"dense (no mask) {dense:.0f} ms -> sparse is {dense / mine:.1f}x faster")
+            if f"flex {mode}" in ms:
+                parts.append(f"flex {ms[f'flex {mode}']:.1f} ms -> flex/sparse {ms[f'flex {mode}'] / mine:.2f}x")
+            masked = ms.get(f"{name} masked {mode}")
+            parts.append(f"with key padding + 2 global tokens {masked:.1f} ms ({masked / mine:.2f}x unmasked)")
+            print(f"  {mode:8s} " + "; ".join(parts))
+        fwd = result["sparse_fwd_gflop"] / (ms[f"{name} fwd"] / 1000)
+        both = 3.5 * result["sparse_fwd_gflop"] / (ms[f"{name} fwd+bwd"] / 1000)
+        print(f"  {name} reaches {fwd:.0f} GFLOP/s = {100 * fwd / ceiling:.0f} % of the GEMM ceiling forward, "
+              f"{100 * both / ceiling:.0f} % fwd+bwd (counted as 3.5x the forward's GEMM work)")
     if "flex_error" in result:
         print(f"  flex: not run ({result['flex_error']})")
-    ceiling = result["gemm_gflops"]
-    fwd = result["sparse_fwd_gflop"] / (ms["sparse fwd"] / 1000)
-    both = 3.5 * result["sparse_fwd_gflop"] / (ms["sparse fwd+bwd"] / 1000)
-    line = (f"  GEMM ceiling {ceiling:.0f} GFLOP/s (4096^2 {args.dtype} matmul, same process); "
-            f"sparse reaches {fwd:.0f} GFLOP/s = {100 * fwd / ceiling:.0f} % of it forward, "
-            f"{100 * both / ceiling:.0f} % "
-            f"fwd+bwd (counted as 3.5x the forward's GEMM work)")
+    line = f"  GEMM ceiling {ceiling:.0f} GFLOP/s (4096^2 {args.dtype} matmul, same process)"
     if "dense fwd" in ms:
         dense = result["dense_fwd_gflop"] / (ms["dense fwd"] / 1000)
-        line += f"; dense flash forward {100 * dense / ceiling:.0f} %"
+        line += f"; dense flash forward {100 * dense / ceiling:.0f} % of it"
     print(line)
 
 
@@ -348,7 +379,7 @@ def _shared_flags(args: argparse.Namespace) -> list[str]:
         "--train-length", str(args.train_length), "--train-d-model", str(args.train_d_model),
         "--train-layers", str(args.train_layers), "--train-repeats", str(args.train_repeats),
         "--dtype", args.dtype, "--threads", str(args.threads), *(["--no-flex"] if args.no_flex else []),
-        "--dense-max-len", str(args.dense_max_len),
+        "--dense-max-len", str(args.dense_max_len), *(["--kernels", *args.kernels] if args.kernels else []),
     ]
 
 
@@ -387,9 +418,15 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 
 
 def run_parent(args: argparse.Namespace) -> int:
+    from attnlab._machine import machine_line
+    from attnlab.attention.sparse._kernel_choice import sparse_kernel_path
+
     print(f"B=1 H={args.heads} D={args.head_dim} block={args.block} window=±{args.window} blocks, "
           f"{args.dtype}, "
           f"{args.repeats} timed runs (median); memory = extra RSS high-water over the inputs")
+    print(machine_line(args.load))
+    print(f"block-sparse kernel path ({args.dtype} takes it where the path serves {args.dtype}): "
+          f"{sparse_kernel_path()}" + (f"; side by side: {', '.join(args.kernels)}" if args.kernels else ""))
     header = f"{'T':>6} {'method':<11} {'fwd ms':>9} {'fwd MiB':>8} {'fwd+bwd ms':>11} {'f+b MiB':>8}  note"
     print(header)
     print("-" * len(header))
@@ -489,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dense-max-len", type=int, default=16384, help="longest T for dense attention")
     parser.add_argument("--memory-budget-gib", type=float, default=12.0, help="skip dense masks above this")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (compiling takes a while)")
+    parser.add_argument("--kernels", nargs="+", choices=[c for c in CHOICES if c != "auto"], default=None,
+                        help="block-sparse kernel paths to time side by side in one process "
+                             f"(default: the one {VARIABLE} picks)")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="start N busy processes for the run (competing load; they stop with it)")
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)  # older flag; always on now
     parser.add_argument("--train-length", type=int, default=16384, help="0 skips the training step")
     parser.add_argument("--train-d-model", type=int, default=256)
@@ -515,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.side_by_side_child:
         print(json.dumps(run_side_by_side_child(args.side_by_side_child, args)))
         return 0
-    return run_parent(args)
+    from attnlab._machine import competing_load
+
+    with competing_load(args.load):
+        return run_parent(args)
 
 
 if __name__ == "__main__":

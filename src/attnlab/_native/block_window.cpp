@@ -13,6 +13,12 @@
 // source serves every vector width; where that GEMM is missing (cpublas raises), the
 // caller's check against float64 fails and torch's path serves.
 //
+// The G global keys join every block's softmax as G more columns (their scores and
+// products beside the window's, one small GEMM each), so a padding mask and global tokens
+// cost little more than the plain windows; their gradients are summed per head by each
+// task and added up at the end. The global tokens' own rows (G queries over every key)
+// are the caller's.
+//
 // Keys and values come as [blocks, L, D] sources; window offset o of query block i is
 // source block i + shift + o. Offsets outside the source take no part in any product
 // (the window bias removes their keys anyway: they lie outside the batch). Blocks are
@@ -33,6 +39,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -128,6 +135,28 @@ struct Problem {
   const float* window_bias;
   const bool* biased;
   float scale;
+  // The G global keys of each head [B * H, G, D] (and transposed, [B * H, D, G]), their
+  // values [B * H, G, Dv] and bias [B * N, G]: every block's queries attend them too.
+  int64_t G = 0;
+  const float *global_keys = nullptr, *global_keys_t = nullptr, *global_values = nullptr;
+  const float* global_bias = nullptr;
+
+  int64_t head_of(int64_t i) const { return i / blocks; }
+  int64_t bias_row_of(int64_t i) const { return (i / (heads * blocks)) * blocks + i % blocks; }
+  // out[0, columns + G) <- block i's bias over its window keys [first, first + columns) and
+  // its global keys; returns null where there is none (no window bias, no global key).
+  const float* keys_bias(int64_t i, Span span, float* out) const {
+    const float* window = bias_of(i);
+    const int64_t columns = span.width() * L;
+    if (!window && !G) return nullptr;
+    if (window) {
+      std::memcpy(out, window + span.first * L, columns * sizeof(float));
+    } else {
+      std::fill(out, out + columns, 0.0f);
+    }
+    if (G) std::memcpy(out + columns, global_bias + bias_row_of(i) * G, G * sizeof(float));
+    return out;
+  }
 
   // Block i's row of the window bias (the heads of a sequence share it), or null.
   const float* bias_of(int64_t i) const {
@@ -157,7 +186,8 @@ struct Problem {
 
 Problem problem_of(const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
                    int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
-                   const Tensor& biased, double scale) {
+                   const Tensor& biased, const Tensor& global_keys, const Tensor& global_keys_t,
+                   const Tensor& global_values, const Tensor& global_bias, double scale) {
   TORCH_CHECK(query.scalar_type() == at::kFloat && key_source.scalar_type() == at::kFloat &&
                   value_source.scalar_type() == at::kFloat && window_bias.scalar_type() == at::kFloat,
               "block_window: float32 inputs only");
@@ -193,16 +223,36 @@ Problem problem_of(const Tensor& query, const Tensor& key_source, const Tensor& 
   p.window_bias = window_bias.data_ptr<float>();
   p.biased = biased.data_ptr<bool>();
   p.scale = static_cast<float>(scale);
+  p.G = global_values.size(1);
+  const int64_t heads_total = p.n / blocks;
+  for (const Tensor* x : {&global_keys_t, &global_values, &global_bias}) {  // global_keys: the backward's
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->is_contiguous(),
+                "block_window: contiguous float32 global keys, values and bias");
+  }
+  TORCH_CHECK(global_keys.sizes() == at::IntArrayRef({heads_total, p.G, p.D}) &&
+                  global_keys_t.sizes() == at::IntArrayRef({heads_total, p.D, p.G}) &&
+                  global_values.sizes() == at::IntArrayRef({heads_total, p.G, p.Dv}) &&
+                  global_bias.sizes() == at::IntArrayRef({window_bias.size(0), p.G}),
+              "block_window: global keys [B * H, G, D], transposed [B * H, D, G], values [B * H, G, Dv], "
+              "bias [B * N, G]");
+  if (p.G) {
+    p.global_keys = global_keys.data_ptr<float>();
+    p.global_keys_t = global_keys_t.data_ptr<float>();
+    p.global_values = global_values.data_ptr<float>();
+    p.global_bias = global_bias.data_ptr<float>();
+  }
   return p;
 }
 
-std::tuple<Tensor, Tensor> window_forward(const Tensor& query, const Tensor& key_source,
-                                          const Tensor& value_source, int64_t key_shift, int64_t value_shift,
-                                          int64_t spread, int64_t heads, int64_t blocks,
-                                          const Tensor& window_bias, const Tensor& biased, double scale) {
+std::tuple<Tensor, Tensor> window_forward(
+    const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
+    int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
+    const Tensor& biased, const Tensor& global_keys_t, const Tensor& global_values, const Tensor& global_bias,
+    double scale) {
   const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
-                               window_bias, biased, scale);
-  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W;
+                               window_bias, biased, global_keys_t.transpose(1, 2), global_keys_t, global_values,
+                               global_bias, scale);
+  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, G = p.G;
   auto output = at::empty({n, L, Dv}, query.options());
   auto logsumexp = at::empty({n, L}, query.options());
   float* out = output.data_ptr<float>();
@@ -210,41 +260,53 @@ std::tuple<Tensor, Tensor> window_forward(const Tensor& query, const Tensor& key
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     const int64_t ld = (kChunk + spread - 1) * L;  // columns of the transposed keys
-    std::vector<float> keys_t(D * ld), scores(L * W), inverse(L);
+    std::vector<float> keys_t(D * ld), scores(L * (W + G)), row_bias(W + G), inverse(L);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t chunk = index * kChunk, count = std::min(n, chunk + kChunk) - chunk;
       p.transpose_keys(chunk, count, keys_t.data(), ld);
       for (int64_t i = chunk; i < chunk + count; ++i) {
         const Span span = p.span(i);
-        const int64_t columns = span.width() * L;
+        const int64_t columns = span.width() * L, width = columns + G;  // window keys, then global keys
         float* out_i = out + i * L * Dv;
         float* lse_i = lse + i * L;
-        if (columns == 0) {
+        if (width == 0) {
           std::fill(out_i, out_i + L * Dv, 0.0f);
           std::fill(lse_i, lse_i + L, -kInf);
           continue;
         }
-        const float* bias = p.bias_of(i);
-        if (bias) bias += span.first * L;
-        // S = Q K^T over the window's keys: [L, columns].
-        matmul(L, columns, D, p.q + i * L * D, D, keys_t.data() + (i - chunk + span.first) * L, ld,
-               scores.data(), columns, false);
+        const float* q_i = p.q + i * L * D;
+        const float* bias = p.keys_bias(i, span, row_bias.data());
+        // S = Q K^T over the window's keys and the global keys: [L, width].
+        if (columns) {
+          matmul(L, columns, D, q_i, D, keys_t.data() + (i - chunk + span.first) * L, ld, scores.data(), width,
+                 false);
+        }
+        if (G) {
+          matmul(L, G, D, q_i, D, p.global_keys_t + p.head_of(i) * D * G, G, scores.data() + columns, width,
+                 false);
+        }
         for (int64_t r = 0; r < L; ++r) {
-          float* row = scores.data() + r * columns;
-          const float top = scale_max(row, bias, p.scale, columns);
+          float* row = scores.data() + r * width;
+          const float top = scale_max(row, bias, p.scale, width);
           if (top == -kInf || std::isnan(top)) {  // no key; or NaN scores, whose output is NaN
-            std::fill(row, row + columns, top == -kInf ? 0.0f : top);
+            std::fill(row, row + width, top == -kInf ? 0.0f : top);
             inverse[r] = top == -kInf ? 0.0f : top;
             lse_i[r] = top;
             continue;
           }
-          const float sum = exp_sum(row, top, columns);
+          const float sum = exp_sum(row, top, width);
           inverse[r] = 1.0f / sum;
           lse_i[r] = top + std::log(sum);
         }
         // O = P V, then each row divided by its sum.
-        matmul(L, Dv, columns, scores.data(), columns, p.v + (i + p.value_shift + span.first) * L * Dv, Dv, out_i,
-               Dv, false);
+        if (columns) {
+          matmul(L, Dv, columns, scores.data(), width, p.v + (i + p.value_shift + span.first) * L * Dv, Dv,
+                 out_i, Dv, false);
+        }
+        if (G) {
+          matmul(L, Dv, G, scores.data() + columns, width, p.global_values + p.head_of(i) * G * Dv, Dv, out_i,
+                 Dv, columns > 0);
+        }
         for (int64_t r = 0; r < L; ++r) {
           const Vec factor(inverse[r]);
           at::vec::map([factor](Vec x) { return x * factor; }, out_i + r * Dv, out_i + r * Dv, Dv);
@@ -256,8 +318,8 @@ std::tuple<Tensor, Tensor> window_forward(const Tensor& query, const Tensor& key
   return {output, logsumexp};
 }
 
-// Backward, in the transposed layout (window keys as rows, the block's queries as
-// columns), where every product takes its operands as they lie: per block,
+// Backward, in the transposed layout (window keys, then global keys, as rows; the block's
+// queries as columns), where every product takes its operands as they lie: per block,
 // S^T = K Q^T and dP^T = V dO^T; P^T = exp(scale S^T + bias - lse) from the forward's
 // log-sum-exp (+inf: probability 0); dS^T = scale P^T * (dP^T - rowsum(dO * O)); then
 // dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T. Each task takes kChunk consecutive blocks
@@ -265,14 +327,16 @@ std::tuple<Tensor, Tensor> window_forward(const Tensor& query, const Tensor& key
 // t = i + offset). Its first and last spread - 1 padded blocks are shared with its
 // neighbours: they wait in edge buffers and are added after all tasks; the others go
 // straight to the gradients.
-std::tuple<Tensor, Tensor, Tensor> window_backward(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
     const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
     int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
-    const Tensor& biased, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
+    const Tensor& biased, const Tensor& global_keys, const Tensor& global_keys_t, const Tensor& global_values,
+    const Tensor& global_bias, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
     double scale) {
   const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
-                               window_bias, biased, scale);
-  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, w = (spread - 1) / 2;
+                               window_bias, biased, global_keys, global_keys_t, global_values, global_bias, scale);
+  const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, G = p.G, w = (spread - 1) / 2;
+  TORCH_CHECK(global_keys.is_contiguous(), "block_window_backward: contiguous global keys");
   TORCH_CHECK(grad_output.is_contiguous() && output.is_contiguous() && logsumexp.is_contiguous() &&
                   grad_output.scalar_type() == at::kFloat && output.scalar_type() == at::kFloat &&
                   logsumexp.scalar_type() == at::kFloat,
@@ -285,9 +349,15 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
   auto grad_query = at::empty({n, L, D}, query.options());
   auto grad_key = at::empty({n, L, D}, query.options());
   auto grad_value = at::empty({n, L, Dv}, query.options());
+  auto row_terms = at::empty({n, L}, query.options());
+  const int64_t heads_total = n / blocks;
+  auto global_key_grad = at::zeros({heads_total, G, D}, query.options());
+  auto global_value_grad = at::zeros({heads_total, G, Dv}, query.options());
   float* dq = grad_query.data_ptr<float>();
   float* dk = grad_key.data_ptr<float>();
   float* dv = grad_value.data_ptr<float>();
+  float* row_term_data = row_terms.data_ptr<float>();
+  std::mutex global_sums_lock;
 
   const int64_t shared = spread - 1;  // padded blocks a task shares with each neighbour
   const int64_t chunk_blocks = std::max(kChunk, shared);
@@ -306,8 +376,10 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     const int64_t local_blocks = chunk_blocks + shared, ld = local_blocks * L;
     std::vector<float> keys_t(D * ld), query_t(D * L), grad_t(Dv * L), query_grad_t(D * L);
-    std::vector<float> probs_t(W * L), scores_grad_t(W * L), term(L), row_lse(L);
+    std::vector<float> probs_t((W + G) * L), scores_grad_t((W + G) * L), row_bias(W + G), term(L), row_lse(L);
     std::vector<float> key_sums(local_blocks * L * D), value_sums(local_blocks * L * Dv);
+    // This task's sums of the global keys' and values' gradients, per head.
+    std::vector<float> global_key_sums(G ? heads_total * G * D : 0), global_value_sums(G ? heads_total * G * Dv : 0);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t chunk = index * chunk_blocks, count = std::min(n, chunk + chunk_blocks) - chunk;
       std::fill(key_sums.begin(), key_sums.end(), 0.0f);
@@ -315,48 +387,68 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
       p.transpose_keys(chunk, count, keys_t.data(), ld);
       for (int64_t i = chunk; i < chunk + count; ++i) {
         float* dq_i = dq + i * L * D;
-        const Span span = p.span(i);
-        const int64_t columns = span.width() * L;  // window keys taking part: rows here
-        if (columns == 0) {
-          std::fill(dq_i, dq_i + L * D, 0.0f);
-          continue;
-        }
         const float* q_i = p.q + i * L * D;
         const float* dout_i = dout + i * L * Dv;
-        const float* bias = p.bias_of(i);
-        if (bias) bias += span.first * L;
         for (int64_t r = 0; r < L; ++r) {
           term[r] = dot(dout_i + r * Dv, out + (i * L + r) * Dv, Dv);
+          row_term_data[i * L + r] = term[r];
           const float e = lse[i * L + r];
           row_lse[r] = e == -kInf ? kInf : e;  // no key: probability 0
         }
+        const Span span = p.span(i);
+        const int64_t columns = span.width() * L, rows = columns + G;  // window keys, then global keys
+        if (rows == 0) {
+          std::fill(dq_i, dq_i + L * D, 0.0f);
+          continue;
+        }
+        const int64_t head = p.head_of(i);
+        const float* bias = p.keys_bias(i, span, row_bias.data());
         transpose(q_i, D, query_t.data(), L, L, D);
         transpose(dout_i, Dv, grad_t.data(), L, L, Dv);
         const int64_t local = i - chunk + span.first;  // the window's first block in the chunk's buffers
-        matmul(columns, L, D, p.k + (i + p.key_shift + span.first) * L * D, D, query_t.data(), L, probs_t.data(),
-               L, false);
-        matmul(columns, L, Dv, p.v + (i + p.value_shift + span.first) * L * Dv, Dv, grad_t.data(), L,
-               scores_grad_t.data(), L, false);
+        if (columns) {
+          matmul(columns, L, D, p.k + (i + p.key_shift + span.first) * L * D, D, query_t.data(), L,
+                 probs_t.data(), L, false);
+          matmul(columns, L, Dv, p.v + (i + p.value_shift + span.first) * L * Dv, Dv, grad_t.data(), L,
+                 scores_grad_t.data(), L, false);
+        }
+        if (G) {
+          matmul(G, L, D, p.global_keys + head * G * D, D, query_t.data(), L, probs_t.data() + columns * L, L,
+                 false);
+          matmul(G, L, Dv, p.global_values + head * G * Dv, Dv, grad_t.data(), L,
+                 scores_grad_t.data() + columns * L, L, false);
+        }
         const Vec factor(p.scale);
-        for (int64_t c = 0; c < columns; ++c) {
-          const Vec key_bias(bias ? bias[c] : 0.0f);
+        for (int64_t c = 0; c < rows; ++c) {
+          const float key_bias = bias ? bias[c] : 0.0f;
+          const Vec key_bias_vec(key_bias);
           float* prob = probs_t.data() + c * L;
           float* ds = scores_grad_t.data() + c * L;
           int64_t r = 0;
           for (; r + Vec::size() <= L; r += Vec::size()) {
-            const Vec x = (Vec::loadu(prob + r) * factor + key_bias - Vec::loadu(row_lse.data() + r)).exp_u20();
+            const Vec x = (Vec::loadu(prob + r) * factor + key_bias_vec - Vec::loadu(row_lse.data() + r)).exp_u20();
             x.store(prob + r);
             ((Vec::loadu(ds + r) - Vec::loadu(term.data() + r)) * x * factor).store(ds + r);
           }
           for (; r < L; ++r) {
-            prob[r] = std::exp(prob[r] * p.scale + (bias ? bias[c] : 0.0f) - row_lse[r]);
+            prob[r] = std::exp(prob[r] * p.scale + key_bias - row_lse[r]);
             ds[r] = (ds[r] - term[r]) * prob[r] * p.scale;
           }
         }
-        matmul(columns, Dv, L, probs_t.data(), L, dout_i, Dv, value_sums.data() + local * L * Dv, Dv, true);
-        matmul(columns, D, L, scores_grad_t.data(), L, q_i, D, key_sums.data() + local * L * D, D, true);
-        matmul(D, L, columns, keys_t.data() + local * L, ld, scores_grad_t.data(), L, query_grad_t.data(), L,
-               false);
+        if (columns) {
+          matmul(columns, Dv, L, probs_t.data(), L, dout_i, Dv, value_sums.data() + local * L * Dv, Dv, true);
+          matmul(columns, D, L, scores_grad_t.data(), L, q_i, D, key_sums.data() + local * L * D, D, true);
+          matmul(D, L, columns, keys_t.data() + local * L, ld, scores_grad_t.data(), L, query_grad_t.data(), L,
+                 false);
+        }
+        if (G) {
+          matmul(G, Dv, L, probs_t.data() + columns * L, L, dout_i, Dv, global_value_sums.data() + head * G * Dv,
+                 Dv, true);
+          matmul(G, D, L, scores_grad_t.data() + columns * L, L, q_i, D, global_key_sums.data() + head * G * D, D,
+                 true);
+          matmul(D, L, G, p.global_keys_t + head * D * G, G, scores_grad_t.data() + columns * L, L,
+                 query_grad_t.data(), L, columns > 0);
+        }
         transpose(query_grad_t.data(), L, dq_i, D, D, L);
       }
       // The sums out: the first `shared` padded blocks to this task's head buffer (the
@@ -383,6 +475,15 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
       }
     }
     at::native::cpublas::brgemm_release(/*is_vnni=*/false);
+    if (G) {
+      std::lock_guard<std::mutex> guard(global_sums_lock);
+      float* keys_out = global_key_grad.data_ptr<float>();
+      float* values_out = global_value_grad.data_ptr<float>();
+      at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, keys_out, keys_out, global_key_sums.data(),
+                           heads_total * G * D);
+      at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, values_out, values_out, global_value_sums.data(),
+                           heads_total * G * Dv);
+    }
   });
   // The padded blocks two tasks share: task c's head plus task c - 1's tail (every task
   // but the last has chunk_blocks >= shared blocks, so no block is shared by three).
@@ -398,7 +499,7 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
       }
     }
   });
-  return {grad_query, grad_key, grad_value};
+  return {grad_query, grad_key, grad_value, global_key_grad, global_value_grad, row_terms};
 }
 
 }  // namespace
@@ -406,11 +507,13 @@ std::tuple<Tensor, Tensor, Tensor> window_backward(
 TORCH_LIBRARY(attnlab_block_window, m) {
   m.def(
       "forward(Tensor query, Tensor key_source, Tensor value_source, int key_shift, int value_shift, "
-      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, float scale) -> (Tensor, Tensor)",
+      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, Tensor global_keys_t, "
+      "Tensor global_values, Tensor global_bias, float scale) -> (Tensor, Tensor)",
       &window_forward);
   m.def(
       "backward(Tensor query, Tensor key_source, Tensor value_source, int key_shift, int value_shift, "
-      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, Tensor grad_output, "
-      "Tensor output, Tensor logsumexp, float scale) -> (Tensor, Tensor, Tensor)",
+      "int spread, int heads, int blocks, Tensor window_bias, Tensor biased, Tensor global_keys, "
+      "Tensor global_keys_t, Tensor global_values, Tensor global_bias, Tensor grad_output, Tensor output, "
+      "Tensor logsumexp, float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       &window_backward);
 }

@@ -123,6 +123,7 @@ def test_portable_kernel_reads_inputs_of_any_layout(golden, monkeypatch) -> None
 def test_portable_kernel_with_any_number_of_threads(golden, monkeypatch, threads) -> None:
     # Backward tasks share key blocks with their neighbours; uneven splits cut heads and batches.
     monkeypatch.setenv(VARIABLE, "portable")
+    monkeypatch.setenv("ATTNLAB_THREADS", "fixed")  # not cut to the free cores: the split is what is tested
     q, k, v, upstream, valid = _inputs(2, 3, 640, 32, 48, (640, 300))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -240,3 +241,33 @@ def test_the_avx2_build_matches_float64_too() -> None:
                           env=environment, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("at::vec AVX2 build)")
+
+
+def test_on_a_busy_machine_forward_and_backward_run_on_the_free_cores(monkeypatch) -> None:
+    # Many short parallel regions wait for descheduled threads on a busy machine: with one
+    # core free, the kernel and the small operators around it run on one thread, and
+    # torch's setting comes back afterwards.
+    from attnlab import _threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(_threads._WATCH, "free", lambda cores: 1.0)
+    monkeypatch.delenv("ATTNLAB_THREADS", raising=False)
+    seen: list[int] = []
+    original = kernel.window_kernel
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return original(*args)
+
+    monkeypatch.setattr(kernel, "window_kernel", spy)
+    original_backward = kernel._BlockWindowAttention._backward
+    monkeypatch.setattr(kernel._BlockWindowAttention, "_backward",
+                        staticmethod(lambda ctx, grad: seen.append(torch.get_num_threads())
+                                     or original_backward(ctx, grad)))
+    try:
+        q = torch.randn(1, 2, 128, 16, requires_grad=True)
+        block_sparse_attention(q, q, q, block_size=32, window=1).output.sum().backward()
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -7,6 +7,7 @@ the tests that need it are skipped and the fallback tests still run.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from types import SimpleNamespace
 
@@ -83,13 +84,19 @@ def _assert_relative_errors_below(mine, exact, tolerance) -> None:
 
 @contextlib.contextmanager
 def _threads(count: int):
-    """torch's thread count set to ``count`` inside, restored after."""
-    before = torch.get_num_threads()
+    """torch's thread count set to ``count`` inside (kept, not cut to the free cores: the
+    splits of the work are what is tested), restored after."""
+    before, policy = torch.get_num_threads(), os.environ.get("ATTNLAB_THREADS")
     torch.set_num_threads(count)
+    os.environ["ATTNLAB_THREADS"] = "fixed"
     try:
         yield
     finally:
         torch.set_num_threads(before)
+        if policy is None:
+            del os.environ["ATTNLAB_THREADS"]
+        else:
+            os.environ["ATTNLAB_THREADS"] = policy
 
 
 def _count_native_calls(monkeypatch) -> list[bool]:

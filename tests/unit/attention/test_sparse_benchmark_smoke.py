@@ -21,5 +21,23 @@ def test_benchmark_runs_on_tiny_sizes(capsys) -> None:
     ])
     printed = capsys.readouterr().out
     assert code == 0
-    for expected in ("sparse", "dense+mask", "--no-flex", "per 1k tokens", "training step"):
+    for expected in ("sparse", "dense+mask", "--no-flex", "per 1k tokens", "training step", "CPU:",
+                     "block-sparse kernel path"):
         assert expected in printed
+
+
+@pytest.mark.slow
+def test_benchmark_times_kernel_paths_side_by_side_under_load(capsys) -> None:
+    spec = importlib.util.spec_from_file_location("sparse_benchmark", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main([
+        "--in-process", "--lengths", "64", "--methods", "sparse", "--heads", "2", "--head-dim", "8",
+        "--block", "16", "--repeats", "1", "--no-flex", "--train-length", "0", "--kernels", "torch", "portable",
+        "--load", "1",
+    ])
+    printed = capsys.readouterr().out
+    assert code == 0
+    for expected in ("1 competing busy process started by --load", "side by side: torch, portable",
+                     "sparse[torch] ", "sparse[portable] "):
+        assert expected in printed, expected

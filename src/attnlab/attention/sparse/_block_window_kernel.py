@@ -18,8 +18,9 @@ Which kernel serves is chosen per call (``_kernel_choice``; ``ATTNLAB_SPARSE_KER
 the backward takes its forward's. In bfloat16 and float32 on CPUs with AMX the forward and
 the backward are attnlab's AMX kernel (``_block_window_native.cpp``: windows, global keys
 and the global tokens' rows in one pass each; see ``_block_window_native.py``). In float32
-elsewhere the windows are attnlab's portable kernel (``attnlab/_native/block_window.cpp``,
-see ``_block_window_portable.py``), and the global parts the torch ops below. Otherwise
+elsewhere the windows and the global keys are attnlab's portable kernel
+(``attnlab/_native/block_window.cpp``, see ``_block_window_portable.py``), and the global
+tokens' own rows the torch ops below. Otherwise
 the forward attends each run of consecutive blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
@@ -47,6 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._threads import threads_for_load
 from ._kernel_choice import window_kernel
 
 __all__ = ["block_window_attention"]
@@ -550,16 +552,16 @@ class _BlockWindowAttention(torch.autograd.Function):
                 global_keys.contiguous(), global_values.contiguous(), global_bias.float().contiguous(),
                 global_queries, key_bias.float().contiguous(), scale,
             )  # [n, L, Dv], [n, L], [B * H, G, Dv], [B * H, G]
-        elif path == "portable" or flash is not None:
-            # The windows through the portable kernel (float32) or torch's fused one, then
-            # the global keys merged in exactly.
-            if path == "portable":
-                output, logsumexp = native.forward(
-                    query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
-                    window_bias.contiguous(), bias.row_biased, scale,
-                )  # [n, L, Dv], [n, L]
-            else:
-                output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
+        elif path == "portable":
+            # float32 elsewhere: the windows and the global keys in the portable kernel.
+            output, logsumexp = native.forward(
+                query_flat, keys.source, values.source, keys.shift, values.shift, 2 * w + 1, H, N,
+                window_bias.contiguous(), bias.row_biased, global_keys.transpose(1, 2).contiguous(),
+                global_values.contiguous(), global_bias.contiguous(), scale,
+            )  # [n, L, Dv], [n, L]
+        elif flash is not None:
+            # The windows through torch's fused kernel, then the global keys merged in exactly.
+            output, logsumexp = _fused_window_attention(flash, query_flat, keys, values, bias, scale)
             if G:
                 logsumexp = _merge_global_keys(
                     output.view(B * H, N * L, Dv),
@@ -615,6 +617,11 @@ class _BlockWindowAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        with threads_for_load():  # as the forward (block_sparse_attention): on the free cores
+            return _BlockWindowAttention._backward(ctx, grad_output)
+
+    @staticmethod
+    def _backward(ctx, grad_output):
         (
             query_flat, key_source, value_source, output, logsumexp, window_bias, global_bias,
             global_index, global_keys, global_values, key_bias, row_logsumexp,
@@ -659,23 +666,30 @@ class _BlockWindowAttention(torch.autograd.Function):
                 grad_query.view(B, H, N * L, D)[:, :, global_index] = global_query_grad
             return sequence_layout(grad_query), grad_key, grad_value, None, None, None, None, None, None, None
 
-        # Elsewhere the windows in the portable kernel (float32) or in torch ops chunk by
-        # chunk; the global parts in torch ops over whole heads.
+        # Elsewhere the windows and the global keys in the portable kernel (float32), or the
+        # windows in torch ops chunk by chunk and the global keys over whole heads; the global
+        # tokens' own rows in torch ops.
         keys = _Windows(key_source, key_shift, n, w)
         values = _Windows(value_source, value_shift, n, w)
         if path == "portable":
-            grad_query, grad_key_blocks, grad_value_blocks = native.backward(
-                query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
-                window_bias.contiguous(), bias.row_biased, grad_flat.contiguous(), output, logsumexp, scale,
-            )  # [n, L, D], [n, L, D], [n, L, Dv]
-            # rowsum(dO * O), for the global parts below: [n, L, 1]
-            row_term = torch.linalg.vecdot(grad_flat, output).unsqueeze(-1) if G else None
+            grad_query, grad_key_blocks, grad_value_blocks, global_key_grad, global_value_grad, row_term = (
+                native.backward(
+                    query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
+                    window_bias.contiguous(), bias.row_biased, global_keys.contiguous(),
+                    global_keys.transpose(1, 2).contiguous(), global_values.contiguous(), global_bias.contiguous(),
+                    grad_flat.contiguous(), output, logsumexp, scale,
+                )
+            )  # [n, L, D], [n, L, D], [n, L, Dv], [B * H, G, D], [B * H, G, Dv], [n, L]
+            row_term = row_term.unsqueeze(-1)  # rowsum(dO * O): [n, L, 1]
         else:
             grad_query, grad_key_blocks, grad_value_blocks, row_term = _window_gradients(
                 query_flat, keys, values, bias, grad_flat, output, logsumexp, scale, spread
             )
         grad_key, grad_value = sequence_layout(grad_key_blocks), sequence_layout(grad_value_blocks)
-        if G:
+        if G and path == "portable":
+            grad_key.index_add_(2, global_index, global_key_grad.view(B, H, G, D))  # buffers of our own
+            grad_value.index_add_(2, global_index, global_value_grad.view(B, H, G, Dv))
+        elif G:
             # Every query of head (b, h) against its G global keys at once: [B * H, N * L, G].
             queries = query_flat.view(B * H, N * L, D)
             grad_out = grad_flat.view(B * H, N * L, Dv)
@@ -690,6 +704,7 @@ class _BlockWindowAttention(torch.autograd.Function):
             grad_global_keys = torch.bmm(global_scores_grad.transpose(1, 2), queries).mul_(scale)
             grad_key.index_add_(2, global_index, grad_global_keys.view(B, H, G, D))  # buffers of our own
             grad_value.index_add_(2, global_index, grad_global_values.view(B, H, G, Dv))
+        if G:
             # The global tokens' rows over every key.
             queries, grad_out = global_rows(query_flat), global_rows(grad_flat)  # [B * H, G, D | Dv]
             row_probs, _ = _global_row_probabilities(

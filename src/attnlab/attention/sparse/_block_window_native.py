@@ -30,8 +30,11 @@ _ALIGN = 32  # block size and head dims must be multiples of this
 
 
 def _has_amx() -> bool:
+    # The kernel is AVX-512 code: where torch is told to dispatch to less
+    # (ATEN_CPU_CAPABILITY=avx2, as to stand in for an AVX2-only CPU), attnlab does too.
     supported = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(supported and supported()) and torch.backends.mkldnn.is_available()
+    return (bool(supported and supported()) and torch.backends.mkldnn.is_available()
+            and torch.backends.cpu.get_cpu_capability() == "AVX512")
 
 
 @functools.cache

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._threads import threads_for_load
 from ._block_window_kernel import block_window_attention
 from ..functional import attention
 
@@ -308,6 +309,29 @@ def block_sparse_attention(
         sorted({p for p in global_positions if p < T}), dtype=torch.long, device=device
     )  # [G]
 
+    # On the cores other processes leave free: the fast path is the kernel plus a few dozen
+    # small operators (biases, global rows), each a parallel region that, on a busy machine,
+    # waits at its end for a thread the OS has descheduled (attnlab._threads).
+    with threads_for_load():
+        return _block_sparse_attention(query, key, value, key_mask, global_index, L, N, window, dropout_p, scale,
+                                       need_weights)
+
+
+def _block_sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],
+    global_index: Tensor,
+    L: int,
+    N: int,
+    window: int,
+    dropout_p: float,
+    scale: float,
+    need_weights: bool,
+) -> BlockSparseResult:
+    B, H, T, D = query.shape
+    device = query.device
     key_bias = _key_bias(key_mask, B, T, N * L, query.dtype, device)  # [B, N * L]
     bias, key_positions = _block_bias(key_bias, N, L, window, global_index)  # [B * N, K], [N, K]
     key_positions = key_positions.masked_fill(key_positions >= T, -1)

@@ -20,7 +20,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from .._files import follow_umask, load_safetensors_into, read_json, write_json
+from .._files import follow_umask, load_safetensors_into, write_json
 from .._pretrained_io import loader_aliases
 from ..layers import EncoderConfig
 from ..models.encoder import TransformerEncoder
@@ -159,17 +159,6 @@ def run_checkpoint(path: Path) -> Optional[Path]:
     return None
 
 
-def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
-    """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
-    or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
-    has no ``"encoder"`` or ``"decoder"`` entry."""
-    path = Path(path)
-    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
-        config = read_json(path / CONFIG_FILE)
-        return path if is_attnlab_config(config) else None
-    return run_checkpoint(path)
-
-
 def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
     """The checkpoint directory meant by ``path``: itself, or a run's best (else last) checkpoint."""
     path = Path(path)
@@ -231,4 +220,5 @@ def read_checkpoint(
 
 
 # load_model(path, *, device=None, dtype=None): attnlab.load for attnlab's layout, defined with it
-__getattr__ = loader_aliases(__name__, ("load_model",))
+# find_checkpoint_dir reads config.json: it lives with the one reader (checkpoints/source.py)
+__getattr__ = loader_aliases(__name__, ("load_model", "find_checkpoint_dir"))

@@ -47,6 +47,7 @@ from .decoders.saving import check_decoder_weights, save_decoder_pretrained
 from .encoders.loading import load_tokenizer, pretrained_dir, read_encoder, save_pretrained
 from .attnlab_layout import LoadedModel, read_checkpoint, save_model
 from .source import FORMATS, Source, open_source
+from .source import find_checkpoint_dir, pretrained_width  # noqa: F401  (the format modules' old names, loader_aliases)
 
 __all__ = [
     "FORMATS",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,7 @@ from ..layers.encoder_layer import EncoderLayerOutput, TransformerEncoderLayer, 
 from ..layers.positional import LearnedPositionalEmbedding, PaddingOffsetPositionalEmbedding, PositionalEncoding
 from ..outputs import LayerAttentions, ModelOutput
 
-__all__ = ["TransformerEncoder", "EncoderOutput", "find_encoder",
+__all__ = ["TransformerEncoder", "EncoderOutput", "find_encoder", "model_config_part",
            # the layer's names, re-exported for code written against attnlab.layers.encoder
            "TransformerEncoderLayer", "EncoderLayerOutput"]
 
@@ -59,6 +59,30 @@ class EncoderOutput(ModelOutput):
     attentions: Optional[LayerAttentions] = None
 
     _always_in_tuple = ("last_hidden_state", "attentions")
+
+
+Config = TypeVar("Config")
+_PRETRAINED_KEY = "pretrained_config"  # a pretrained family's HuggingFace config.json, kept by a checkpoint
+
+
+def model_config_part(config: Any, config_class: type[Config], key: str, model: str) -> Config:
+    """The ``config_class`` in ``config``, for a model's ``from_config``.
+
+    Every model class builds itself from a config through one classmethod,
+    ``Class.from_config(config, *, device=None, dtype=None)``, which takes its config
+    dataclass, that dataclass's dict, or the ``config.json`` dict attnlab writes for the
+    model (``{"model_type": ..., key: {...}, ...}``; :func:`attnlab.checkpoints.build_model`
+    hands that dict to the class its ``model_type`` names).
+
+    Raises:
+        TypeError: ``config`` is neither a ``config_class`` nor a dict.
+    """
+    if isinstance(config, config_class):
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(f"{model}.from_config takes config: {config_class.__name__}, its dict, or a config.json "
+                        f"dict; got {type(config).__name__}")
+    return config_class.from_dict(config[key] if isinstance(config.get(key), dict) else config)
 
 
 def _warn_real_padding(name: str, input_ids: Tensor, mask: Tensor, pad_id: int) -> None:
@@ -204,10 +228,24 @@ class TransformerEncoder(PretrainedIO, nn.Module):
 
     @classmethod
     def from_config(
-        cls, config: EncoderConfig, *, device=None, dtype=None, **components
+        cls, config: Union[EncoderConfig, dict[str, Any]], *, device=None, dtype=None, **components
     ) -> "TransformerEncoder":
-        """Build an encoder from an :class:`EncoderConfig` (and components, see the class)."""
-        values = config.to_dict()
+        """A fresh encoder from its config (and components, see the class): the protocol every
+        model class follows (see :func:`model_config_part`).
+
+        Args:
+            config: an :class:`EncoderConfig`, its dict, or a model's ``config.json`` dict
+                (its ``"encoder"`` entry is read).
+
+        Raises:
+            ValueError: ``config`` holds a pretrained family's HuggingFace config: that
+                encoder's components are the family's, which
+                :func:`attnlab.checkpoints.build_model` builds.
+        """
+        if isinstance(config, dict) and config.get(_PRETRAINED_KEY):
+            raise ValueError(f"this config holds a pretrained family's {_PRETRAINED_KEY!r}: its encoder is built "
+                             f"with the family's components; use attnlab.checkpoints.build_model(config)")
+        values = model_config_part(config, EncoderConfig, "encoder", cls.__name__).to_dict()
         positional = [values.pop(name) for name in
                       ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "dropout", "max_len")]
         return cls(*positional, device=device, dtype=dtype, **components, **values)

@@ -39,3 +39,12 @@ def test_the_longest_old_path_decides() -> None:
 def test_a_name_that_never_was_there_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'NoSuchLayer'"):
         attnlab.layers.NoSuchLayer  # noqa: B018
+
+
+def test_config_readers_that_moved_to_source_keep_their_old_names() -> None:
+    from attnlab.checkpoints import source
+    from attnlab.checkpoints.attnlab_layout import find_checkpoint_dir
+    from attnlab.checkpoints.encoders.loading import pretrained_width
+
+    assert find_checkpoint_dir is source.find_checkpoint_dir
+    assert pretrained_width is source.pretrained_width

@@ -10,9 +10,12 @@ __all__ = ["paths_line"]
 
 
 def paths_line() -> str:
-    """Which of attnlab's machine-dependent paths serve in this process: the native kernels
-    and whether threads follow the load (:mod:`attnlab._threads`)."""
+    """Which of attnlab's machine-dependent paths serve in this process: the native kernels,
+    the block-sparse kernel path (float32) and whether threads follow the load
+    (:mod:`attnlab._threads`)."""
     from ._skinny import skinny_kernel_status  # the kernels build on first use: not at import
+    from .attention.sparse._kernel_choice import sparse_kernel_path
 
     threads = "follow the free cores" if adaptive() else "fixed (ATTNLAB_THREADS=fixed)"
-    return f"attnlab paths: few-row products {skinny_kernel_status()}; threads {threads}"
+    return (f"attnlab paths: few-row products {skinny_kernel_status()}; block-sparse {sparse_kernel_path()}; "
+            f"threads {threads}")

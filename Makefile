@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	# attnlab's portable kernels (at::vec: AVX2, AVX-512, ARM), compiled here once for this CPU
 	# (without a compiler torch's products serve, slower).
 	$(PY) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
+	$(PY) -c "from attnlab import _native; print('causal softmax kernel:', _native.status('causal_softmax'))"
 	touch $(STAMP)
 
 demo: $(STAMP)

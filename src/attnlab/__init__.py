@@ -36,14 +36,12 @@ from .attention import (
 from .inspect import AttentionAnalyzer, attention_rollout, capture_attention, head_importance, mask_heads
 from .layers import (
     EncoderConfig,
-    EncoderOutput,
     LearnedPositionalEmbedding,
     PositionalEncoding,
     PositionWiseFFN,
-    TransformerEncoder,
     TransformerEncoderLayer,
 )
-from .models import EncoderClassifier, EncoderForMaskedLM, prune_heads
+from .models import EncoderClassifier, EncoderForMaskedLM, EncoderOutput, TransformerEncoder, prune_heads
 from .checkpoints.loading import from_pretrained, load
 from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer

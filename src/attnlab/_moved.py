@@ -5,6 +5,12 @@ to where it lives now. ``import attnlab.models.pretrained`` then gives the modul
 ``attnlab.checkpoints.encoders.loading`` itself (the same object, so a name patched through
 either path is patched once). New code imports the new paths; this table only keeps
 code written against the old ones working.
+
+When a module's names split between two new homes, the old path maps to the module that
+imports them all (``attnlab.layers.encoder`` -> :mod:`attnlab.models.encoder`, which imports
+the layer it stacks). A package that lost some of its names keeps them through
+:data:`MOVED_NAMES` and :func:`moved_names` (its ``__getattr__``), so that it need not import
+the package above it.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import importlib.abc
 import importlib.util
 import sys
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Optional
 
-__all__ = ["MOVED", "new_name", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "install", "moved_names", "new_name"]
 
 MOVED: dict[str, str] = {
     "attnlab.models.checkpoint_tensors": "attnlab.checkpoints.tensors",
@@ -37,15 +43,46 @@ MOVED: dict[str, str] = {
     "attnlab.attention.sparse_pattern": "attnlab.attention.sparse.pattern",
     "attnlab.layers.scaled_rotary": "attnlab.attention.rotary",
     "attnlab.layers.swiglu_ffn": "attnlab.layers.ffn",
+    "attnlab.layers.encoder": "attnlab.models.encoder",
+}
+
+# package -> {name it no longer holds: the module that holds it now}
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "attnlab.layers": {
+        "TransformerEncoder": "attnlab.models.encoder",
+        "EncoderOutput": "attnlab.models.encoder",
+    },
 }
 
 
 def new_name(old: str) -> Optional[str]:
-    """Where the module once called ``old`` lives now, or ``None`` when it did not move."""
-    for before, after in MOVED.items():
-        if old == before or old.startswith(before + "."):
-            return after + old[len(before):]
-    return None
+    """Where the module once called ``old`` lives now, or ``None`` when it did not move.
+
+    The longest old path that ``old`` is, or lies under, decides: a module that moved on
+    its own wins over the package it was in (``attnlab.models.families._convert`` is not
+    ``attnlab.checkpoints.encoders._convert``).
+    """
+    matches = [before for before in MOVED if old == before or old.startswith(before + ".")]
+    if not matches:
+        return None
+    before = max(matches, key=len)
+    return MOVED[before] + old[len(before):]
+
+
+def moved_names(package: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package`` that hands out the names :data:`MOVED_NAMES`
+    says went elsewhere (the objects themselves, imported when first asked for), and its
+    submodules that moved (``attnlab.layers.encoder`` as an attribute of ``attnlab.layers``)."""
+    names = MOVED_NAMES.get(package, {})
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        if f"{package}.{name}" in MOVED:
+            return importlib.import_module(MOVED[f"{package}.{name}"])
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

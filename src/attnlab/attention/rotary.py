@@ -8,9 +8,13 @@ Dimension letters: ``B`` batch, ``H`` heads, ``T`` length, ``D`` head dim.
   positions (a left-padded row starts counting at its first real token, a cached step
   continues where its row stopped), and :func:`apply_rotary` rotates by them.
 
-Both rotate with the same "rotate half" step (pairs ``(i, i + D/2)``, as GPT-NeoX and
-Llama). A decoder's frequencies come from :func:`rotary_parameters` (HuggingFace's float32
-arithmetic, with the ``rope_scaling`` of long-context checkpoints).
+Both take their frequencies from :func:`rotary_parameters` (one formula, with the
+``rope_scaling`` of long-context checkpoints), their angles from :func:`rotary_angles`, and
+rotate with the same "rotate half" step (pairs ``(i, i + D/2)``, as GPT-NeoX and Llama).
+The only difference is the arithmetic of the frequencies: a decoder opened from a
+checkpoint computes them in float32 as HuggingFace does (they match bit for bit); the
+encoders' rotary option in float64, rounded once to float32 (the float32 nearest to
+``theta^(-2i/D)``).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int
 
-__all__ = ["ROPE_TYPES", "RotaryEmbedding", "ScaledRotary", "apply_rotary", "rotary_inverse_frequencies",
-           "rotary_parameters"]
+__all__ = ["ROPE_TYPES", "RotaryEmbedding", "ScaledRotary", "apply_rotary", "rotary_angles",
+           "rotary_inverse_frequencies", "rotary_parameters"]
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -69,17 +73,22 @@ def _yarn(inv_freq: Tensor, head_dim: int, theta: float, scaling: dict[str, Any]
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=inv_freq.dtype) - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp
     interpolated = inv_freq / factor
     return interpolated * (1 - extrapolation) + inv_freq * extrapolation, float(attention_factor)
 
 
 def rotary_parameters(
-    head_dim: int, theta: float = 10000.0, scaling: Optional[dict[str, Any]] = None, *, max_len: int = 2048
+    head_dim: int,
+    theta: float = 10000.0,
+    scaling: Optional[dict[str, Any]] = None,
+    *,
+    max_len: int = 2048,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, float]:
-    """The ``[D/2]`` rotation frequencies ``theta^(-2i/D)``, scaled as ``scaling`` says, and
-    the factor that multiplies cos and sin (1 except for YaRN).
+    """The ``[D/2]`` rotation frequencies ``theta^(-2i/D)`` (float32), scaled as ``scaling``
+    says, and the factor that multiplies cos and sin (1 except for YaRN).
 
     Args:
         head_dim: ``D``; must be even.
@@ -92,6 +101,8 @@ def rotary_parameters(
             ``{"rope_type": "yarn", "factor", "original_max_position_embeddings", ...}``
             (YaRN, as Qwen2.5's long-context configurations carry).
         max_len: the model's context length, the default ``original_max_position_embeddings``.
+        dtype: the arithmetic: ``torch.float32`` is HuggingFace's (a checkpoint's frequencies
+            bit for bit); ``torch.float64`` rounds the result to float32 once (nearest).
 
     Raises:
         ValueError: an odd ``head_dim``, or a scaling type other than :data:`ROPE_TYPES`.
@@ -99,9 +110,18 @@ def rotary_parameters(
     check_positive_int("head_dim", head_dim)
     if head_dim % 2:
         raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
-    # The same float32 arithmetic as HuggingFace, so frequencies match bit for bit.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    scaling = dict(scaling or {})
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    # HuggingFace's formula; in float32 its frequencies match theirs bit for bit.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim))
+    inv_freq, factor = _scaled(inv_freq, head_dim, theta, dict(scaling or {}), max_len)
+    return inv_freq.float(), factor
+
+
+def _scaled(
+    inv_freq: Tensor, head_dim: int, theta: float, scaling: dict[str, Any], max_len: int
+) -> tuple[Tensor, float]:
+    """``inv_freq`` scaled as a ``rope_scaling`` dict says (see :func:`rotary_parameters`)."""
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return inv_freq, 1.0
@@ -148,10 +168,9 @@ class RotaryEmbedding(nn.Module):
         check_positive_int("head_dim", head_dim)
         if head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
-        # base^(-2i/D) in one power: closer to float64 than HuggingFace's 1 / base^(2i/D),
-        # which rotary_parameters keeps so that decoders match their checkpoints bit for bit.
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+        # in float64, rounded once: no checkpoint's float32 frequencies to match here
+        inv_freq, _ = rotary_parameters(head_dim, base, dtype=torch.float64)
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)  # [D/2]
 
     def _cos_sin(self, length: int, offset: int, device, dtype) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` ``[T, D]`` of positions ``offset .. offset + T - 1``, cut
@@ -171,9 +190,7 @@ class RotaryEmbedding(nn.Module):
         )
         if not usable:
             rows = max(length, 2 * cached[0].shape[0] if cached is not None else 64)
-            positions = torch.arange(rows, device=device, dtype=torch.float32)
-            angles = torch.outer(positions, self.inv_freq.to(device))  # [T, D/2]
-            angles = torch.cat((angles, angles), dim=-1)  # [T, D]
+            angles = rotary_angles(torch.arange(rows, device=device), self.inv_freq.to(device))  # [T, D]
             self._cached = (angles.cos(), angles.sin())
         return self._cached
 
@@ -225,11 +242,17 @@ class ScaledRotary(nn.Module):
         self.head_dim = head_dim
 
     def forward(self, position_ids: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        angles = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # [B, T, D/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [B, T, D]
+        angles = rotary_angles(position_ids, self.inv_freq.to(position_ids.device))  # [B, T, D]
         if self.attention_scaling != 1.0:
             return (angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype)
         return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotary_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """The angles ``position * inv_freq`` in float32, each frequency twice (the "rotate
+    half" layout): ``positions`` ``[...]`` -> ``[..., D]``."""
+    angles = positions[..., None].float() * inv_freq  # [..., D/2]
+    return torch.cat((angles, angles), dim=-1)  # [..., D]
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -19,7 +19,6 @@ at a time and resolves the load dtype; ``errors`` holds :class:`UnsupportedCheck
 from .attnlab_layout import (
     LoadedModel,
     build_model,
-    find_checkpoint_dir,
     model_config,
     resolve_checkpoint_dir,
     save_model,
@@ -27,7 +26,7 @@ from .attnlab_layout import (
 from .errors import UnsupportedCheckpointError
 from .factory import build_encoder, load_pretrained_tokenizer
 from .loading import FORMATS, detect_format, from_pretrained, load, load_decoder, load_model, save
-from .source import Source, open_source
+from .source import Source, find_checkpoint_dir, open_source
 
 __all__ = [
     "FORMATS",

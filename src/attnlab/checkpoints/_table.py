@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ..layers import EncoderConfig, TransformerEncoder
+from ..layers import EncoderConfig
+from ..models.encoder import TransformerEncoder
 from .errors import UnsupportedCheckpointError, problems_error
 
 __all__ = ["ClassifierTable", "Family", "MaskedLMTable", "UnsupportedCheckpointError", "problems_error"]

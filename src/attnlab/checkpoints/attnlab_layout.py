@@ -20,10 +20,10 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from .._files import follow_umask, load_safetensors_into, read_json, write_json
+from .._files import follow_umask, load_safetensors_into, write_json
 from .._pretrained_io import loader_aliases
-from ..layers import EncoderConfig, TransformerEncoder
-from ..layers.decoder_config import DecoderConfig
+from ..layers import EncoderConfig
+from ..models.encoder import TransformerEncoder
 from .tensors import CheckpointTensors
 from ..models.classifier import EncoderClassifier
 from ..models.decoder.causal_lm import DecoderForCausalLM
@@ -107,29 +107,29 @@ def is_decoder_config(config: dict[str, Any]) -> bool:
 
 
 def build_model(config: dict[str, Any], *, device=None, dtype=None) -> nn.Module:
-    """A freshly initialised model from a ``config.json`` dict."""
+    """A freshly initialised model from a ``config.json`` dict: the ``from_config`` of the
+    class its ``model_type`` names (the one protocol every model class follows), given the
+    dict. A pretrained family's encoder (the dict keeps its HuggingFace config) is built
+    here with the family's components and handed to the task model."""
     if is_decoder_config(config):
-        decoder = DecoderForCausalLM(DecoderConfig.from_dict(config["decoder"]), device=device, dtype=dtype)
-        decoder.checkpoint_config = config.get(_PRETRAINED_KEY)
-        return decoder
+        return DecoderForCausalLM.from_config(config, device=device, dtype=dtype)
     for key in ("model_type", "encoder"):
         if key not in config:
             raise ValueError(f"model config has no {key!r} key; got keys {sorted(config)}")
     model_type = config["model_type"]
-    model_class = _MODEL_TYPES.get(model_type)
-    if hasattr(model_class, "from_model_config"):  # models that build their own encoders
-        return model_class.from_model_config(config, device=device, dtype=dtype)
-    encoder_config = EncoderConfig.from_dict(config["encoder"])
-    if config.get(_PRETRAINED_KEY):  # a family's components, rebuilt from its HF config
-        encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], encoder_config, device=device,
-                                               dtype=dtype)
-    else:
-        encoder = TransformerEncoder.from_config(encoder_config, device=device, dtype=dtype)
+    if model_type != _ENCODER_TYPE and model_type not in _MODEL_TYPES:
+        raise ValueError(f"unknown model_type {model_type!r}; known: {sorted(_MODEL_TYPES) + [_ENCODER_TYPE]}")
+    if model_type == ImageTextModel.model_type:  # builds its own text encoder
+        return ImageTextModel.from_config(config, device=device, dtype=dtype)
+    if not config.get(_PRETRAINED_KEY):
+        model_class = TransformerEncoder if model_type == _ENCODER_TYPE else _MODEL_TYPES[model_type]
+        return model_class.from_config(config, device=device, dtype=dtype)
+    # a family's components, rebuilt from its HF config
+    encoder = build_from_checkpoint_config(config[_PRETRAINED_KEY], EncoderConfig.from_dict(config["encoder"]),
+                                           device=device, dtype=dtype)
     if model_type == _ENCODER_TYPE:
         return encoder
-    if model_type not in _MODEL_TYPES:
-        raise ValueError(f"unknown model_type {model_type!r}; known: {sorted(_MODEL_TYPES) + [_ENCODER_TYPE]}")
-    return _MODEL_TYPES[model_type](encoder, **config.get("head", {}), device=device, dtype=dtype)
+    return _MODEL_TYPES[model_type].from_config(config, encoder=encoder, device=device, dtype=dtype)
 
 
 def save_model(model: nn.Module, directory: Union[str, Path], *, tokenizer: Any = None) -> Path:
@@ -157,17 +157,6 @@ def run_checkpoint(path: Path) -> Optional[Path]:
         if (candidate / MODEL_FILE).is_file():
             return candidate
     return None
-
-
-def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
-    """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
-    or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
-    has no ``"encoder"`` or ``"decoder"`` entry."""
-    path = Path(path)
-    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
-        config = read_json(path / CONFIG_FILE)
-        return path if is_attnlab_config(config) else None
-    return run_checkpoint(path)
 
 
 def resolve_checkpoint_dir(path: Union[str, Path]) -> Path:
@@ -231,4 +220,5 @@ def read_checkpoint(
 
 
 # load_model(path, *, device=None, dtype=None): attnlab.load for attnlab's layout, defined with it
-__getattr__ = loader_aliases(__name__, ("load_model",))
+# find_checkpoint_dir reads config.json: it lives with the one reader (checkpoints/source.py)
+__getattr__ = loader_aliases(__name__, ("load_model", "find_checkpoint_dir"))

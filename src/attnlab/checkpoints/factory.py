@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..layers import TransformerEncoder
+from ..models.encoder import TransformerEncoder
 from .encoders.loading import load_tokenizer
 from .loading import from_pretrained
 

@@ -36,7 +36,7 @@ from torch import nn
 from .._pretrained_io import register_loader
 
 from ..data.tokenizer import Tokenizer
-from ..layers.encoder import TransformerEncoder, find_encoder
+from ..models.encoder import TransformerEncoder, find_encoder
 from ..models.classifier import EncoderClassifier
 from ..models.decoder.causal_lm import DecoderForCausalLM
 from ..models.masked_lm import EncoderForMaskedLM
@@ -47,6 +47,7 @@ from .decoders.saving import check_decoder_weights, save_decoder_pretrained
 from .encoders.loading import load_tokenizer, pretrained_dir, read_encoder, save_pretrained
 from .attnlab_layout import LoadedModel, read_checkpoint, save_model
 from .source import FORMATS, Source, open_source
+from .source import find_checkpoint_dir, pretrained_width  # noqa: F401  (the format modules' old names, loader_aliases)
 
 __all__ = [
     "FORMATS",

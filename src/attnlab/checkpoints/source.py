@@ -7,6 +7,10 @@ The format's reader (:func:`~attnlab.checkpoints.attnlab_layout.read_checkpoint`
 :func:`~attnlab.checkpoints.encoders.loading.read_encoder`,
 :func:`~attnlab.checkpoints.decoders.loading.read_decoder`) gets what was read here and
 reads no ``config.json`` again.
+
+:func:`read_config` is the one function in attnlab that reads a model's ``config.json``;
+the other looks that need one (:func:`find_checkpoint_dir`, :func:`pretrained_width`, a
+training run's check of ``model.pretrained``) call it too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from .decoders.loading import DECODER_MODEL_TYPES, DECODER_NAMES, packaged_gguf
 from .encoders import FAMILIES, Family
 from .encoders.loading import PRETRAINED_NAMES, packaged_name, pretrained_dir
 
-__all__ = ["FORMATS", "Source", "open_source"]
+__all__ = ["FORMATS", "Source", "find_checkpoint_dir", "open_source", "pretrained_width", "read_config"]
 
 FORMATS = ("attnlab-run", "attnlab-checkpoint", "huggingface")  # a GGUF file counts as "huggingface"
 PathLike = Union[str, Path]
@@ -108,7 +112,7 @@ def _directory(name: str, path: Path) -> Source:
     if not (has_config and has_weights):
         run = run_checkpoint(path)  # checkpoints/best (else last): the run's own config.json is not a model's
         if run is not None:
-            config = _read_config(run)
+            config = read_config(run)
             return Source(name, "attnlab-run", is_decoder_config(config), run, config)
     if not has_config:
         ggufs = sorted(path.glob("*.gguf"))
@@ -117,7 +121,7 @@ def _directory(name: str, path: Path) -> Source:
         if has_weights:
             raise FileNotFoundError(f"{path} has {MODEL_FILE} but no {CONFIG_FILE}")
         raise _no_model(path)
-    config = _read_config(path)
+    config = read_config(path)
     model_type = config.get("model_type")
     if model_type in DECODER_MODEL_TYPES and "encoder" not in config:
         return Source(name, "huggingface", True, path, config)
@@ -130,14 +134,45 @@ def _directory(name: str, path: Path) -> Source:
     raise _no_model(path)
 
 
-def _read_config(directory: Path) -> dict[str, Any]:
-    """The one reading of ``directory``'s ``config.json``."""
+def read_config(directory: Path) -> dict[str, Any]:
+    """``directory``'s ``config.json``, parsed: the one reader of a model's config file.
+
+    Raises:
+        FileNotFoundError: there is none.
+        CorruptFileError: it is not JSON, or not a JSON object.
+    """
     if not (directory / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{directory} has {MODEL_FILE} but no {CONFIG_FILE}")
     config = read_json(directory / CONFIG_FILE)
     if not isinstance(config, dict):
         raise CorruptFileError(directory / CONFIG_FILE, f"holds a JSON {type(config).__name__}, not an object")
     return config
+
+
+def find_checkpoint_dir(path: Union[str, Path]) -> Optional[Path]:
+    """The attnlab checkpoint ``path`` holds (itself, or a run's best else last checkpoint),
+    or ``None`` when it holds none: a pretrained directory, say, whose ``config.json``
+    has no ``"encoder"`` or ``"decoder"`` entry."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        return path if is_attnlab_config(read_config(path)) else None
+    return run_checkpoint(path)
+
+
+def pretrained_width(name_or_path: PathLike) -> Optional[int]:
+    """The model width ``E`` a checkpoint's ``config.json`` states (HuggingFace's
+    ``hidden_size`` or DistilBERT's ``dim``, attnlab's ``d_model``), without loading it;
+    ``None`` when there is no such file or key (the loader reports what is wrong later)."""
+    try:
+        values = read_config(pretrained_dir(name_or_path))
+    except (OSError, ValueError, TypeError):
+        return None
+    for scope in (values, values.get("encoder")):
+        if isinstance(scope, dict):
+            for key in ("hidden_size", "dim", "d_model"):
+                if isinstance(scope.get(key), int) and not isinstance(scope.get(key), bool):
+                    return scope[key]
+    return None
 
 
 def _no_model(path: Path) -> FileNotFoundError:

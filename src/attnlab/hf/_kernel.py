@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import _large_buffers as large_buffers
+from .. import _native
 from ._routes import route_of
 
 __all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
@@ -49,6 +51,9 @@ _IGNORED = frozenset({
     "encoder_attention_mask", "output_router_logits", "logits_to_keep", "labels",
     "query_length", "dropout_p", "target_dtype", "attention_type", "q_len", "kv_len", "deterministic",
 })
+
+
+_CAUSAL_SOFTMAX = "causal_softmax"
 
 
 class UnsupportedAttention(ValueError):
@@ -86,7 +91,8 @@ def exact_attention(
     position_bias: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
     rows_per_block: Optional[int] = None,
-    on_weights: Optional[Callable[[Tensor, int, int, int], Optional[Tensor]]] = None,
+    keep_weights: bool = False,
+    on_block: Optional[Callable[[Tensor, int, int, int], None]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Attention with explicit weights, block by block of query rows.
 
@@ -97,9 +103,10 @@ def exact_attention(
         position_bias: additive ``[B|1, H, T, S]`` (T5).
         sinks: ``[H]`` logits of a virtual key that takes mass but gives no value (GPT-OSS).
         rows_per_block: query rows per block (all at once when ``None``).
-        on_weights: called with each block's weights ``[B, H, t, s]`` (``s <= S``: a causal
+        keep_weights: return the weights (else ``None`` comes back in their place).
+        on_block: called with each block's weights ``[B, H, t, s]`` (``s <= S``: a causal
             block stops at its last row's key, the rest being zeros), its first row, ``T``
-            and ``S``; what it returns is kept (``None``: nothing kept).
+            and ``S`` (the statistics mode reduces them there).
 
     Returns:
         ``(output [B, T, H, D], weights [B, H, T, S] or None)``.
@@ -119,12 +126,21 @@ def exact_attention(
     # passes, is never computed (eager computes it and masks it away).
     # (Not when the kept weights must carry gradients to the output: blocks written into one
     # buffer would leave the buffer outside the graph.)
-    keeps_graph = rows_per_block is None and torch.is_grad_enabled() and query.requires_grad
+    keeps_graph = keep_weights and torch.is_grad_enabled() and query.requires_grad
     triangular = causal and attention_mask is None and T > 1 and not keeps_graph
     step = T if rows_per_block is None else max(1, rows_per_block)
     if triangular:
         step = min(step, max(64, -(-T // 8)))
     single = step >= T
+    # The plain causal map in float32 without gradients (a language model's weights): each
+    # block's products go straight where they are kept and become weights there, in place
+    # (attnlab's native causal softmax), rather than through a scores tensor, a softmax
+    # output and a copy.
+    in_place = _in_place_causal_softmax() if (
+        triangular and softcap is None and sinks is None and position_bias is None
+        and query.dtype == torch.float32 and query.device.type == "cpu"
+        and not (dropout > 0.0 and module.training)
+        and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))) else None
     outputs, kept = [], []
     full = None  # the kept weights, when blocks of rows are written into them
     for start in range(0, T, step):
@@ -132,6 +148,18 @@ def exact_attention(
         t = rows.stop - rows.start
         keys = min(S, rows.stop) if triangular else S  # the keys up to the block's last row
         block = query[:, :, rows]
+        if in_place is not None:
+            products = (block * scaling, key[:, :, :keys].transpose(-2, -1))
+            if keep_weights:
+                if full is None:  # every block writes its rows up to its keys; past them stays zero
+                    full = large_buffers.zeros((B, H, T, S), query.dtype, query.device)
+                weights = in_place(torch.matmul(*products, out=full[:, :, rows, :keys]), start)
+            else:
+                weights = in_place(torch.matmul(*products), start)
+            outputs.append(torch.matmul(weights, value[:, :, :keys]))  # [B, H, t, D]
+            if on_block is not None:
+                on_block(weights, start, T, S)
+            continue
         # the softmax runs in float32, as transformers' eager functions do; every step on
         # the [B, H, t, S] scores works in place (a fresh tensor of that size per step
         # costs page faults on top of the pass itself)
@@ -188,18 +216,25 @@ def exact_attention(
         if dropout > 0.0 and module.training:
             weights = F.dropout(weights, p=dropout)
         outputs.append(torch.matmul(weights, value[:, :, :keys]))  # [B, H, t, D]
-        if on_weights is not None:
-            keep = on_weights(weights, start, T, S)
-            if keep is not None and single and keys == S:
-                kept.append(keep)
-            elif keep is not None:
-                if full is None:  # every block writes its rows; only what lies past its keys is zeroed
-                    full = keep.new_empty(B, keep.shape[1], T, S)
-                full[:, :, rows, :keys] = keep
-                full[:, :, rows, keys:] = 0.0
+        if on_block is not None:
+            on_block(weights, start, T, S)
+        if keep_weights and single and keys == S:
+            kept.append(weights)
+        elif keep_weights:
+            if full is None:  # every block writes its rows up to its keys; past them stays zero
+                full = large_buffers.zeros((B, H, T, S), weights.dtype, weights.device)
+            full[:, :, rows, :keys] = weights
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     weights = full if full is not None else (kept[0] if kept else None)
     return output.transpose(1, 2).contiguous(), weights  # [B, T, H, D]
+
+
+def _in_place_causal_softmax() -> Optional[Callable[[Tensor, int], Tensor]]:
+    """attnlab's native in-place causal softmax (``_native/causal_softmax.cpp``), or
+    ``None`` where it does not serve (the caller keeps torch's ops: same weights)."""
+    if _native.unavailable_reason(_CAUSAL_SOFTMAX) is not None:
+        return None
+    return _native.build(_CAUSAL_SOFTMAX).causal_softmax_
 
 
 def _fused(module, query, key, value, attention_mask, dropout, scaling, is_causal, position_bias) -> Tensor:
@@ -260,7 +295,8 @@ def attnlab_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, causal=causal,
             softcap=softcap, position_bias=position_bias, sinks=s_aux,
             rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
-            on_weights=(route.weights_block if route is not None else (lambda weights, start, rows, keys: weights)) if exact else None,
+            keep_weights=exact and (route is None or not route.session.statistics_mode),
+            on_block=route.statistics_block if route is not None and route.session.statistics_mode else None,
         )
     if head_mask is not None:
         output = output * head_mask.to(output.dtype)[:, None]  # [H, 1] on [B, T, H, D]

@@ -71,13 +71,11 @@ class _Route:
         B, H, _, _ = query.shape
         return max(1, _STATISTICS_BLOCK_CELLS // max(1, B * H * key.shape[2]))
 
-    def weights_block(self, weights: Tensor, start: int, rows: int, keys: int) -> Optional[Tensor]:
-        if self.session.statistics_mode:
-            if weights.shape[-1] < keys:  # a causal block that stops at its last row: the rest is zeros
-                weights = F.pad(weights, (0, keys - weights.shape[-1]))
-            self.session._update_statistics(self, weights, start, rows)
-            return None
-        return weights
+    def statistics_block(self, weights: Tensor, start: int, rows: int, keys: int) -> None:
+        """The statistics mode's reduction of one block of query rows' weights."""
+        if weights.shape[-1] < keys:  # a causal block that stops at its last row: the rest is zeros
+            weights = F.pad(weights, (0, keys - weights.shape[-1]))
+        self.session._update_statistics(self, weights, start, rows)
 
     def edit_output(self, output: Tensor) -> Tensor:
         """Head masks and patches on ``[B, T, H, D]`` (each head's output before mixing)."""

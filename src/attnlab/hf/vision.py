@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .backend import attach
+from .image_preprocessing import ImagePreprocessing, read_image_preprocessing
 
-__all__ = ["ImageAttention", "image_attention", "load_image", "pixels_for", "vision_config"]
+__all__ = ["ImageAttention", "image_attention", "image_steps", "load_image", "pixels_for", "read_image_preprocessing",
+           "vision_config"]
 
 
 @dataclass
@@ -78,25 +79,39 @@ def load_image(path: Union[str, Path], *, argument: str = "--image"):
 
 
 def pixels_for(model: nn.Module, image, *, size: Optional[tuple[int, int]] = None,
-               mean: Optional[tuple] = None, std: Optional[tuple] = None) -> Tensor:
-    """``[1, 3, height, width]`` pixel values: the image resized to ``size`` (default the
-    model's ``image_size``), scaled to ``[0, 1]`` and normalised by ``mean`` / ``std`` (default
-    0.5, ViT's). A size that is not a multiple of the patch size is cut down to one.
+               mean: Optional[tuple] = None, std: Optional[tuple] = None,
+               preprocessing: Optional[ImagePreprocessing] = None) -> Tensor:
+    """``[1, 3, height, width]`` pixel values of an RGB ``PIL.Image``.
+
+    With ``preprocessing`` (the model directory's own, :func:`read_image_preprocessing`)
+    the image goes through its steps, as transformers' ``AutoImageProcessor`` would take it;
+    ``size`` then replaces its resize and crop. Without, the image is resized to ``size``
+    (default the model's ``image_size``) with a bicubic filter, scaled to ``[0, 1]`` and
+    normalised by ``mean`` / ``std`` (default 0.5, ViT's). A ``size`` that is not a multiple
+    of the patch size is cut down to one.
     """
+    steps = image_steps(model, size=size, mean=mean, std=std, preprocessing=preprocessing)
+    dtype = next(model.parameters()).dtype
+    return steps(image).to(dtype)
+
+
+def image_steps(model: nn.Module, *, size: Optional[tuple[int, int]] = None, mean: Optional[tuple] = None,
+                std: Optional[tuple] = None,
+                preprocessing: Optional[ImagePreprocessing] = None) -> ImagePreprocessing:
+    """The :class:`ImagePreprocessing` :func:`pixels_for` applies (its arguments, same meaning)."""
     config = vision_config(model)
-    patch = _patch_size(config)
+    if size is not None:
+        patch = _patch_size(config)
+        size = tuple(max(patch, (int(value) // patch) * patch) for value in size)
+    if preprocessing is not None:
+        return preprocessing if size is None else preprocessing.with_size(size)
     if size is None:
         side = getattr(config, "image_size", None)
         side = side if isinstance(side, (list, tuple)) else (side, side)
-        size = (int(side[0]), int(side[1]))
-    height, width = (max(patch, (int(value) // patch) * patch) for value in size)
-    resized = image.resize((width, height), resample=3)  # bicubic
-    array = np.asarray(resized, dtype=np.float32) / 255.0  # [height, width, 3]
-    pixels = torch.from_numpy(array).permute(2, 0, 1)[None]  # [1, 3, height, width]
-    mean_t = torch.tensor(mean or (0.5, 0.5, 0.5))[:, None, None]
-    std_t = torch.tensor(std or (0.5, 0.5, 0.5))[:, None, None]
-    dtype = next(model.parameters()).dtype
-    return ((pixels - mean_t) / std_t).to(dtype)
+        patch = _patch_size(config)
+        size = tuple(max(patch, (int(value) // patch) * patch) for value in side)
+    return ImagePreprocessing(size=size, resample=3,  # bicubic
+                              mean=tuple(mean or (0.5, 0.5, 0.5)), std=tuple(std or (0.5, 0.5, 0.5)))
 
 
 def _patch_size(config: Any) -> int:
@@ -117,6 +132,17 @@ def _vision_part(model: nn.Module) -> nn.Module:
     return model
 
 
+def _position_options(model: nn.Module, part: nn.Module, pixel_values: Tensor) -> dict[str, Any]:
+    """``interpolate_pos_encoding=True`` for an image of another size than the model's, where
+    ``part``'s forward takes it."""
+    side = getattr(vision_config(model), "image_size", None)
+    native = tuple(side) if isinstance(side, (list, tuple)) else (side, side)
+    if tuple(pixel_values.shape[2:]) != native and "interpolate_pos_encoding" in inspect.signature(
+            part.forward).parameters:
+        return {"interpolate_pos_encoding": True}
+    return {}
+
+
 def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
     """Every self-attention map of one image (see the module docstring).
 
@@ -130,13 +156,7 @@ def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
                          f"{getattr(pixel_values, 'shape', pixel_values)}")
     patch = _patch_size(vision_config(model))
     part = _vision_part(model)
-    extra = {}
-    config = vision_config(model)
-    side = getattr(config, "image_size", None)
-    native = tuple(side) if isinstance(side, (list, tuple)) else (side, side)
-    if tuple(pixel_values.shape[2:]) != native and "interpolate_pos_encoding" in inspect.signature(
-            part.forward).parameters:
-        extra["interpolate_pos_encoding"] = True
+    extra = _position_options(model, part, pixel_values)
     with torch.no_grad(), attach(model, layers="all") as seen:
         part(pixel_values=pixel_values, **extra)
         weights = {name: value[0].detach().float() for name, value in seen.attentions.items()

@@ -1,9 +1,15 @@
-"""Encoder building blocks."""
+"""Components of the encoder and the decoder: layers, feed-forward nets, norms, positions.
 
+The models that stack them are :mod:`attnlab.models` (:class:`~attnlab.models.encoder.TransformerEncoder`,
+:class:`~attnlab.models.decoder.DecoderForCausalLM`). ``attnlab.layers.TransformerEncoder`` and
+``attnlab.layers.EncoderOutput`` still work (:mod:`attnlab._moved`).
+"""
+
+from .._moved import moved_names
 from .._precision import Linear
 from .dropout import Dropout
-from .encoder import EncoderLayerOutput, EncoderOutput, TransformerEncoder, TransformerEncoderLayer
 from .encoder_config import EncoderConfig
+from .encoder_layer import EncoderLayerOutput, TransformerEncoderLayer
 from .ffn import GatedFFN, PositionWiseFFN, SwiGLUFFN
 from .positional import LearnedPositionalEmbedding, PositionalEncoding, RotaryEmbedding, sinusoidal_table
 
@@ -23,3 +29,5 @@ __all__ = [
     "SwiGLUFFN",
     "sinusoidal_table",
 ]
+
+__getattr__ = moved_names(__name__)  # TransformerEncoder, EncoderOutput: attnlab.models.encoder

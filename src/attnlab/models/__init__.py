@@ -1,10 +1,12 @@
-"""The architectures: the encoder's task models and the decoder-only language model.
+"""The architectures: the encoder (:mod:`.encoder`) with its task models, and the
+decoder-only language model (:mod:`.decoder`).
 
 Files on disk (attnlab's own layout, HuggingFace families, GGUF) are
 :mod:`attnlab.checkpoints`'s.
 """
 
 from .classifier import POOLINGS, EncoderClassifier, pool
+from .encoder import EncoderOutput, TransformerEncoder, find_encoder
 from .masked_lm import EncoderForMaskedLM
 from .outputs import ModelOutput, TaskOutput
 from .pruning import prune_heads
@@ -12,10 +14,13 @@ from .pruning import prune_heads
 __all__ = [
     "EncoderClassifier",
     "EncoderForMaskedLM",
+    "EncoderOutput",
     "ModelOutput",
     "TaskOutput",
     "POOLINGS",
     "pool",
+    "TransformerEncoder",
+    "find_encoder",
     "prune_heads",
 ]
 

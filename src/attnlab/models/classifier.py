@@ -12,7 +12,8 @@ from .._checks import check_positive_int, check_probability
 from .._masked_mean import masked_mean
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
-from ..layers import TransformerEncoder
+from ._task_config import EncoderTaskConfig
+from .encoder import TransformerEncoder
 from .outputs import TaskOutput
 
 __all__ = ["DensePooler", "EncoderClassifier", "POOLINGS", "POOLER_ACTIVATIONS", "pool"]
@@ -84,7 +85,7 @@ def pool(hidden: Tensor, mask: Optional[Tensor], pooling: str) -> Tensor:
     return masked_mean(hidden, mask, keepdim=False)
 
 
-class EncoderClassifier(PretrainedIO, nn.Module):
+class EncoderClassifier(EncoderTaskConfig, PretrainedIO, nn.Module):
     """An encoder, a pooling step and a linear classifier.
 
     Args:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,8 @@ from .._checks import check_positive_int, check_probability, dataclass_from_dict
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
 from ..attention.cross_modal import GATES, CrossModalAttention, masked_mean
-from ..layers.encoder import TransformerEncoder, TransformerEncoderLayer
+from ..layers.encoder_layer import TransformerEncoderLayer
+from .encoder import TransformerEncoder, model_config_part
 from ..attention.masks import keep_mask
 from ..layers.ffn import PositionWiseFFN
 from ..outputs import LayerAttentions, ModelOutput
@@ -273,9 +274,17 @@ class ImageTextModel(PretrainedIO, nn.Module):
         return self.config.to_dict()
 
     @classmethod
+    def from_config(
+        cls, config: Union[ImageTextConfig, dict[str, Any]], *, device=None, dtype=None
+    ) -> "ImageTextModel":
+        """A fresh model from an :class:`ImageTextConfig`, its dict, or the ``config.json``
+        dict :func:`attnlab.checkpoints.save_model` writes (its ``"head"`` entry)."""
+        return cls(model_config_part(config, ImageTextConfig, "head", cls.__name__), device=device, dtype=dtype)
+
+    @classmethod
     def from_model_config(cls, config: dict[str, Any], *, device=None, dtype=None) -> "ImageTextModel":
-        """Rebuild from a ``config.json`` dict written by :func:`attnlab.checkpoints.save_model`."""
-        return cls(ImageTextConfig.from_dict(config["head"]), device=device, dtype=dtype)
+        """The old name of :meth:`from_config`."""
+        return cls.from_config(config, device=device, dtype=dtype)
 
     def encode_image(
         self, images: Tensor, image_mask: Optional[Tensor] = None, *, output_attentions: bool = False

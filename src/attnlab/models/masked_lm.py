@@ -9,14 +9,15 @@ from torch.nn import functional as F
 
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
-from ..layers import TransformerEncoder
+from ._task_config import EncoderTaskConfig
+from .encoder import TransformerEncoder
 from ..layers.ffn import resolve_activation
 from .outputs import TaskOutput
 
 __all__ = ["EncoderForMaskedLM"]
 
 
-class EncoderForMaskedLM(PretrainedIO, nn.Module):
+class EncoderForMaskedLM(EncoderTaskConfig, PretrainedIO, nn.Module):
     """BERT's masked-LM head: dense + GELU + LayerNorm, then a decoder tied to the
     token embedding.
 

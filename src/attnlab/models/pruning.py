@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.multihead import MultiHeadAttention
-from ..layers.encoder import TransformerEncoder, find_encoder
+from .encoder import TransformerEncoder, find_encoder
 
 __all__ = ["prune_heads", "unpruned_state_dict"]
 

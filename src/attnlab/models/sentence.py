@@ -20,7 +20,7 @@ from torch import Tensor
 from .._masked_mean import masked_mean
 from .._pretrained_io import loader
 from ..data.padding import pad_token_ids
-from ..layers.encoder import TransformerEncoder
+from .encoder import TransformerEncoder
 
 PathLike = Union[str, Path]
 

@@ -13,11 +13,11 @@ from typing import Optional
 import torch
 
 from .._checks import check_memory
-from .._files import read_json
 from ..data.text_files import read_labelled_texts
 from ..data.tokenization import TOKENIZER_KINDS, load_tokenizer_file
 from ..checkpoints.encoders import family_for
 from ..checkpoints.encoders.loading import pretrained_dir
+from ..checkpoints.source import read_config
 from .run_config import RunConfig
 from .tasks import DEFAULT_TASK, get_task
 
@@ -103,8 +103,8 @@ def _check_pretrained(config: RunConfig, pretrained: str) -> None:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"model.pretrained={pretrained!r}: {directory} has no config.json")
-    values = read_json(config_path)
-    if not isinstance(values, dict) or "encoder" in values or "decoder" in values:
+    values = read_config(directory)
+    if "encoder" in values or "decoder" in values:
         return  # an attnlab checkpoint: the loader says what to do with it
     family = family_for(values, source=f"model.pretrained={pretrained!r} ({config_path})")
     limit = family.config_from_hf(values, str(config_path)).max_len

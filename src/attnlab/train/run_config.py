@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from ..data.tokenization import SPECIAL_TOKENS
 from ..layers.encoder_config import POSITIONS
 from ..models.classifier import POOLINGS
-from ..checkpoints.encoders.loading import pretrained_width
+from ..checkpoints.source import pretrained_width
 from .tasks import DEFAULT_TASK, get_task, task_names
 from .trainer import METRICS, PRECISIONS
 

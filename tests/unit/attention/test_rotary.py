@@ -107,3 +107,18 @@ def test_rotate_positions_rotates_packed_rows_as_their_sequences_would() -> None
     rotated = rotary.rotate_positions(packed, positions)
     torch.testing.assert_close(rotated[:5], rotary(first)[0].transpose(0, 1))
     torch.testing.assert_close(rotated[5:], rotary(second)[0].transpose(0, 1))
+
+
+def test_encoder_and_decoder_rotary_share_one_frequency_formula() -> None:
+    from attnlab.attention.rotary import ScaledRotary, rotary_parameters
+
+    exact = 500.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    encoder = RotaryEmbedding(16, 500.0).inv_freq
+    assert encoder.dtype == torch.float32
+    torch.testing.assert_close(encoder, exact.float(), rtol=0, atol=0)  # the nearest float32
+    torch.testing.assert_close(encoder, rotary_parameters(16, 500.0, dtype=torch.float64)[0], rtol=0, atol=0)
+    # the decoder's: HuggingFace's float32 arithmetic, bit for bit
+    hf = 1.0 / (500.0 ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16))
+    torch.testing.assert_close(ScaledRotary(16, 500.0).inv_freq, hf, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+        rotary_parameters(16, dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import attnlab  # noqa: E402
 import attnlab.hf as hf  # noqa: E402
-from attnlab.hf import backend  # noqa: E402
+from attnlab.hf import _kernel, backend  # noqa: E402
 from attnlab.inspect import HeadStatistics, attribute_tokens, capture_attention, mask_heads  # noqa: E402
 from attnlab.inspect.compute.causal_statistics import CausalStatistics  # noqa: E402
 
@@ -304,9 +304,15 @@ def test_generate_gives_attnlabs_generation_output_equal_to_a_full_eager_pass():
         hf.generate(model, ids, max_new_tokens=0)
 
 
-def test_a_long_causal_map_in_blocks_of_rows_equals_eager():
+@pytest.mark.parametrize("softmax", ["native", "torch"])
+def test_a_long_causal_map_in_blocks_of_rows_equals_eager(monkeypatch, softmax):
     # Past 64 rows an unpadded causal map is computed in blocks of rows, each against the
-    # keys up to its last row: weights, outputs, gradients and statistics as eager's.
+    # keys up to its last row: weights, outputs, gradients and statistics as eager's, with
+    # the native in-place softmax and with torch's ops.
+    if softmax == "torch":
+        monkeypatch.setattr(_kernel, "_in_place_causal_softmax", lambda: None)
+    elif _kernel._in_place_causal_softmax() is None:
+        pytest.skip("the native kernel cannot be built here")
     model = _llama(layers=2)
     ids = torch.randint(1, 100, (2, 150))
     eager = _eager(model, input_ids=ids)

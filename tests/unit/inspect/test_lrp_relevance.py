@@ -31,7 +31,7 @@ from attnlab.inspect.compute.lrp_rules import (
 )
 from attnlab.inspect.compute.token_attribution import attribute_tokens
 from attnlab.layers import GatedFFN
-from attnlab.layers.encoder import TransformerEncoderLayer
+from attnlab.layers.encoder_layer import TransformerEncoderLayer
 from attnlab.models.classifier import EncoderClassifier
 
 f64 = torch.float64

@@ -142,3 +142,50 @@ def test_the_encoder_or_decoder_decision_is_made_once_and_named_in_errors(bert_d
         load_model(llama_dir)
     with pytest.raises(ImportError, match="attnlab.load"):
         from attnlab.checkpoints.decoders.loading import load_decoder_and_tokenizer  # noqa: F401
+
+
+@pytest.fixture
+def reader_reads(monkeypatch) -> list[str]:
+    """The readings by ``attnlab.checkpoints.source.read_config``, the one reader of a model's
+    ``config.json`` (patched where it reads)."""
+    from attnlab.checkpoints import source
+
+    reads: list[str] = []
+    read_json = source.read_json
+
+    def counting_read_json(path, *args, **kwargs):
+        reads.append(str(path))
+        return read_json(path, *args, **kwargs)
+
+    monkeypatch.setattr(source, "read_json", counting_read_json)
+    return reads
+
+
+def test_every_reading_goes_through_the_one_reader(bert_dir, llama_dir, run_dir, config_reads, reader_reads) -> None:
+    for directory in (bert_dir, llama_dir, run_dir):
+        attnlab.load(directory)
+    assert reader_reads == config_reads and len(reader_reads) == 3
+
+
+def test_the_clis_model_door_reads_config_once(bert_dir, llama_dir, config_reads, reader_reads) -> None:
+    from attnlab.inspect.commands.resolve import resolve_model
+
+    for directory in (bert_dir, llama_dir):  # loaded, then refused for want of a tokenizer
+        with pytest.raises(ValueError, match="no tokenizer.json"):
+            resolve_model(str(directory))
+    assert reader_reads == config_reads == [str(bert_dir / "config.json"), str(llama_dir / "config.json")]
+
+
+def test_a_fine_tuning_runs_looks_at_the_pretrained_config_go_through_the_one_reader(
+    bert_dir, config_reads, reader_reads
+) -> None:
+    """Three looks, one reading each: the recipe's width, the check before anything is
+    written, the load of the encoder."""
+    from attnlab.train.run_checks import check_run
+    from attnlab.train.run_config import resolve_run_config
+
+    config = resolve_run_config(None, [f'model.pretrained="{bert_dir}"', "data.max_length=16"])
+    assert config.train.learning_rate == 1e-4  # width 16: the compact encoders' rate
+    check_run(config, None)
+    build_encoder(0, pretrained=str(bert_dir))
+    assert reader_reads == config_reads == [str(bert_dir / "config.json")] * 3

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from attnlab.layers import TransformerEncoder
+from attnlab.models import TransformerEncoder
 from attnlab.checkpoints import load_model, save_model
 from attnlab.models import EncoderClassifier, EncoderForMaskedLM
 from attnlab.train.checkpoint import save_checkpoint

@@ -171,6 +171,34 @@ def test_only_the_registries_import_modules_by_name() -> None:
     assert users == []
 
 
+def _unseen_doors(tree: ast.Module) -> list[int]:
+    """Lines of ``import_module`` / ``__import__`` calls whose module name is computed (an
+    f-string, a concatenation, a call): the graph cannot tell which module they open."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+                "import_module", "__import__") and node.args:
+            if not isinstance(node.args[0], (ast.Constant, ast.Name, ast.Subscript, ast.Attribute)):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_outside_the_registries_opens_a_computed_module_name() -> None:
+    """A door whose target is computed (``import_module(f"{__name__}.x")``) is invisible to
+    the graph; outside the registries, modules import by plain ``import`` statements."""
+    doors = sorted(f"{module}:{line}" for module, path in _modules(SOURCE).items() if module not in REGISTRIES
+                   for line in _unseen_doors(ast.parse(path.read_text(encoding="utf-8"))))
+    assert doors == []
+
+
+def test_a_computed_module_name_is_found(tmp_path: Path) -> None:
+    modules = _write(tmp_path, {
+        "attnlab/__init__.py": "",
+        "attnlab/low.py": "import importlib\ndef f(name):\n    return importlib.import_module(f'attnlab.{name}')\n",
+    })
+    assert _unseen_doors(ast.parse(modules["attnlab.low"].read_text())) == [3]
+
+
 def test_a_module_imported_by_name_is_an_edge(tmp_path: Path) -> None:
     modules = _write(tmp_path, {
         "attnlab/__init__.py": "",

@@ -184,7 +184,7 @@ def test_visualize_attention_is_headless_eval_mode_and_restores_mode(tmp_path, m
 
 def test_masked_lm_training_and_evaluation(dataset):
     from attnlab.data import MaskedLMCollator, TokenizedDataset
-    from attnlab.layers import TransformerEncoder
+    from attnlab.models import TransformerEncoder
     from attnlab.models import EncoderForMaskedLM
 
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data import PaddingCollator, TokenizedDataset
-from attnlab.layers import TransformerEncoder
+from attnlab.models import TransformerEncoder
 from attnlab.models import EncoderClassifier
 from attnlab.train import TrainingInterrupted, TransformerTrainer
 from attnlab.train.distributed import distributed_info, init_distributed, shutdown_distributed

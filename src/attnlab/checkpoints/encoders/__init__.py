@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...layers import EncoderConfig, TransformerEncoder
+from ...layers import EncoderConfig
+from ...models.encoder import TransformerEncoder
 from .._table import ClassifierTable, Family
 from ..errors import UnsupportedCheckpointError
 from .albert import ALBERT

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ...layers import EncoderConfig, TransformerEncoder
+from ...layers import EncoderConfig
+from ...models.encoder import TransformerEncoder
 from ..errors import UnsupportedCheckpointError, problems_error
 
 __all__ = [

@@ -12,7 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from ...layers import EncoderConfig, TransformerEncoder
+from ...layers import EncoderConfig
+from ...models.encoder import TransformerEncoder
 from ._bert_like import read_config, write_config
 from .._table import ClassifierTable, Family, MaskedLMTable
 from .bert import BERT_EMBEDDINGS, hidden_act_head

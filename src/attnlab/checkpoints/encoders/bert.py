@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...layers import EncoderConfig, TransformerEncoder
+from ...layers import EncoderConfig
+from ...models.encoder import TransformerEncoder
 from ..errors import problems_error
 from ._bert_like import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF, POST_NORM, read_config
 from .._table import ClassifierTable, Family, MaskedLMTable

@@ -38,7 +38,7 @@ from tokenizers import Tokenizer
 
 from ..._files import follow_umask, read_json, write_json
 from ..._pretrained_io import loader_aliases
-from ...layers.encoder import TransformerEncoder
+from ...models.encoder import TransformerEncoder
 from ...layers.encoder_config import EncoderConfig
 from ..errors import UnsupportedCheckpointError
 from ._bert_like import POST_NORM as BERT_STYLE_OPTIONS
@@ -144,22 +144,6 @@ def pretrained_dir(name_or_path: PathLike) -> Path:
         f"name_or_path={str(name_or_path)!r} is neither a directory nor a known pretrained name "
         f"(known: {sorted(PRETRAINED_NAMES)}); nothing is downloaded"
     )
-
-
-def pretrained_width(name_or_path: PathLike) -> Optional[int]:
-    """The model width ``E`` a checkpoint's ``config.json`` states (HuggingFace's
-    ``hidden_size`` or DistilBERT's ``dim``, attnlab's ``d_model``), without loading it;
-    ``None`` when there is no such file or key (the loader reports what is wrong later)."""
-    try:
-        values = read_json(pretrained_dir(name_or_path) / CONFIG_FILE)
-    except (OSError, ValueError, TypeError):
-        return None
-    for scope in (values, values.get("encoder")):
-        if isinstance(scope, dict):
-            for key in ("hidden_size", "dim", "d_model"):
-                if isinstance(scope.get(key), int) and not isinstance(scope.get(key), bool):
-                    return scope[key]
-    return None
 
 
 def _read_json(path: Path) -> dict:
@@ -351,7 +335,8 @@ def read_encoder(
 
 # from_pretrained(name_or_path, *, task, strict, dropout, attention_dropout, device, dtype): an
 # alias of attnlab.load, defined with it (attnlab.checkpoints.loading)
-__getattr__ = loader_aliases(__name__, ("from_pretrained",))
+# pretrained_width reads config.json, so it lives with the one reader (checkpoints/source.py)
+__getattr__ = loader_aliases(__name__, ("from_pretrained", "pretrained_width"))
 
 
 def load_tokenizer(name_or_path: PathLike, *, max_length: Optional[int] = None) -> Tokenizer:

@@ -14,7 +14,8 @@ from typing import Any, Optional
 from torch import nn
 
 from ...attention.multihead import MultiHeadAttention
-from ...layers import EncoderConfig, GatedFFN, TransformerEncoder, TransformerEncoderLayer
+from ...layers import EncoderConfig, GatedFFN, TransformerEncoderLayer
+from ...models.encoder import TransformerEncoder
 from ._bert_like import ACTIVATIONS_FROM_HF, ACTIVATIONS_TO_HF
 from .._table import ClassifierTable, Family, MaskedLMTable
 from ..errors import UnsupportedCheckpointError, problems_error

@@ -1,4 +1,5 @@
-"""``attnlab analyze``: attention statistics over a data set, as JSON, plots and an HTML summary."""
+"""``attnlab analyze``: attention statistics over a data set (texts, or ``--images``: a folder of
+pictures for a vision transformer), as JSON, plots and an HTML summary."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", required=True, help=MODEL_HELP
     )
-    parser.add_argument("--data", required=True, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
+    parser.add_argument("--data", default=None, help="a .txt/.csv/.jsonl file or 'rotten_tomatoes'")
+    parser.add_argument("--images", default=None,
+                        help="instead of --data: a folder of PNG/JPEG files for a vision transformer directory "
+                             "(ViT, DeiT, DINOv2, CLIP)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--split", default=None, help="split of the embedded data (default: all)")
     parser.add_argument("--text-column", default=None, help="CSV column holding the text")
@@ -85,8 +89,12 @@ def run(args: argparse.Namespace) -> int:
     from .analyze_texts import write_analysis
     from .resolve import dtype_line, max_length_for, resolve_model
 
+    if (args.data is None) == (args.images is None):
+        raise ValueError("give --data (texts) or --images (a folder of pictures), one of them")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.images is not None:
+        return _run_images(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_statistics_options(args)
@@ -127,6 +135,41 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = analysis.statistics
     print(f"{stats.examples} texts, {stats.tokens} tokens, {len(stats.layers)} layers")
+    print(f"statistics: {analysis.json}")
+    print(f"plots: {analysis.json.parent / 'plots'}")
+    print(f"summary: {analysis.summary}")
+    return 0
+
+
+def _run_images(args: argparse.Namespace) -> int:
+    from ..._files import check_output_dir
+    from ...hf.image_analysis import analyze_images, image_files
+    from ...hf.image_preprocessing import read_image_preprocessing
+    from ...hf.opening import is_transformers_only, open_transformers
+    from ...hf.vision import image_steps, load_image
+    from .analyze_texts import write_statistics
+
+    text_only = [flag for flag, value in (("--split", args.split), ("--text-column", args.text_column),
+                                          ("--max-length", args.max_length), ("--mask-heads", args.mask_heads))
+                 if value is not None] + (["--importance"] if args.importance else [])
+    if text_only:
+        raise ValueError(f"{text_only[0]} applies to --data (texts); with --images leave it out")
+    check_statistics_options(args)
+    files = image_files(args.images, limit=args.limit)
+    check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
+    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
+        raise ValueError(f"--images takes a transformers vision model directory (ViT, DeiT, DINOv2, CLIP: "
+                         f"config.json + safetensors); {args.model} is not one")
+    model = open_transformers(args.model, dtype=args.dtype)
+    preprocessing = read_image_preprocessing(args.model)
+    print("preprocessing: " + ("the model directory's preprocessor_config.json" if preprocessing is not None else
+                               "no preprocessor_config.json; ViT's defaults (image_size, mean and std 0.5)"))
+    steps = image_steps(model.model, preprocessing=preprocessing)
+    images = (load_image(path, argument="--images") for path in files)
+    statistics = analyze_images(model, images, steps, sparsity_threshold=args.sparsity_threshold, top_k=args.top_k)
+    analysis = write_statistics(statistics, args.out, formats=args.formats, model_name=args.model,
+                                data_name=args.images, examples_name="images")
+    print(f"{statistics.examples} images, {statistics.tokens} tokens, {len(statistics.layers)} layers")
     print(f"statistics: {analysis.json}")
     print(f"plots: {analysis.json.parent / 'plots'}")
     print(f"summary: {analysis.summary}")

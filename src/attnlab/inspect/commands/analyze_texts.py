@@ -167,8 +167,10 @@ def write_statistics(
     formats: Sequence[str] = ("png",),
     model_name: str = "model",
     data_name: str = "data",
+    examples_name: str = "texts",
 ) -> Analysis:
-    """Write ``statistics.json``, one plot per statistic and ``summary.html`` into ``out``."""
+    """Write ``statistics.json``, one plot per statistic and ``summary.html`` into ``out``
+    (``examples_name``: what the examples are called on the page, ``texts`` or ``images``)."""
     out = Path(out)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     statistics.settings.update({"data": data_name, "model": model_name})
@@ -212,7 +214,7 @@ def write_statistics(
             statistics.layers,
             meta={
                 "model": model_name,
-                "data": f"{data_name}: {statistics.examples} texts, {statistics.tokens} tokens",
+                "data": f"{data_name}: {statistics.examples} {examples_name}, {statistics.tokens} tokens",
                 "settings": json.dumps({k: v for k, v in statistics.settings.items() if k != "token_groups"}),
             },
             images=images,

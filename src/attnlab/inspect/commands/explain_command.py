@@ -1,5 +1,6 @@
 """``attnlab explain``: per-token scores of one text for each attribution method, or, on a
-decoder with ``--prompt``, which earlier tokens made each generated token."""
+decoder with ``--prompt``, which earlier tokens made each generated token, or, on a vision
+transformer's classifier with ``--image``, which patches made its class."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", default=None, help="the text to explain (a classifier or encoder)")
     parser.add_argument("--prompt", nargs="+", default=None,
                         help="a decoder's prompt(s): explain what the model generates after each")
+    parser.add_argument("--image", default=None,
+                        help="a PNG or JPEG for an image classifier directory (ViT, DeiT, DINOv2 "
+                             "...ForImageClassification): grad-attention, rollout and raw attention over the patches")
     parser.add_argument("--continuation", default=None,
                         help="with --prompt: explain this text after the prompt instead of the model's own "
                              "continuation (start it with a space where a word follows)")
@@ -55,13 +59,18 @@ def run(args: argparse.Namespace) -> int:
     from ..compute.attribution_target import is_causal_model
     from ..compute.integrated_gradients import MAX_STEPS
 
-    if (args.text is None) == (args.prompt is None):
-        raise ValueError("give --text (a text to classify) or --prompt (a decoder's prompt to continue), one of them")
+    given = [flag for flag, value in (("--text", args.text), ("--prompt", args.prompt), ("--image", args.image))
+             if value is not None]
+    if len(given) != 1:
+        raise ValueError("give --text (a text to classify), --prompt (a decoder's prompt to continue) or --image "
+                         f"(a picture for an image classifier), one of them ({' and '.join(given) or 'none'} given)")
     if not 1 <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
                          f"50-300 is usual), got {args.steps}")
     if args.prompt is not None:
         return _run_generation(args)
+    if args.image is not None:
+        return _run_image(args)
     if args.continuation is not None or args.foil is not None:
         raise ValueError("--continuation and --foil go with --prompt (a decoder's prompt); with --text leave them out")
     bad = [name for name in args.methods or () if name not in METHODS]
@@ -142,4 +151,45 @@ def _run_generation(args: argparse.Namespace) -> int:
             print("\n".join("    " + line for line in table.splitlines()))
     for path in write_generation_explanations(explanations, args.out, model_name=args.model):
         print(f"wrote {path}")
+    return 0
+
+
+def _run_image(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..._files import check_output_dir
+    from ...hf.image_explanation import IMAGE_METHODS
+    from ...hf.image_preprocessing import read_image_preprocessing
+    from ...hf.opening import is_transformers_only, open_transformers
+    from ...hf.vision import load_image
+    from .explain_image import write_image_explanation
+
+    bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
+    if bad:
+        raise ValueError(f"--method {bad[0]} does not explain an image; with --image choose among "
+                         f"{', '.join(IMAGE_METHODS)}")
+    if args.continuation is not None or args.foil is not None or args.max_length is not None:
+        raise ValueError("--continuation, --foil and --max-length go with text; with --image leave them out")
+    check_output_dir(args.out, "--out", "explanation.png, explanation.json and report.html")
+    image = load_image(args.image, argument="--image")
+    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
+        raise ValueError(f"--image takes a transformers image classifier directory (ViT, DeiT, DINOv2 "
+                         f"...ForImageClassification: config.json + safetensors); {args.model} is not one")
+    model = open_transformers(args.model, dtype=args.dtype)
+    preprocessing = read_image_preprocessing(args.model)
+    print("preprocessing: " + ("the model directory's preprocessor_config.json" if preprocessing is not None else
+                               "no preprocessor_config.json; ViT's defaults (image_size, mean and std 0.5)"))
+    written = write_image_explanation(model, image, args.out, methods=args.methods or IMAGE_METHODS,
+                                      target=args.target, preprocessing=preprocessing, model_name=args.model,
+                                      image_name=Path(args.image).name)
+    explanation = written.explanation
+    gh, gw = explanation.grid
+    print(f"{gh} x {gw} patches; explained class {explanation.label!r} (index {explanation.target}, "
+          f"p = {explanation.probability:.3f})")
+    for name, scores in explanation.maps.items():
+        row, column = divmod(int(scores.flatten().argmax()), gw)
+        print(f"  {name}: strongest patch at row {row + 1}, column {column + 1} (from 1)")
+    for path in written.figures:
+        print(f"wrote {path}")
+    print(f"report: {written.report}")
     return 0

@@ -1,6 +1,6 @@
 """``attnlab inspect``: pictures and the interactive report of one text's attention, of a
-source/target pair through an encoder-decoder (``--source --target``), or of an image through a
-vision transformer (``--image``)."""
+source/target pair through an encoder-decoder (``--source --target``), of an image through a
+vision transformer (``--image``), or of a speech clip through Whisper (``--audio``)."""
 
 from __future__ import annotations
 
@@ -28,20 +28,23 @@ def _size(value: str) -> tuple[int, int]:
 
 
 def _check_inputs(args: argparse.Namespace) -> str:
-    """Which input the command was given: ``text``, ``pair`` or ``image`` (exactly one)."""
-    given = [flag for flag, value in (("--text", args.text), ("--source", args.source), ("--image", args.image))
+    """Which input the command was given: ``text``, ``pair``, ``image`` or ``audio`` (exactly one)."""
+    given = [flag for flag, value in (("--text", args.text), ("--source", args.source), ("--image", args.image),
+                                      ("--audio", args.audio))
              if value is not None]
     if len(given) != 1:
-        raise ValueError(f"give one input: --text, --source with --target, or --image "
+        raise ValueError(f"give one input: --text, --source with --target, --image or --audio "
                          f"({'none' if not given else ' and '.join(given)} given)")
-    if (args.source is None) != (args.target is None):
+    if args.audio is None and (args.source is None) != (args.target is None):
         raise ValueError("--source and --target go together (an encoder-decoder's pair); "
                          "`attnlab generate --prompt SOURCE` generates a target")
     if args.image is None and (args.image_size is not None or args.discard_ratio != 0.9 or args.head_fusion != "max"):
         raise ValueError("--image-size, --head-fusion and --discard-ratio apply to --image only")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
-    return {"--text": "text", "--source": "pair", "--image": "image"}[given[0]]
+    if args.audio is None and args.max_new_tokens is not None:
+        raise ValueError("--max-new-tokens applies to --audio (a transcript generated from the clip)")
+    return {"--text": "text", "--source": "pair", "--image": "image", "--audio": "audio"}[given[0]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", default=None, help="the text to inspect")
     parser.add_argument("--source", default=None,
                         help="with --target: a source text for an encoder-decoder model (T5, BART, Marian)")
-    parser.add_argument("--target", default=None, help="with --source: its target text")
+    parser.add_argument("--target", default=None,
+                        help="with --source: its target text; with --audio: a transcript to score instead of "
+                             "the model's own")
+    parser.add_argument("--audio", default=None,
+                        help="a PCM WAV clip for a speech model directory (Whisper): the cross-attention of the "
+                             "transcript over the clip's time, both self-attentions")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="with --audio and no --target: tokens of the greedy transcript (default 20)")
     parser.add_argument("--image", default=None,
                         help="a PNG or JPEG for a vision transformer directory (ViT, DeiT, DINOv2, CLIP)")
     parser.add_argument("--image-size", type=_size, default=None, metavar="HxW",
@@ -104,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out", "the pictures and report.html")
     if kind == "image":
         return _run_image(args)
+    if kind == "audio":
+        return _run_audio(args)
     resolved = resolve_model(args.model, dtype=args.dtype)
     print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=512)
@@ -143,7 +155,7 @@ def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
                                        max_tokens=args.max_tokens, model_name=args.model)
     print(f"{len(inspection.source_tokens)} source and {len(inspection.target_tokens)} target tokens, "
           f"{len(inspection.cross)} cross-attention layers")
-    print(f"alignment (source-target tokens): {inspection.alignment}")
+    print(f"alignment (source-target tokens, the target counted after its start token): {inspection.alignment}")
     for path in inspection.figures + inspection.pages[1:]:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")
@@ -154,6 +166,7 @@ def _run_image(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ...hf.opening import is_transformers_only, open_transformers
+    from ...hf.image_preprocessing import read_image_preprocessing
     from ...hf.vision import load_image
     from .inspect_image import write_image_inspection
 
@@ -162,13 +175,66 @@ def _run_image(args: argparse.Namespace) -> int:
         raise ValueError(f"--image takes a transformers vision model directory (ViT, DeiT, DINOv2, CLIP: "
                          f"config.json + safetensors); {args.model} is not one")
     model = open_transformers(args.model, dtype=args.dtype)
+    preprocessing = read_image_preprocessing(args.model)
+    if preprocessing is None:
+        print("preprocessing: no preprocessor_config.json in the model directory; ViT's defaults "
+              "(the model's image_size, bicubic, mean and std 0.5)")
+    else:
+        print("preprocessing: the model directory's preprocessor_config.json"
+              + (" (resized to --image-size instead of its size and crop)" if args.image_size else ""))
     inspection = write_image_inspection(model, image, args.out, size=args.image_size, head_fusion=args.head_fusion,
                                         discard_ratio=args.discard_ratio, model_name=args.model,
-                                        image_name=Path(args.image).name)
+                                        image_name=Path(args.image).name, preprocessing=preprocessing)
     grid = inspection.grid
     print(f"{grid[0]} x {grid[1]} patches, {inspection.prefix} token(s) before them, "
           f"{len(inspection.class_maps)} layers")
     for path in inspection.figures:
+        print(f"wrote {path}")
+    print(f"report: {inspection.report}")
+    return 0
+
+
+def _run_audio(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ...checkpoints.encoders.loading import load_tokenizer
+    from ...hf.audio import audio_features, read_wav
+    from ...hf.opening import is_transformers_only, open_transformers
+    from .inspect_pair import write_pair_inspection
+
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    samples, rate = read_wav(args.audio, argument="--audio")
+    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
+        raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
+                         f"safetensors); {args.model} is not one")
+    model = open_transformers(args.model, dtype=args.dtype)
+    inner = model.model
+    print(f"{args.model}: {type(inner).__name__} through transformers, attention served by attnlab")
+    if not getattr(inner.config, "is_encoder_decoder", False) or not hasattr(inner.config, "num_mel_bins"):
+        raise ValueError(f"--audio needs a speech encoder-decoder (Whisper); {args.model} holds "
+                         f"{type(inner).__name__}")
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except FileNotFoundError:
+        if args.target is not None:
+            raise ValueError(f"--target needs a tokenizer.json in {args.model}") from None
+        tokenizer = None
+        print(f"note: {args.model} has no tokenizer.json; target tokens are shown by their ids")
+    clip = audio_features(args.model, inner, samples, rate)
+    print(f"{Path(args.audio).name}: {clip.seconds:.2f} s at {rate} Hz -> {clip.features.shape[0]} mel channels x "
+          f"{clip.features.shape[1]} frames (the model directory's feature extractor)")
+    features = clip.features.to(next(inner.parameters()).dtype)
+    labels = clip.position_labels(features.shape[1] // 2)  # the encoder halves the frames
+    inspection = write_pair_inspection(model, tokenizer, Path(args.audio).name, args.out, target=args.target,
+                                       max_new_tokens=args.max_new_tokens or 20, formats=args.formats,
+                                       max_tokens=args.max_tokens, model_name=args.model,
+                                       source_features=features, source_labels=labels)
+    if args.target is None:
+        print(f"transcript (greedy, the model's own first choices): {' '.join(inspection.target_tokens[1:])}")
+    print(f"{len(inspection.source_tokens)} encoder positions ({clip.seconds_per_position * 1000:.0f} ms each) and "
+          f"{len(inspection.target_tokens)} target tokens, {len(inspection.cross)} cross-attention layers")
+    for path in inspection.figures + inspection.pages[1:]:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")
     return 0

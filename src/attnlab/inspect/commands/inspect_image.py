@@ -55,6 +55,7 @@ def write_image_inspection(
     discard_ratio: float = 0.9,
     model_name: str = "model",
     image_name: str = "image",
+    preprocessing: Optional[Any] = None,
 ) -> ImageInspection:
     """Write ``layer_<k>.png`` (each head's and the heads' mean class-token map over the image),
     ``rollout.png``, ``statistics.json`` and ``report.html`` into ``out``.
@@ -67,20 +68,23 @@ def write_image_inspection(
             other sizes than the model's go through interpolated position embeddings.
         head_fusion, discard_ratio: the rollout's (vit-explain's defaults: ``max``, 0.9).
         model_name, image_name: shown on the page.
+        preprocessing: the model directory's :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`
+            (``read_image_preprocessing(directory)``); default ViT's (the model's size, mean and std 0.5).
     """
-    from ...hf.vision import image_attention, pixels_for
+    from ...hf.vision import image_attention, image_steps
 
     if head_fusion not in ("mean", "max", "min"):
         raise ValueError(f"head_fusion must be mean, max or min, got {head_fusion!r}")
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must lie in [0, 1), got {discard_ratio!r}")
     inner = getattr(model, "model", model)  # a TransformersModel wraps the transformers model
-    pixels = pixels_for(inner, image, size=size)
+    steps = image_steps(inner, size=size, preprocessing=preprocessing)
+    pixels = steps(image).to(next(inner.parameters()).dtype)  # [1, 3, height, width]
     seen = image_attention(inner, pixels)
     if seen.prefix < 1:
         raise ValueError(f"{model_name} puts no class token before its patches (SigLIP pools without one); "
                          f"attnlab draws the class token's attention only")
-    shown = np.clip(pixels[0].float().permute(1, 2, 0).numpy() * 0.5 + 0.5, 0.0, 1.0)  # [height, width, 3]
+    shown = steps.displayable(pixels)  # [height, width, 3] in [0, 1]
     class_maps = seen.class_token_maps()
     names = list(class_maps)
     stacked = [weights[None] for weights in seen.attentions.values()]  # [1, H, N, N]

@@ -40,7 +40,9 @@ class PairInspection:
         source_tokens, target_tokens: the two sides (the target as the decoder reads it,
             its start token first).
         cross: ``{"cross.layer_k": [H, T, S]}``.
-        alignment: the Pharaoh links from the cross-attention averaged over layers and heads.
+        alignment: the Pharaoh links from the cross-attention averaged over layers and heads:
+            source token ``i`` - target token ``j`` (counted from 0 after the start token), read
+            at the decoder step that predicts target token ``j``.
     """
 
     report: Path
@@ -67,7 +69,7 @@ def encode_side(tokenizer: Any, text: str, max_length: int, argument: str) -> tu
 
 
 def _token_text(tokenizer: Any, index: int) -> str:
-    text = tokenizer.id_to_token(int(index))
+    text = tokenizer.id_to_token(int(index)) if tokenizer is not None else None
     return text if text is not None else f"<{int(index)}>"
 
 
@@ -100,6 +102,8 @@ def write_pair_inspection(
     formats: Sequence[str] = ("png",),
     max_tokens: int = 128,
     model_name: str = "model",
+    source_features: Optional[torch.Tensor] = None,
+    source_labels: Optional[Sequence[str]] = None,
 ) -> PairInspection:
     """Run ``source`` and ``target`` (or a target generated from ``source`` when ``target`` is
     ``None``) through an encoder-decoder model and write into ``out``: ``report.html`` (the
@@ -119,17 +123,33 @@ def write_pair_inspection(
         formats: picture formats.
         max_tokens: beyond this many positions pages and pictures pool positions.
         model_name: shown on the pages.
+        source_features: ``[C, F]`` a speech model's input features instead of a source text
+            (``source`` then names the clip); the target is generated greedily when not given
+            (:func:`~attnlab.hf.audio.greedy_target`).
+        source_labels: with ``source_features``: one label per encoder position (its time).
     """
+    from ...hf.audio import greedy_target
     from ...hf.seq2seq import decoder_start, generate_pair, pair_attention
 
     inner = getattr(model, "model", model)
-    source_ids, source_tokens = encode_side(tokenizer, source, max_length, "--source")
-    if target is None:
-        pair = generate_pair(inner, source_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    if source_features is not None:
+        start = decoder_start(inner)
+        if target is None:
+            decoder_ids = greedy_target(inner, source_features, start=start, max_new_tokens=max_new_tokens)
+        else:
+            target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
+            decoder_ids = torch.cat([torch.tensor([start]), target_ids])  # [T]: start token first
+        pair = pair_attention(inner, None, decoder_ids, source_features=source_features)
+        S = next(iter(pair.cross.values())).shape[-1]
+        source_tokens = list(source_labels or [])[:S] or [f"frame {index}" for index in range(S)]
     else:
-        target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
-        decoder_ids = torch.cat([torch.tensor([decoder_start(inner)]), target_ids])  # [T]: start token first
-        pair = pair_attention(inner, source_ids, decoder_ids)
+        source_ids, source_tokens = encode_side(tokenizer, source, max_length, "--source")
+        if target is None:
+            pair = generate_pair(inner, source_ids, max_new_tokens=max_new_tokens, do_sample=False)
+        else:
+            target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
+            decoder_ids = torch.cat([torch.tensor([decoder_start(inner)]), target_ids])  # [T]: start token first
+            pair = pair_attention(inner, source_ids, decoder_ids)
     target_tokens = [_token_text(tokenizer, index) for index in pair.target_ids.tolist()]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +171,9 @@ def write_pair_inspection(
                               meta=meta, statistics=_tables(statistics["encoder"]), max_tokens=max_tokens))
     pages.append(write_report(out / "decoder.html", pair.decoder, target_tokens, title="decoder self-attention",
                               meta=meta, statistics=_tables(statistics["decoder"]), max_tokens=max_tokens))
-    links = attention_alignment(pair.cross)
+    # decoder position k predicts target_tokens[k + 1]: target token j (after the start token) is row j
+    links = attention_alignment({name: weights[:, :-1] for name, weights in pair.cross.items()}) if len(
+        target_tokens) > 1 else frozenset()
     alignment = format_pharaoh(links)
     (out / "alignment.txt").write_text(alignment + "\n", encoding="utf-8")
     write_json(out / "statistics.json", {
@@ -162,8 +184,9 @@ def write_pair_inspection(
                                                ("cross", "target", "source"))
             for name, values in statistics[kind].items()
         },
-        "alignment": {"from": "cross-attention, every layer and head averaged; each target token to the source "
-                              "token it attends to most", "pharaoh": alignment},
+        "alignment": {"from": "cross-attention, every layer and head averaged; each target token (counted from 0 "
+                              "after the start token) to the source token the decoder attends to most at the step "
+                              "that predicts it", "pharaoh": alignment},
     })
     if target is None and len(target_tokens) > 1:
         G, S = len(target_tokens) - 1, len(source_tokens)

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ...layers.encoder import TransformerEncoder, find_encoder
+from ...models.encoder import TransformerEncoder, find_encoder
 
 __all__ = ["encoder_of", "is_causal_model", "token_embedding_of", "pooling_of", "query_weights", "logits_of",
            "resolve_target"]

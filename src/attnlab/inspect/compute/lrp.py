@@ -33,7 +33,7 @@ residual split sums over the whole batch; the same for one example).
 
 Supported: :class:`~attnlab.EncoderClassifier` (pooling ``"first"`` or ``"mean"``, with or
 without a :class:`~attnlab.models.classifier.DensePooler`) over a
-:class:`~attnlab.TransformerEncoder` of :class:`~attnlab.layers.encoder.TransformerEncoderLayer`
+:class:`~attnlab.TransformerEncoder` of :class:`~attnlab.layers.encoder_layer.TransformerEncoderLayer`
 with dense :class:`~attnlab.MultiHeadAttention` (sliding window allowed), a
 :class:`~attnlab.layers.ffn.PositionWiseFFN` and ``nn.LayerNorm``, post-norm or
 pre-norm, with or without a score bias (MPNet's relative positions): the BERT, RoBERTa,
@@ -62,7 +62,7 @@ from torch import Tensor, nn
 
 from ...attention.masks import combine_masks, padding_to_attention_mask, sliding_window_mask
 from ...attention.multihead import MultiHeadAttention
-from ...layers.encoder import TransformerEncoderLayer
+from ...layers.encoder_layer import TransformerEncoderLayer
 from ...layers.ffn import PositionWiseFFN
 from ...models.classifier import POOLER_ACTIVATIONS, EncoderClassifier
 from .gradient_rollout import attention_gradients

@@ -5,7 +5,8 @@ Dimension letters: ``M`` methods, ``T`` tokens.
 Scores of different methods live on different scales (attention sums to 1, integrated
 gradients are in logit units and signed), so each method is shown on its own scale
 (:func:`normalized_scores`): blue for positive, red for negative. Pages inline everything
-and write token text only with ``textContent`` (see :mod:`.report`).
+and write token text only with ``textContent`` (see :mod:`.report`); the fragment's style and
+script are ``assets/explanation.css`` and ``.js`` (package data).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from ._assets import asset
 from .report import _meta_html, _page, json_for_script
 
 __all__ = ["normalized_scores", "plot_explanation", "render_explanation", "explanation_fragment"]
@@ -77,46 +79,6 @@ def _row_range(scores: Sequence[float]) -> str:
     return f"±{np.abs(values).max():.3g}"
 
 
-_STYLE = """
-.attnlab-explanation { font: 14px/1.5 system-ui, sans-serif; color: #1d232b; }
-.attnlab-explanation .methods { display: flex; flex-wrap: wrap; gap: 12px; }
-.attnlab-explanation .method { flex: 1 1 260px; border: 1px solid #d0d4da; border-radius: 6px;
-  padding: 8px 10px; background: #fff; }
-.attnlab-explanation .method h3 { font-size: 14px; margin: 0 0 6px; }
-.attnlab-explanation .tok { padding: 1px 3px; margin: 1px; border-radius: 3px; display: inline-block;
-  white-space: pre; font-family: ui-monospace, monospace; font-size: 12px; }
-.attnlab-explanation .note { color: #59636e; font-size: 12px; }
-"""
-
-_SCRIPT = """
-(function () {
-  var block = document.getElementById(%(data_id)s);
-  var data = JSON.parse(block.textContent);
-  var root = document.getElementById(%(root_id)s);
-  data.methods.forEach(function (method) {
-    var box = document.createElement("div");
-    box.className = "method";
-    box.setAttribute("data-method", method.name);
-    var heading = document.createElement("h3");
-    heading.textContent = method.name;
-    box.appendChild(heading);
-    data.tokens.forEach(function (token, i) {
-      var span = document.createElement("span");
-      var value = method.normalized[i];
-      span.className = "tok";
-      span.textContent = token;
-      span.title = method.name + ": " + method.scores[i];
-      var colour = value >= 0 ? "33,102,172" : "214,96,77";
-      span.style.background = "rgba(" + colour + "," + Math.min(1, Math.abs(value)).toFixed(3) + ")";
-      if (Math.abs(value) > 0.6) { span.style.color = "#fff"; }
-      box.appendChild(span);
-    });
-    root.appendChild(box);
-  });
-})();
-"""
-
-
 def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]]) -> dict:
     return {
         "tokens": [str(token) for token in tokens],
@@ -143,10 +105,11 @@ def explanation_fragment(
             raise ValueError(f"{name} has {len(values)} scores for {len(tokens)} tokens")
     suffix = secrets.token_hex(6)
     data_id, root_id = f"attnlab-explanation-data-{suffix}", f"attnlab-explanation-{suffix}"
-    script = _SCRIPT % {"data_id": json_for_script(data_id), "root_id": json_for_script(root_id)}
+    script = (asset("explanation.js").replace("ATTNLAB_DATA_ID", json_for_script(data_id))
+              .replace("ATTNLAB_ROOT_ID", json_for_script(root_id)))
     note = f'<p class="note">{html.escape(caption)}</p>' if caption else ""
     return (
-        f'<div class="attnlab-explanation"><style>{_STYLE}</style>{note}'
+        f'<div class="attnlab-explanation"><style>{asset("explanation.css")}</style>{note}'
         f'<div class="methods" id="{root_id}"></div>'
         f'<script id="{data_id}" type="application/json">{json_for_script(_data(tokens, scores))}</script>'
         f"<script>{script}</script></div>"

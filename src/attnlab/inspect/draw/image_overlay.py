@@ -5,6 +5,7 @@ Dimension letters: ``H`` heads, ``gh x gw`` the patch grid.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -33,7 +34,9 @@ def plot_patch_overlay(
 ) -> Path:
     """Draw each ``[gh, gw]`` map over ``image``, one panel per map, to a PNG.
 
-    Each panel is scaled to its own maximum (colour bar: 0 .. that maximum).
+    Each panel is scaled to its own maximum (colour bar: 0 .. that maximum); a panel with
+    nothing above zero says so in its title (rollout with a high discard ratio can leave the
+    class token nothing but itself). The figure's title is wrapped to the panels' width.
 
     Args:
         image: ``[height, width, 3]`` RGB in ``[0, 1]`` (what the model saw).
@@ -63,14 +66,16 @@ def plot_patch_overlay(
         if index >= count:
             axis.axis("off")
             continue
-        top = max(float(maps[index].max()), 1e-12)
+        empty = not float(maps[index].max()) > 0.0
+        top = 1.0 if empty else float(maps[index].max())
         axis.imshow(image)
         shown = axis.imshow(_upsample(maps[index], height, width), cmap="inferno", alpha=0.6, vmin=0, vmax=top)
         figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
-        if titles is not None:
-            axis.set_title(titles[index], fontsize=8)
+        if titles is not None or empty:
+            name = titles[index] if titles is not None else ""
+            axis.set_title(f"{name} (all zero)" if empty else name, fontsize=8)
     if title:
-        figure.suptitle(title, fontsize=9)
+        figure.suptitle(textwrap.fill(title, width=max(28, 34 * columns)), fontsize=9)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -163,6 +163,9 @@ STATISTIC_DESCRIPTIONS = {
     "alignment_argmax": "how often the most attended key is a reference key",
     "mean_offset": "mean attended offset s - t (negative = looks back)",
     "mean_distance": "mean attended distance |s - t|",
+    "mean_attention_distance": "patches: mean attended distance in pixels on the image (ViT's figure 7)",
+    "class_prefix_mass": "class token's mass on the tokens before the patches (itself, distillation, registers)",
+    "class_patch_entropy": "entropy (nats) of the class token's attention over the patches",
 }
 
 
@@ -356,12 +359,15 @@ def render_summary(
         f"<section><h2>{html.escape(heading)}</h2>{content}</section>"
         for heading, content in (extra_tables or {}).items()
     )
+    statistics_section = (
+        '<section id="statistics"><h2>Statistics per layer and head</h2>'
+        f"{stats_tables_html(tables, layers, descriptions={**STATISTIC_DESCRIPTIONS, **(descriptions or {})})}"
+        "</section>"
+    ) if tables else ""  # a page of pictures only (an image explanation) has no statistics
     body = f"""
 <header><h1>{html.escape(title)}</h1>{meta_lines}</header>
 <main>
-<section id="statistics"><h2>Statistics per layer and head</h2>
-{stats_tables_html(tables, layers, descriptions={**STATISTIC_DESCRIPTIONS, **(descriptions or {})})}
-</section>
+{statistics_section}
 {extra}
 <section class="figures"><h2>Plots</h2>{''.join(figures)}</section>
 </main>"""

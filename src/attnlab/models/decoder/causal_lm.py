@@ -22,6 +22,7 @@ from ...layers.decoder_mask import decoder_attention_mask
 from ...layers.kv_cache import KVCache
 from ...attention.rotary import ScaledRotary
 from ...outputs import LayerAttentions
+from ..encoder import model_config_part
 from .outputs import CausalLMOutput
 
 __all__ = ["DecoderForCausalLM", "positions_from_mask"]
@@ -60,6 +61,19 @@ class DecoderForCausalLM(nn.Module, PretrainedIO):
     """
 
     model_type = "decoder"
+
+    @classmethod
+    def from_config(
+        cls, config: Union[DecoderConfig, dict[str, Any]], *, device=None, dtype=None
+    ) -> "DecoderForCausalLM":
+        """A fresh model from a :class:`DecoderConfig`, its dict, or a ``config.json`` dict
+        of attnlab's layout (its ``"decoder"`` entry): the constructor, under the name
+        every model class builds itself by (a dict's ``"pretrained_config"``, the HuggingFace
+        ``config.json`` it came from, is kept for ``save_pretrained(layout="huggingface")``)."""
+        model = cls(model_config_part(config, DecoderConfig, "decoder", cls.__name__), device=device, dtype=dtype)
+        if isinstance(config, dict):
+            model.checkpoint_config = config.get("pretrained_config")
+        return model
 
     def __init__(self, config: DecoderConfig, *, device=None, dtype=None) -> None:
         super().__init__()

@@ -1,9 +1,11 @@
-"""Transformer encoder layer and the full encoder.
+"""The Transformer encoder: token embedding, positions, a stack of
+:class:`~attnlab.layers.encoder_layer.TransformerEncoderLayer` and a final norm; the
+encoder-side twin of :mod:`attnlab.models.decoder`. Its components live in
+:mod:`attnlab.layers` and :mod:`attnlab.attention`.
 
 Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``H`` heads, ``L`` layers.
 Masks follow :mod:`attnlab.attention.masks`: ``True`` / 1 = may attend, in any dtype; a
 ``[B, T]`` mask given to the encoder marks real tokens (``True``) and padding (``False``).
-PyTorch's ``src_mask`` / ``src_key_padding_mask`` keep PyTorch's meaning.
 """
 
 from __future__ import annotations
@@ -11,32 +13,26 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_inputs_match, check_positive_int, check_probability
+from .._checks import check_inputs_match, check_positive_int
 from .._precision import Linear
 from .._pretrained_io import PretrainedIO
-from ..attention.masks import combine_masks, from_torch_mask, keep_mask
+from ..attention.masks import keep_mask
 from ..attention.multihead import MultiHeadAttention
 from ..attention.packing import TokenPacking
-from ..attention.sparse import SparseAttention
-from .dropout import Dropout
-from .encoder_config import EncoderConfig
-from .ffn import PositionWiseFFN
+from ..layers.dropout import Dropout
+from ..layers.encoder_config import EncoderConfig
+from ..layers.encoder_layer import EncoderLayerOutput, TransformerEncoderLayer, build_self_attention
+from ..layers.positional import LearnedPositionalEmbedding, PaddingOffsetPositionalEmbedding, PositionalEncoding
 from ..outputs import LayerAttentions, ModelOutput
-from .positional import LearnedPositionalEmbedding, PaddingOffsetPositionalEmbedding, PositionalEncoding
 
-__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "EncoderOutput", "EncoderLayerOutput", "find_encoder"]
-
-
-class EncoderLayerOutput(NamedTuple):
-    """``(output [B, T, E], weights [B, H, T, T] | None)``."""
-
-    output: Tensor
-    weights: Optional[Tensor]
+__all__ = ["TransformerEncoder", "EncoderOutput", "find_encoder", "model_config_part",
+           # the layer's names, re-exported for code written against attnlab.layers.encoder
+           "TransformerEncoderLayer", "EncoderLayerOutput"]
 
 
 @dataclass(eq=False)
@@ -65,158 +61,28 @@ class EncoderOutput(ModelOutput):
     _always_in_tuple = ("last_hidden_state", "attentions")
 
 
-class TransformerEncoderLayer(nn.Module):
-    """Self-attention and a feed-forward net, each with a residual and LayerNorm.
+Config = TypeVar("Config")
+_PRETRAINED_KEY = "pretrained_config"  # a pretrained family's HuggingFace config.json, kept by a checkpoint
 
-    Post-norm by default, as in the article and BERT:
-    ``x = norm1(x + drop(attn(x))); x = norm2(x + ffn(x))``.
-    With ``norm_first=True``: ``x = x + drop(attn(norm1(x))); x = x + ffn(norm2(x))``.
 
-    Args:
-        d_model: model width ``E``.
-        num_heads: attention heads ``H``.
-        d_ff: feed-forward hidden width.
-        dropout: dropout on the residual branches and inside the feed-forward net.
-        attention_dropout: dropout on attention probabilities. 0 by default, unlike
-            the article: any value above 0 makes torch leave its fused attention
-            kernel in training (slower, ``[B, H, T, T]`` memory). ``None`` = ``dropout``,
-            the article's behaviour.
-        norm_first: pre-norm instead of post-norm.
-        activation: feed-forward activation name or callable.
-        layer_norm_eps: LayerNorm epsilon.
-        rotary: rotary position embedding inside the attention.
-        self_attention: a ready attention module to use instead of
-            :class:`MultiHeadAttention` (same call signature), e.g. sparse attention.
-        ffn: a ready feed-forward module ``[..., E] -> [..., E]`` instead of
-            :class:`PositionWiseFFN` (e.g. a gated one).
-        norm_layer: builds the two norms from the width (default ``nn.LayerNorm`` with
-            ``layer_norm_eps``), e.g. a LayerNorm without bias.
+def model_config_part(config: Any, config_class: type[Config], key: str, model: str) -> Config:
+    """The ``config_class`` in ``config``, for a model's ``from_config``.
 
-    Shape:
-        ``x`` ``[B, T, E]``; ``mask`` broadcastable to ``[B, H, T, T]`` (e.g.
-        ``[B, 1, 1, T]`` for padding; ``True`` / 1 = may attend) or ``attention_mask``
-        ``[B, T]``; ``torch.nn``'s ``src_mask`` and ``src_key_padding_mask`` are read as
-        ``torch.nn`` reads them -> ``(output [B, T, E], weights [B, H, T, T] | None)``.
+    Every model class builds itself from a config through one classmethod,
+    ``Class.from_config(config, *, device=None, dtype=None)``, which takes its config
+    dataclass, that dataclass's dict, or the ``config.json`` dict attnlab writes for the
+    model (``{"model_type": ..., key: {...}, ...}``; :func:`attnlab.checkpoints.build_model`
+    hands that dict to the class its ``model_type`` names).
+
+    Raises:
+        TypeError: ``config`` is neither a ``config_class`` nor a dict.
     """
-
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        d_ff: int,
-        dropout: float = 0.1,
-        *,
-        attention_dropout: Optional[float] = 0.0,
-        norm_first: bool = False,
-        activation: Union[str, Callable[[Tensor], Tensor]] = "gelu",
-        layer_norm_eps: float = 1e-5,
-        bias: bool = True,
-        rotary: bool = False,
-        self_attention: Optional[nn.Module] = None,
-        ffn: Optional[nn.Module] = None,
-        norm_layer: Optional[Callable[[int], nn.Module]] = None,
-        device=None,
-        dtype=None,
-    ) -> None:
-        super().__init__()
-        check_positive_int("d_model", d_model)
-        dropout = check_probability("dropout", dropout)
-        factory = {"device": device, "dtype": dtype}
-        attention_dropout = dropout if attention_dropout is None else attention_dropout
-        self.norm_first = norm_first
-        self.self_attn = self_attention or MultiHeadAttention(
-            d_model, num_heads, attention_dropout, bias=bias, rotary=rotary, **factory
-        )
-        self.ffn = ffn or PositionWiseFFN(d_model, d_ff, dropout, activation=activation, bias=bias, **factory)
-        if norm_layer is None:
-            norm_layer = lambda width: nn.LayerNorm(width, eps=layer_norm_eps, **factory)  # noqa: E731
-        self.norm1 = norm_layer(d_model)
-        self.norm2 = norm_layer(d_model)
-        self.dropout1 = Dropout(dropout)
-
-    def _attend(
-        self, x: Tensor, mask: Optional[Tensor], need_weights: bool, head_mask: Optional[Tensor], extra: dict
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        out, weights = self.self_attn(x, x, x, mask, need_weights=need_weights, head_mask=head_mask, **extra)
-        return self.dropout1(out), weights
-
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        attention_mask: Optional[Tensor] = None,
-        attn_bias: Optional[Tensor] = None,
-        src_mask: Optional[Tensor] = None,
-        src_key_padding_mask: Optional[Tensor] = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        head_mask: Optional[Tensor] = None,
-        packing: Optional[TokenPacking] = None,
-    ) -> EncoderLayerOutput:
-        """One layer.
-
-        Args:
-            x: ``[B, T, E]``; with ``packing`` (dense attention only) ``x`` and the output
-                are the packed ``[N, E]`` real tokens (see :mod:`attnlab.attention.packing`),
-                the packing keeps padding keys out and ``mask`` may only add constraints.
-            mask: keep mask broadcastable to ``[B, H, T, T]`` (``True`` / 1 = may attend).
-            attention_mask: ``[B, T]``, ``True`` / 1 on real tokens (HuggingFace's).
-            attn_bias: additive float term broadcastable to ``[B, H, T, T]``.
-            src_mask: ``torch.nn.TransformerEncoderLayer``'s: ``[T, T]`` or
-                ``[B * H, T, T]``, bool ``True`` = may *not* attend, float additive.
-            src_key_padding_mask: ``torch.nn``'s: ``[B, T]``, bool ``True`` on padding.
-            is_causal: also forbid attending to later positions.
-        """
-        extra: dict = {} if packing is None else {"packing": packing}
-        if src_key_padding_mask is not None and src_key_padding_mask.dim() != 2:
-            raise ValueError(
-                f"src_key_padding_mask must be [B, T] (torch.nn's padding mask), "
-                f"got {tuple(src_key_padding_mask.shape)}"
-            )
-        padding_keep, padding_bias = from_torch_mask(
-            src_key_padding_mask, name="src_key_padding_mask", padding=False
-        )  # [B, T]: a padding mask stays [B, T], which every attention module takes
-        if padding_bias is not None:
-            padding_bias = padding_bias[:, None, None, :]  # [B, 1, 1, T]
-            attn_bias = padding_bias if attn_bias is None else attn_bias + padding_bias
-        if attention_mask is not None:
-            attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
-        if attention_mask is not None and padding_keep is not None and attention_mask.dim() != 2:
-            padding_keep = padding_keep[:, None, None, :]  # [B, 1, 1, T], to meet a rank-4 mask
-        attention_mask = combine_masks(attention_mask, padding_keep)
-        given = {"attention_mask": attention_mask, "attn_bias": attn_bias, "attn_mask": src_mask}
-        extra.update({name: value for name, value in given.items() if value is not None})
-        if is_causal:
-            extra["is_causal"] = True
-        if self.norm_first:
-            attended, weights = self._attend(self.norm1(x), mask, need_weights, head_mask, extra)
-            x = x + attended
-            x = x + self.ffn(self.norm2(x))
-        else:
-            attended, weights = self._attend(x, mask, need_weights, head_mask, extra)
-            x = self.norm1(x + attended)
-            x = self.norm2(x + self.ffn(x))
-        return EncoderLayerOutput(x, weights)
-
-
-def build_self_attention(config: EncoderConfig, *, device=None, dtype=None) -> Optional[nn.Module]:
-    """The attention module a layer should use, or ``None`` for the default dense one."""
-    if config.attention == "sparse":
-        return SparseAttention(
-            config.d_model,
-            config.num_heads,
-            config.block_size,
-            config.effective_attention_dropout,
-            window=config.window,
-            global_summary=config.global_summary,
-            global_tokens=config.global_tokens,
-            bias=config.bias,
-            rotary=config.position == "rotary",
-            device=device,
-            dtype=dtype,
-        )
-    return None
+    if isinstance(config, config_class):
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(f"{model}.from_config takes config: {config_class.__name__}, its dict, or a config.json "
+                        f"dict; got {type(config).__name__}")
+    return config_class.from_dict(config[key] if isinstance(config.get(key), dict) else config)
 
 
 def _warn_real_padding(name: str, input_ids: Tensor, mask: Tensor, pad_id: int) -> None:
@@ -362,10 +228,24 @@ class TransformerEncoder(PretrainedIO, nn.Module):
 
     @classmethod
     def from_config(
-        cls, config: EncoderConfig, *, device=None, dtype=None, **components
+        cls, config: Union[EncoderConfig, dict[str, Any]], *, device=None, dtype=None, **components
     ) -> "TransformerEncoder":
-        """Build an encoder from an :class:`EncoderConfig` (and components, see the class)."""
-        values = config.to_dict()
+        """A fresh encoder from its config (and components, see the class): the protocol every
+        model class follows (see :func:`model_config_part`).
+
+        Args:
+            config: an :class:`EncoderConfig`, its dict, or a model's ``config.json`` dict
+                (its ``"encoder"`` entry is read).
+
+        Raises:
+            ValueError: ``config`` holds a pretrained family's HuggingFace config: that
+                encoder's components are the family's, which
+                :func:`attnlab.checkpoints.build_model` builds.
+        """
+        if isinstance(config, dict) and config.get(_PRETRAINED_KEY):
+            raise ValueError(f"this config holds a pretrained family's {_PRETRAINED_KEY!r}: its encoder is built "
+                             f"with the family's components; use attnlab.checkpoints.build_model(config)")
+        values = model_config_part(config, EncoderConfig, "encoder", cls.__name__).to_dict()
         positional = [values.pop(name) for name in
                       ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "dropout", "max_len")]
         return cls(*positional, device=device, dtype=dtype, **components, **values)

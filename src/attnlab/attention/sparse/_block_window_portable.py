@@ -55,18 +55,18 @@ def portable_kernel_status() -> str:
 
 def portable_unavailable_reason() -> Optional[str]:
     """``None`` where the kernel is built and agrees with float64 attention, else why not."""
-    reason = _native.unavailable_reason(_KERNEL)
-    if reason is None and not _passes_check():
-        return "it disagreed with float64 attention on this machine"
-    return reason
+    return _native.unavailable_reason(_KERNEL) or _check_failure()
 
 
 @functools.cache
-def _passes_check() -> bool:
+def _check_failure() -> Optional[str]:
+    """``None`` where the kernel agrees with float64 attention here, else what went wrong."""
     try:
-        return _check()
-    except RuntimeError:  # the kernel refused to run here (e.g. no CPU GEMM for it)
-        return False
+        agrees = _check()
+    except RuntimeError as error:  # the kernel refused to run here (e.g. no CPU GEMM for it)
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return f"it failed on this machine: {first_line[:200]}"
+    return None if agrees else "it disagreed with float64 attention on this machine"
 
 
 def _check() -> bool:

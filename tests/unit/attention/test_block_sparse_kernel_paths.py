@@ -31,7 +31,8 @@ def _skip_reason(path: str) -> str | None:
     return None
 
 
-PATHS = [pytest.param(path, marks=pytest.mark.skipif(_skip_reason(path) is not None, reason=str(_skip_reason(path))))
+PATHS = [pytest.param(path, marks=pytest.mark.skipif(_skip_reason(path) is not None,
+                                                     reason=str(_skip_reason(path))))
          for path in ("portable", "torch", "amx")]
 
 CASES = [
@@ -86,7 +87,8 @@ def test_every_path_matches_float64_forward_and_backward(
     served = _spy_on_paths(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    out = block_sparse_attention(*leaves, valid, block_size=block, window=window, global_positions=globals_).output
+    out = block_sparse_attention(*leaves, valid, block_size=block, window=window,
+                                 global_positions=globals_).output
     (out * upstream).sum().backward()
     expected = "torch" if path == "amx" and not _aligned((batch, heads, length, D, Dv, block)) else path
     assert served == [expected]
@@ -129,7 +131,8 @@ def test_portable_kernel_with_any_number_of_threads(golden, monkeypatch, threads
     torch.set_num_threads(threads)
     try:
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out = block_sparse_attention(*leaves, valid, block_size=32, window=1, global_positions=(0, 333)).output
+        out = block_sparse_attention(*leaves, valid, block_size=32, window=1,
+                                     global_positions=(0, 333)).output
         (out * upstream).sum().backward()
     finally:
         torch.set_num_threads(before)
@@ -225,7 +228,8 @@ def test_the_avx2_build_matches_float64_too() -> None:
             v, up = (torch.randn(B, H, T, Dv, generator=g) for _ in range(2))
             valid = None if lengths is None else torch.arange(T)[None] < torch.tensor(lengths)[:, None]
             leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-            out = block_sparse_attention(*leaves, valid, block_size=L, window=w, global_positions=globals_).output
+            out = block_sparse_attention(*leaves, valid, block_size=L, window=w,
+                                         global_positions=globals_).output
             (out * up).sum().backward()
             exact_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
             exact = golden_block_sparse_attention(*exact_leaves, valid, L, w, globals_)

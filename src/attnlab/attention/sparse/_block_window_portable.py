@@ -3,11 +3,12 @@
 The kernel (``attnlab/_native/block_window.cpp``, on at::vec and torch's CPU GEMM: AVX2,
 AVX-512 and ARM from one source) computes every block's attention over its window keys and
 the global keys, forward and backward; the global tokens' own rows (a few queries over
-every key) stay in torch ops (``_block_window_kernel``), as on torch's path. It is compiled by :func:`attnlab._native.build`
-for the vector width torch dispatches to, once per machine. Before its first use in a
-process its forward and backward are checked against float64 attention on a small input
-with ragged sizes (a padding bias, windows past both ends, two heads): a kernel that
-disagrees, or whose GEMM this build of torch lacks, is not used.
+every key) stay in torch ops (``_block_window_kernel``), as on torch's path. It is compiled
+by :func:`attnlab._native.build` for the vector width torch dispatches to, once per machine.
+Before its first use in a process its forward and backward are checked against float64
+attention on a small input with ragged sizes (a padding bias, global keys, windows past
+both ends, two heads): a kernel that disagrees, or whose GEMM this build of torch lacks,
+is not used.
 """
 
 from __future__ import annotations

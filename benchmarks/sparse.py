@@ -306,13 +306,16 @@ def _print_side_by_side(result: dict, args: argparse.Namespace) -> None:
                 dense = ms[f"dense {mode}"]
                 parts.append(f"dense (no mask) {dense:.0f} ms -> sparse is {dense / mine:.1f}x faster")
             if f"flex {mode}" in ms:
-                parts.append(f"flex {ms[f'flex {mode}']:.1f} ms -> flex/sparse {ms[f'flex {mode}'] / mine:.2f}x")
+                flex = ms[f"flex {mode}"]
+                parts.append(f"flex {flex:.1f} ms -> flex/sparse {flex / mine:.2f}x")
             masked = ms.get(f"{name} masked {mode}")
-            parts.append(f"with key padding + 2 global tokens {masked:.1f} ms ({masked / mine:.2f}x unmasked)")
+            parts.append(f"with key padding + 2 global tokens {masked:.1f} ms "
+                         f"({masked / mine:.2f}x unmasked)")
             print(f"  {mode:8s} " + "; ".join(parts))
         fwd = result["sparse_fwd_gflop"] / (ms[f"{name} fwd"] / 1000)
         both = 3.5 * result["sparse_fwd_gflop"] / (ms[f"{name} fwd+bwd"] / 1000)
-        print(f"  {name} reaches {fwd:.0f} GFLOP/s = {100 * fwd / ceiling:.0f} % of the GEMM ceiling forward, "
+        print(f"  {name} reaches {fwd:.0f} GFLOP/s = {100 * fwd / ceiling:.0f} % of the GEMM ceiling "
+              "forward, "
               f"{100 * both / ceiling:.0f} % fwd+bwd (counted as 3.5x the forward's GEMM work)")
     if "flex_error" in result:
         print(f"  flex: not run ({result['flex_error']})")

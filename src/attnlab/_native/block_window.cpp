@@ -178,16 +178,19 @@ struct Problem {
       if (source >= 0 && source < key_count) {
         transpose(k + source * L * D, D, keys_t + t * L, ld, L, D);
       } else {
-        for (int64_t d = 0; d < D; ++d) std::fill(keys_t + d * ld + t * L, keys_t + d * ld + (t + 1) * L, 0.0f);
+        for (int64_t d = 0; d < D; ++d) {
+          std::fill(keys_t + d * ld + t * L, keys_t + d * ld + (t + 1) * L, 0.0f);
+        }
       }
     }
   }
 };
 
-Problem problem_of(const Tensor& query, const Tensor& key_source, const Tensor& value_source, int64_t key_shift,
-                   int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks, const Tensor& window_bias,
-                   const Tensor& biased, const Tensor& global_keys, const Tensor& global_keys_t,
-                   const Tensor& global_values, const Tensor& global_bias, double scale) {
+Problem problem_of(const Tensor& query, const Tensor& key_source, const Tensor& value_source,
+                   int64_t key_shift, int64_t value_shift, int64_t spread, int64_t heads, int64_t blocks,
+                   const Tensor& window_bias, const Tensor& biased, const Tensor& global_keys,
+                   const Tensor& global_keys_t, const Tensor& global_values, const Tensor& global_bias,
+                   double scale) {
   TORCH_CHECK(query.scalar_type() == at::kFloat && key_source.scalar_type() == at::kFloat &&
                   value_source.scalar_type() == at::kFloat && window_bias.scalar_type() == at::kFloat,
               "block_window: float32 inputs only");
@@ -250,8 +253,8 @@ std::tuple<Tensor, Tensor> window_forward(
     const Tensor& biased, const Tensor& global_keys_t, const Tensor& global_values, const Tensor& global_bias,
     double scale) {
   const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
-                               window_bias, biased, global_keys_t.transpose(1, 2), global_keys_t, global_values,
-                               global_bias, scale);
+                               window_bias, biased, global_keys_t.transpose(1, 2), global_keys_t,
+                               global_values, global_bias, scale);
   const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, G = p.G;
   auto output = at::empty({n, L, Dv}, query.options());
   auto logsumexp = at::empty({n, L}, query.options());
@@ -278,8 +281,8 @@ std::tuple<Tensor, Tensor> window_forward(
         const float* bias = p.keys_bias(i, span, row_bias.data());
         // S = Q K^T over the window's keys and the global keys: [L, width].
         if (columns) {
-          matmul(L, columns, D, q_i, D, keys_t.data() + (i - chunk + span.first) * L, ld, scores.data(), width,
-                 false);
+          matmul(L, columns, D, q_i, D, keys_t.data() + (i - chunk + span.first) * L, ld, scores.data(),
+                 width, false);
         }
         if (G) {
           matmul(L, G, D, q_i, D, p.global_keys_t + p.head_of(i) * D * G, G, scores.data() + columns, width,
@@ -334,7 +337,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
     const Tensor& global_bias, const Tensor& grad_output, const Tensor& output, const Tensor& logsumexp,
     double scale) {
   const Problem p = problem_of(query, key_source, value_source, key_shift, value_shift, spread, heads, blocks,
-                               window_bias, biased, global_keys, global_keys_t, global_values, global_bias, scale);
+                               window_bias, biased, global_keys, global_keys_t, global_values, global_bias,
+                               scale);
   const int64_t n = p.n, L = p.L, D = p.D, Dv = p.Dv, W = p.W, G = p.G, w = (spread - 1) / 2;
   TORCH_CHECK(global_keys.is_contiguous(), "block_window_backward: contiguous global keys");
   TORCH_CHECK(grad_output.is_contiguous() && output.is_contiguous() && logsumexp.is_contiguous() &&
@@ -379,7 +383,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
     std::vector<float> probs_t((W + G) * L), scores_grad_t((W + G) * L), row_bias(W + G), term(L), row_lse(L);
     std::vector<float> key_sums(local_blocks * L * D), value_sums(local_blocks * L * Dv);
     // This task's sums of the global keys' and values' gradients, per head.
-    std::vector<float> global_key_sums(G ? heads_total * G * D : 0), global_value_sums(G ? heads_total * G * Dv : 0);
+    std::vector<float> global_key_sums(G ? heads_total * G * D : 0);
+    std::vector<float> global_value_sums(G ? heads_total * G * Dv : 0);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t chunk = index * chunk_blocks, count = std::min(n, chunk + chunk_blocks) - chunk;
       std::fill(key_sums.begin(), key_sums.end(), 0.0f);
@@ -426,7 +431,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
           float* ds = scores_grad_t.data() + c * L;
           int64_t r = 0;
           for (; r + Vec::size() <= L; r += Vec::size()) {
-            const Vec x = (Vec::loadu(prob + r) * factor + key_bias_vec - Vec::loadu(row_lse.data() + r)).exp_u20();
+            const Vec exponent =
+                Vec::loadu(prob + r) * factor + key_bias_vec - Vec::loadu(row_lse.data() + r);
+            const Vec x = exponent.exp_u20();
             x.store(prob + r);
             ((Vec::loadu(ds + r) - Vec::loadu(term.data() + r)) * x * factor).store(ds + r);
           }
@@ -438,14 +445,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
         if (columns) {
           matmul(columns, Dv, L, probs_t.data(), L, dout_i, Dv, value_sums.data() + local * L * Dv, Dv, true);
           matmul(columns, D, L, scores_grad_t.data(), L, q_i, D, key_sums.data() + local * L * D, D, true);
-          matmul(D, L, columns, keys_t.data() + local * L, ld, scores_grad_t.data(), L, query_grad_t.data(), L,
-                 false);
+          matmul(D, L, columns, keys_t.data() + local * L, ld, scores_grad_t.data(), L, query_grad_t.data(),
+                 L, false);
         }
         if (G) {
-          matmul(G, Dv, L, probs_t.data() + columns * L, L, dout_i, Dv, global_value_sums.data() + head * G * Dv,
-                 Dv, true);
-          matmul(G, D, L, scores_grad_t.data() + columns * L, L, q_i, D, global_key_sums.data() + head * G * D, D,
-                 true);
+          matmul(G, Dv, L, probs_t.data() + columns * L, L, dout_i, Dv,
+                 global_value_sums.data() + head * G * Dv, Dv, true);
+          matmul(G, D, L, scores_grad_t.data() + columns * L, L, q_i, D,
+                 global_key_sums.data() + head * G * D, D, true);
           matmul(D, L, G, p.global_keys_t + head * D * G, G, scores_grad_t.data() + columns * L, L,
                  query_grad_t.data(), L, columns > 0);
         }
@@ -481,8 +488,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> window_backward(
       float* values_out = global_value_grad.data_ptr<float>();
       at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, keys_out, keys_out, global_key_sums.data(),
                            heads_total * G * D);
-      at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, values_out, values_out, global_value_sums.data(),
-                           heads_total * G * Dv);
+      at::vec::map2<float>([](Vec a, Vec b) { return a + b; }, values_out, values_out,
+                           global_value_sums.data(), heads_total * G * Dv);
     }
   });
   // The padded blocks two tasks share: task c's head plus task c - 1's tail (every task

@@ -31,7 +31,8 @@ def _skip_reason(path: str) -> str | None:
     return None
 
 
-PATHS = [pytest.param(path, marks=pytest.mark.skipif(_skip_reason(path) is not None, reason=str(_skip_reason(path))))
+PATHS = [pytest.param(path, marks=pytest.mark.skipif(_skip_reason(path) is not None,
+                                                     reason=str(_skip_reason(path))))
          for path in ("portable", "torch", "amx")]
 
 CASES = [
@@ -86,7 +87,8 @@ def test_every_path_matches_float64_forward_and_backward(
     served = _spy_on_paths(monkeypatch)
     q, k, v, upstream, valid = _inputs(batch, heads, length, D, Dv, lengths)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    out = block_sparse_attention(*leaves, valid, block_size=block, window=window, global_positions=globals_).output
+    out = block_sparse_attention(*leaves, valid, block_size=block, window=window,
+                                 global_positions=globals_).output
     (out * upstream).sum().backward()
     expected = "torch" if path == "amx" and not _aligned((batch, heads, length, D, Dv, block)) else path
     assert served == [expected]
@@ -129,7 +131,8 @@ def test_portable_kernel_with_any_number_of_threads(golden, monkeypatch, threads
     torch.set_num_threads(threads)
     try:
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out = block_sparse_attention(*leaves, valid, block_size=32, window=1, global_positions=(0, 333)).output
+        out = block_sparse_attention(*leaves, valid, block_size=32, window=1,
+                                     global_positions=(0, 333)).output
         (out * upstream).sum().backward()
     finally:
         torch.set_num_threads(before)
@@ -225,7 +228,8 @@ def test_the_avx2_build_matches_float64_too() -> None:
             v, up = (torch.randn(B, H, T, Dv, generator=g) for _ in range(2))
             valid = None if lengths is None else torch.arange(T)[None] < torch.tensor(lengths)[:, None]
             leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-            out = block_sparse_attention(*leaves, valid, block_size=L, window=w, global_positions=globals_).output
+            out = block_sparse_attention(*leaves, valid, block_size=L, window=w,
+                                         global_positions=globals_).output
             (out * up).sum().backward()
             exact_leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
             exact = golden_block_sparse_attention(*exact_leaves, valid, L, w, globals_)
@@ -271,3 +275,54 @@ def test_on_a_busy_machine_forward_and_backward_run_on_the_free_cores(monkeypatc
         assert seen == [1, 1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("path", PATHS[:2])
+@pytest.mark.parametrize("nan_keys, masked_keys, globals_", [
+    ((64, 96), (96, 128), ()),  # some window keys NaN, the rest masked
+    ((32, 128), None, (200,)),  # every window key NaN, a global key finite
+])
+def test_nan_keys_never_give_finite_garbage(monkeypatch, path, nan_keys, masked_keys, globals_) -> None:
+    # The rows of query block 2 (keys 32-127 in its window) come out as no key (zero) or
+    # NaN, never as finite numbers.
+    monkeypatch.setenv(VARIABLE, path)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 256, 32, generator=generator) for _ in range(3))
+    k[..., nan_keys[0] : nan_keys[1], :] = float("nan")
+    valid = None
+    if masked_keys:
+        valid = torch.ones(1, 256, dtype=torch.bool)
+        valid[:, masked_keys[0] : masked_keys[1]] = False
+    with torch.no_grad():
+        out = block_sparse_attention(q, k, v, valid, block_size=32, window=1, global_positions=globals_)
+    rows = out.output[0, 0, 64:96]
+    assert ((rows == 0) | rows.isnan()).all()
+
+
+def test_a_portable_kernel_that_fails_its_check_is_not_used(golden, monkeypatch) -> None:
+    # A kernel that raises on this machine (say, torch's GEMM missing for it) or gives a
+    # wrong answer is caught before use: auto falls back to torch's path and says why.
+    from attnlab import _native
+
+    def broken():
+        raise RuntimeError("Float Brgemm is currently not supported")
+
+    monkeypatch.setattr(amx, "_has_amx", lambda: False)
+    monkeypatch.setattr(portable, "_check", broken)
+    monkeypatch.delenv(VARIABLE, raising=False)
+    portable._check_failure.cache_clear()
+    _native.warn_once.cache_clear()
+    try:
+        assert portable.portable_unavailable_reason() == (
+            "it failed on this machine: Float Brgemm is currently not supported")
+        q, k, v, _, _ = _inputs(1, 2, 128, 16, 16, None)
+        with pytest.warns(RuntimeWarning, match="Float Brgemm is currently not supported"):
+            out = block_sparse_attention(q, k, v, block_size=32, window=1).output
+        exact = golden.block_sparse(q.double(), k.double(), v.double(), None, 32, 1, ())
+        assert (out.double() - exact).abs().max() < 1e-5
+        monkeypatch.setattr(portable, "_check", lambda: False)
+        portable._check_failure.cache_clear()
+        assert portable.portable_unavailable_reason() == "it disagreed with float64 attention on this machine"
+    finally:
+        portable._check_failure.cache_clear()
+        _native.warn_once.cache_clear()

@@ -676,8 +676,8 @@ class _BlockWindowAttention(torch.autograd.Function):
                 native.backward(
                     query_flat, key_source, value_source, key_shift, value_shift, spread, H, N,
                     window_bias.contiguous(), bias.row_biased, global_keys.contiguous(),
-                    global_keys.transpose(1, 2).contiguous(), global_values.contiguous(), global_bias.contiguous(),
-                    grad_flat.contiguous(), output, logsumexp, scale,
+                    global_keys.transpose(1, 2).contiguous(), global_values.contiguous(),
+                    global_bias.contiguous(), grad_flat.contiguous(), output, logsumexp, scale,
                 )
             )  # [n, L, D], [n, L, D], [n, L, Dv], [B * H, G, D], [B * H, G, Dv], [n, L]
             row_term = row_term.unsqueeze(-1)  # rowsum(dO * O): [n, L, 1]

@@ -3,11 +3,12 @@
 The kernel (``attnlab/_native/block_window.cpp``, on at::vec and torch's CPU GEMM: AVX2,
 AVX-512 and ARM from one source) computes every block's attention over its window keys and
 the global keys, forward and backward; the global tokens' own rows (a few queries over
-every key) stay in torch ops (``_block_window_kernel``), as on torch's path. It is compiled by :func:`attnlab._native.build`
-for the vector width torch dispatches to, once per machine. Before its first use in a
-process its forward and backward are checked against float64 attention on a small input
-with ragged sizes (a padding bias, windows past both ends, two heads): a kernel that
-disagrees, or whose GEMM this build of torch lacks, is not used.
+every key) stay in torch ops (``_block_window_kernel``), as on torch's path. It is compiled
+by :func:`attnlab._native.build` for the vector width torch dispatches to, once per machine.
+Before its first use in a process its forward and backward are checked against float64
+attention on a small input with ragged sizes (a padding bias, global keys, windows past
+both ends, two heads): a kernel that disagrees, or whose GEMM this build of torch lacks,
+is not used.
 """
 
 from __future__ import annotations
@@ -55,18 +56,18 @@ def portable_kernel_status() -> str:
 
 def portable_unavailable_reason() -> Optional[str]:
     """``None`` where the kernel is built and agrees with float64 attention, else why not."""
-    reason = _native.unavailable_reason(_KERNEL)
-    if reason is None and not _passes_check():
-        return "it disagreed with float64 attention on this machine"
-    return reason
+    return _native.unavailable_reason(_KERNEL) or _check_failure()
 
 
 @functools.cache
-def _passes_check() -> bool:
+def _check_failure() -> Optional[str]:
+    """``None`` where the kernel agrees with float64 attention here, else what went wrong."""
     try:
-        return _check()
-    except RuntimeError:  # the kernel refused to run here (e.g. no CPU GEMM for it)
-        return False
+        agrees = _check()
+    except RuntimeError as error:  # the kernel refused to run here (e.g. no CPU GEMM for it)
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return f"it failed on this machine: {first_line[:200]}"
+    return None if agrees else "it disagreed with float64 attention on this machine"
 
 
 def _check() -> bool:

@@ -313,8 +313,8 @@ def block_sparse_attention(
     # small operators (biases, global rows), each a parallel region that, on a busy machine,
     # waits at its end for a thread the OS has descheduled (attnlab._threads).
     with threads_for_load():
-        return _block_sparse_attention(query, key, value, key_mask, global_index, L, N, window, dropout_p, scale,
-                                       need_weights)
+        return _block_sparse_attention(query, key, value, key_mask, global_index, L, N, window, dropout_p,
+                                       scale, need_weights)
 
 
 def _block_sparse_attention(

@@ -41,6 +41,7 @@ import attnlab
 from attnlab._machine import competing_load, machine_line
 from attnlab._paths import paths_line
 from attnlab._packed_weights import packed_for_rows
+from attnlab._skinny import serves_rows
 from attnlab._precision import Linear
 
 
@@ -69,7 +70,7 @@ def timed(function: Callable[[], object]) -> float:
 def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, int]:
     """One product of ``batch`` rows with every weight matrix but the input embedding, through
     the model's own layers (``packed``: inside ``packed_for_rows``, as ``generate`` runs its
-    steps from batch 4 on): what one decoding step cannot go below (each step reads every
+    steps past the native kernel's rows): what one decoding step cannot go below (each step reads every
     weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
     layers = [module for module in model.modules() if isinstance(module, Linear)]
     inputs = {width: torch.randn(batch, width) for width in {layer.in_features for layer in layers}}
@@ -157,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
         if compile_seconds:
             print(f"  batch {batch}: first compile=True calls (compiling included): "
                   + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
-        packed = batch >= 4
+        packed = batch >= 4 and not serves_rows(batch)  # as generate chooses
         floor, size = weight_pass(ours, batch, repeats, packed)
-        how = "MKL packed, as generate runs from batch 4 on" if packed else "plain products"
+        how = ("MKL packed, as generate runs past the native kernel's rows" if packed else
+               "the native few-row kernel" if serves_rows(batch) else "plain products")
         print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights ({how}; a decoding "
               f"step's floor, up to noise) takes {floor * 1e3:.1f} ms: {batch / floor:.1f} tok/s if a step "
               f"did nothing else")

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from . import _native
 
-__all__ = ["MAX_ROWS", "skinny_linear", "skinny_kernel_status"]
+__all__ = ["MAX_ROWS", "serves_rows", "skinny_linear", "skinny_kernel_status"]
 
 MAX_ROWS = 8
 """Most rows the kernel takes; from there on torch's (or MKL's packed) GEMM is as fast."""
@@ -30,6 +30,11 @@ _KERNEL = "skinny_linear"
 def skinny_kernel_status() -> str:
     """``"ready (AVX2)"`` and the like, or why the kernel does not serve on this machine."""
     return _native.status(_KERNEL)
+
+
+def serves_rows(rows: int) -> bool:
+    """Whether the native kernel serves products of ``rows`` rows on this machine."""
+    return 0 < rows <= MAX_ROWS and _native.unavailable_reason(_KERNEL) is None
 
 
 def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional[Tensor]:

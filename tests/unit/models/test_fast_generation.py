@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from attnlab._packed_weights import mkl_packing_available, packed_for_rows
 from attnlab._precision import Linear
+from attnlab._skinny import serves_rows
 from attnlab.layers.decoder_config import DecoderConfig
-from attnlab.models.decoder import DecoderForCausalLM, compiled_decoding
+from attnlab.models.decoder import DecoderForCausalLM, compiled_decoding, generation
 
 needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed GEMM")
 
@@ -123,14 +124,28 @@ def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
 
 
 @needs_mkl
-def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_tokens(packed_products):
+@pytest.mark.parametrize("batch", [4, 9])
+def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_tokens(
+        monkeypatch, packed_products, batch):
+    # where the native few-row kernel serves (up to 8 rows) it takes the steps instead
+    monkeypatch.setattr(generation, "serves_rows", lambda rows: False)
     model = _tiny_decoder()
-    ids = torch.randint(1, 50, (4, 5))
+    ids = torch.randint(1, 50, (batch, 5))
     plain = model.generate(ids, max_new_tokens=16, eos_token_id=-1, pack_weights=False)
     assert packed_products["packed"] == 0
     packed = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
     assert packed_products["packed"] > 0
     assert packed.sequences.tolist() == plain.sequences.tolist()
+
+
+@needs_mkl
+@pytest.mark.skipif(not serves_rows(8), reason="the native kernel cannot be built here")
+def test_generate_leaves_batches_up_to_8_to_the_native_kernel_and_packs_past_them(packed_products):
+    model = _tiny_decoder()
+    model.generate(torch.randint(1, 50, (8, 5)), max_new_tokens=16, eos_token_id=-1)
+    assert packed_products["packed"] == 0
+    model.generate(torch.randint(1, 50, (9, 5)), max_new_tokens=16, eos_token_id=-1)
+    assert packed_products["packed"] > 0
 
 
 def test_compile_refuses_a_model_with_hooks():

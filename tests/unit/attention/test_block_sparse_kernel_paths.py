@@ -247,16 +247,23 @@ def test_the_avx2_build_matches_float64_too() -> None:
     assert done.stdout.strip().endswith("at::vec AVX2 build)")
 
 
-def test_on_a_busy_machine_forward_and_backward_run_on_the_free_cores(monkeypatch) -> None:
-    # Many short parallel regions wait for descheduled threads on a busy machine: with one
-    # core free, the kernel and the small operators around it run on one thread, and
-    # torch's setting comes back afterwards.
+@pytest.mark.parametrize("path, threads_seen", [
+    ("torch", [1, 1]),
+    pytest.param("portable", [2, 2], marks=pytest.mark.skipif(_skip_reason("portable") is not None,
+                                                                reason=str(_skip_reason("portable")))),
+])
+def test_on_a_busy_machine_torchs_path_runs_on_the_free_cores_and_a_kernel_on_every_thread(
+        monkeypatch, path, threads_seen) -> None:
+    # torch's path is many short parallel regions that wait for descheduled threads on a
+    # busy machine: with one core free it runs on one thread. A native kernel is one long
+    # parallel call: it keeps torch's threads. torch's setting comes back afterwards.
     from attnlab import _threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     monkeypatch.setattr(_threads._WATCH, "free", lambda cores: 1.0)
     monkeypatch.delenv("ATTNLAB_THREADS", raising=False)
+    monkeypatch.setenv(VARIABLE, path)
     seen: list[int] = []
     original = kernel.window_kernel
 
@@ -270,9 +277,9 @@ def test_on_a_busy_machine_forward_and_backward_run_on_the_free_cores(monkeypatc
                         staticmethod(lambda ctx, grad: seen.append(torch.get_num_threads())
                                      or original_backward(ctx, grad)))
     try:
-        q = torch.randn(1, 2, 128, 16, requires_grad=True)
+        q = torch.randn(1, 2, 128, 32, requires_grad=True)
         block_sparse_attention(q, q, q, block_size=32, window=1).output.sum().backward()
-        assert seen == [1, 1] and torch.get_num_threads() == 2
+        assert seen == threads_seen and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 

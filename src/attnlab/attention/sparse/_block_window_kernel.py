@@ -43,6 +43,7 @@ global rows' parts as small GEMMs over whole heads. Memory is ``O(T * D)`` plus 
 from __future__ import annotations
 
 import bisect
+import contextlib
 from typing import Optional
 
 import torch
@@ -617,7 +618,9 @@ class _BlockWindowAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        with threads_for_load():  # as the forward (block_sparse_attention): on the free cores
+        # as the forward (block_sparse_attention): torch's path on the free cores, a native
+        # kernel on torch's threads
+        with threads_for_load() if ctx.kernel[0] == "torch" else contextlib.nullcontext():
             return _BlockWindowAttention._backward(ctx, grad_output)
 
     @staticmethod

@@ -30,6 +30,7 @@ float64 reference.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple, Optional, Sequence
 
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from ..._threads import threads_for_load
 from ._block_window_kernel import block_window_attention
+from ._kernel_choice import window_kernel
 from ..functional import attention
 
 __all__ = ["BlockSparseResult", "BlockSparseWeights", "block_sparse_attention", "block_sparse_mask"]
@@ -309,10 +311,15 @@ def block_sparse_attention(
         sorted({p for p in global_positions if p < T}), dtype=torch.long, device=device
     )  # [G]
 
-    # On the cores other processes leave free: the fast path is the kernel plus a few dozen
-    # small operators (biases, global rows), each a parallel region that, on a busy machine,
-    # waits at its end for a thread the OS has descheduled (attnlab._threads).
-    with threads_for_load():
+    # torch's path is a few dozen small operators (biases, windows, global rows), each a
+    # parallel region that, on a busy machine, waits at its end for a thread the OS has
+    # descheduled: it runs on the cores other processes leave free (attnlab._threads). A
+    # native kernel is one long parallel call that keeps every thread busy to its end: it
+    # keeps torch's threads (with two other busy processes on 2 cores, the portable kernel
+    # fwd+bwd went from 27x dense flash attention on the free core to 35x on both).
+    native = not (need_weights or dropout_p > 0) and window_kernel(
+        query, value.shape[-1], L, global_index.numel() > 0, scale)[0] != "torch"
+    with contextlib.nullcontext() if native else threads_for_load():
         return _block_sparse_attention(query, key, value, key_mask, global_index, L, N, window, dropout_p,
                                        scale, need_weights)
 

@@ -74,8 +74,17 @@ _WATCH = _LoadWatch()
 
 
 def adaptive() -> bool:
-    """Whether attnlab adapts its threads to the load (``ATTNLAB_THREADS`` is not ``fixed``)."""
-    return os.environ.get("ATTNLAB_THREADS", "adaptive").strip().lower() != "fixed"
+    """Whether attnlab adapts its threads to the load (``ATTNLAB_THREADS`` is ``adaptive``,
+    the default, not ``fixed``).
+
+    Raises:
+        ValueError: the variable holds something else.
+    """
+    value = os.environ.get("ATTNLAB_THREADS", "adaptive").strip().lower() or "adaptive"
+    if value not in ("adaptive", "fixed"):
+        raise ValueError(f"ATTNLAB_THREADS={value!r} is not one of adaptive, fixed; "
+                         f"set it to fixed to keep torch's thread count, or unset it")
+    return value == "adaptive"
 
 
 def threads_for(requested: int, free: Optional[float]) -> int:

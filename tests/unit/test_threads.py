@@ -80,3 +80,12 @@ def test_a_competing_process_stops_by_itself_at_its_deadline():
     with pytest.raises(ValueError, match="give 0 or more"):
         with _machine.competing_load(-1):
             pass
+
+
+@pytest.mark.parametrize("value", ["fixd", "1"])
+def test_a_mistyped_thread_policy_is_refused_in_one_line(monkeypatch, value):
+    monkeypatch.setenv("ATTNLAB_THREADS", value)
+    with pytest.raises(ValueError, match=f"ATTNLAB_THREADS='{value}' is not one of adaptive, fixed"):
+        _threads.adaptive()
+    monkeypatch.setenv("ATTNLAB_THREADS", " Fixed ")
+    assert _threads.adaptive() is False

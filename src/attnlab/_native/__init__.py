@@ -32,9 +32,20 @@ _CAPABILITY_FLAGS = {
 }
 
 
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
 def enabled() -> bool:
-    """Whether native kernels may serve (``ATTNLAB_NATIVE`` is not ``0``)."""
-    return os.environ.get("ATTNLAB_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+    """Whether native kernels may serve (``ATTNLAB_NATIVE`` is not ``0``).
+
+    Raises:
+        ValueError: the variable holds something else than 1/on/true/yes or 0/off/false/no.
+    """
+    value = os.environ.get("ATTNLAB_NATIVE", "1").strip().lower() or "1"
+    if value not in _ON + _OFF:
+        raise ValueError(f"ATTNLAB_NATIVE={value!r} is not one of {', '.join(_ON + _OFF)}; "
+                         f"set it to 0 to turn attnlab's native kernels off, or unset it")
+    return value in _ON
 
 
 def capability() -> str:

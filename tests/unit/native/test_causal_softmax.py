@@ -91,3 +91,12 @@ def test_large_buffers_are_zeroed_writable_tensors_that_outlive_their_views(dtyp
     tail = buffer[1, -3:]
     del buffer
     assert torch.equal(tail, torch.full((3,), 2.0, dtype=dtype))
+
+
+def test_the_native_switch_takes_on_and_off_words_and_refuses_a_typo(monkeypatch):
+    for value, on in [("0", False), ("off", False), ("1", True), ("Yes", True), ("", True)]:
+        monkeypatch.setenv("ATTNLAB_NATIVE", value)
+        assert _native.enabled() is on, value
+    monkeypatch.setenv("ATTNLAB_NATIVE", "of")
+    with pytest.raises(ValueError, match="ATTNLAB_NATIVE='of' is not one of 1, on, true, yes, 0, off"):
+        _native.enabled()

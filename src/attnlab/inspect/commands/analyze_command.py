@@ -144,9 +144,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_images(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...hf.image_analysis import analyze_images, image_files
-    from ...hf.image_preprocessing import read_image_preprocessing
-    from ...hf.opening import is_transformers_only, open_transformers
     from ...hf.vision import image_steps, load_image
+    from .resolve import open_vision_model
     from .analyze_texts import write_statistics
 
     text_only = [flag for flag, value in (("--split", args.split), ("--text-column", args.text_column),
@@ -157,13 +156,9 @@ def _run_images(args: argparse.Namespace) -> int:
     check_statistics_options(args)
     files = image_files(args.images, limit=args.limit)
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
-    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
-        raise ValueError(f"--images takes a transformers vision model directory (ViT, DeiT, DINOv2, CLIP: "
-                         f"config.json + safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype)
-    preprocessing = read_image_preprocessing(args.model)
-    print("preprocessing: " + ("the model directory's preprocessor_config.json" if preprocessing is not None else
-                               "no preprocessor_config.json; ViT's defaults (image_size, mean and std 0.5)"))
+    model, preprocessing = open_vision_model(
+        args.model, flag="--images", dtype=args.dtype,
+        takes="vision model directory (ViT, DeiT, DINOv2, CLIP: config.json + safetensors)")
     steps = image_steps(model.model, preprocessing=preprocessing)
     images = (load_image(path, argument="--images") for path in files)
     statistics = analyze_images(model, images, steps, sparsity_threshold=args.sparsity_threshold, top_k=args.top_k)

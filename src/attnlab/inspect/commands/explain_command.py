@@ -159,9 +159,8 @@ def _run_image(args: argparse.Namespace) -> int:
 
     from ..._files import check_output_dir
     from ...hf.image_explanation import IMAGE_METHODS
-    from ...hf.image_preprocessing import read_image_preprocessing
-    from ...hf.opening import is_transformers_only, open_transformers
     from ...hf.vision import load_image
+    from .resolve import open_vision_model
     from .explain_image import write_image_explanation
 
     bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
@@ -172,13 +171,9 @@ def _run_image(args: argparse.Namespace) -> int:
         raise ValueError("--continuation, --foil and --max-length go with text; with --image leave them out")
     check_output_dir(args.out, "--out", "explanation.png, explanation.json and report.html")
     image = load_image(args.image, argument="--image")
-    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
-        raise ValueError(f"--image takes a transformers image classifier directory (ViT, DeiT, DINOv2 "
-                         f"...ForImageClassification: config.json + safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype)
-    preprocessing = read_image_preprocessing(args.model)
-    print("preprocessing: " + ("the model directory's preprocessor_config.json" if preprocessing is not None else
-                               "no preprocessor_config.json; ViT's defaults (image_size, mean and std 0.5)"))
+    model, preprocessing = open_vision_model(
+        args.model, flag="--image", dtype=args.dtype,
+        takes="image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification: config.json + safetensors)")
     written = write_image_explanation(model, image, args.out, methods=args.methods or IMAGE_METHODS,
                                       target=args.target, preprocessing=preprocessing, model_name=args.model,
                                       image_name=Path(args.image).name)

@@ -165,23 +165,14 @@ def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
 def _run_image(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...hf.opening import is_transformers_only, open_transformers
-    from ...hf.image_preprocessing import read_image_preprocessing
     from ...hf.vision import load_image
+    from .resolve import open_vision_model
     from .inspect_image import write_image_inspection
 
     image = load_image(args.image, argument="--image")
-    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
-        raise ValueError(f"--image takes a transformers vision model directory (ViT, DeiT, DINOv2, CLIP: "
-                         f"config.json + safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype)
-    preprocessing = read_image_preprocessing(args.model)
-    if preprocessing is None:
-        print("preprocessing: no preprocessor_config.json in the model directory; ViT's defaults "
-              "(the model's image_size, bicubic, mean and std 0.5)")
-    else:
-        print("preprocessing: the model directory's preprocessor_config.json"
-              + (" (resized to --image-size instead of its size and crop)" if args.image_size else ""))
+    model, preprocessing = open_vision_model(
+        args.model, flag="--image", dtype=args.dtype, resized=bool(args.image_size),
+        takes="vision model directory (ViT, DeiT, DINOv2, CLIP: config.json + safetensors)")
     inspection = write_image_inspection(model, image, args.out, size=args.image_size, head_fusion=args.head_fusion,
                                         discard_ratio=args.discard_ratio, model_name=args.model,
                                         image_name=Path(args.image).name, preprocessing=preprocessing)

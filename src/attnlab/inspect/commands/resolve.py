@@ -21,7 +21,7 @@ from typing import Any, Optional
 from torch import nn
 
 __all__ = ["DEFAULT_DTYPE", "MODEL_HELP", "ResolvedModel", "add_dtype_argument", "dtype_line",
-           "max_length_for", "resolve_model"]
+           "max_length_for", "open_vision_model", "resolve_model"]
 
 MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
               "a .gguf file, or a packaged name (minilm, smollm2)")
@@ -128,3 +128,28 @@ def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallbac
             f"pass --max-length {limit} or less, or leave it out"
         )
     return requested
+
+
+def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: bool = False) -> tuple[Any, Any]:
+    """The transformers vision model in directory ``spec`` and its image preprocessing
+    (``None``: ViT's defaults), for the commands that take ``flag`` (``--image``,
+    ``--images``); prints which preprocessing serves. ``takes`` says which directories the
+    flag takes, for the refusal. ``resized``: ``--image-size`` replaces the model's size and crop.
+
+    Raises:
+        ValueError: ``spec`` is not a transformers model directory.
+    """
+    from ...hf.image_preprocessing import read_image_preprocessing
+    from ...hf.opening import is_transformers_only, open_transformers
+
+    if not Path(spec).is_dir() or not is_transformers_only(spec):
+        raise ValueError(f"{flag} takes a transformers {takes}; {spec} is not one")
+    model = open_transformers(spec, dtype=dtype)
+    preprocessing = read_image_preprocessing(spec)
+    if preprocessing is None:
+        print("preprocessing: no preprocessor_config.json in the model directory; ViT's defaults "
+              "(the model's image_size, bicubic, mean and std 0.5)")
+    else:
+        print("preprocessing: the model directory's preprocessor_config.json"
+              + (" (resized to --image-size instead of its size and crop)" if resized else ""))
+    return model, preprocessing

@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         device = f"cuda:{info.local_rank}"
     try:
         result = train_run(config, args.out, resume=args.resume, quiet=args.quiet, device=device)
-    finally:
-        shutdown_distributed()
+    except BaseException:
+        shutdown_distributed(wait_for_others=False)
+        raise
+    shutdown_distributed()
     if info.is_main:
         test = result.report["test"]
         print(f"test accuracy {test['accuracy']:.4f}  f1 {test['f1']:.4f}  loss {test['loss']:.4f} "

@@ -49,8 +49,15 @@ def init_distributed() -> DistributedInfo:
     return distributed_info()
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(wait_for_others: bool = True) -> None:
+    """Leave the process group. By default every process waits at a barrier first,
+    so none tears its connections down while another is still finishing (process 0
+    writing the last files, say): without it gloo could abort a process on exit.
+    A process leaving on an error passes ``wait_for_others=False``: the others
+    would never reach the barrier."""
     if dist.is_available() and dist.is_initialized():
+        if wait_for_others:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -1,6 +1,6 @@
 """A tiny, seeded training run used by the resume and multi-process tests.
 
-    python tiny_run.py --out DIR [--resume] [--sleep S] [--batch-size N] [--dropout P] [--eval-every N]
+    python tiny_run.py --out DIR [--resume] [--sleep S] [--batch-size N] [--dropout P] [--eval-every N] [--linger S]
 
 Writes DIR/metrics.jsonl (loss of every step) and checkpoints; with --losses, also
 DIR/losses.json from process 0 (step -> loss) and DIR/params.pt (final weights).
@@ -53,6 +53,8 @@ def main(argv=None) -> None:
     parser.add_argument("--losses", action="store_true")
     parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--save-every", type=int, default=2)
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="process 0 waits this long before leaving; every process records when it left")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_distributed()
@@ -75,7 +77,13 @@ def main(argv=None) -> None:
     if args.losses and distributed_info().is_main:
         (args.out / "losses.json").write_text(json.dumps(losses))
         torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, args.out / "params.pt")
+    rank = distributed_info().rank
+    if args.linger and rank == 0:
+        time.sleep(args.linger)
+        (args.out / "arrived-0").write_text(repr(time.time()))
     shutdown_distributed()
+    if args.linger:
+        (args.out / f"left-{rank}").write_text(repr(time.time()))
 
 
 if __name__ == "__main__":

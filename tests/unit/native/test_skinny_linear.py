@@ -25,7 +25,7 @@ def _reference(x, weight, bias):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8])
 @pytest.mark.parametrize("depth,width", [(768, 2048), (100, 37), (7, 5), (1027, 9)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_equals_a_float64_product(rows, depth, width, with_bias):

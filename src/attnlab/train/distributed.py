@@ -8,6 +8,7 @@ the trainer only asks ``torch.distributed`` whether a group exists.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import NamedTuple
 
@@ -50,12 +51,18 @@ def init_distributed() -> DistributedInfo:
 
 
 def shutdown_distributed(wait_for_others: bool = True) -> None:
-    """Leave the process group. By default every process waits at a barrier first,
-    so none tears its connections down while another is still finishing (process 0
-    writing the last files, say): without it gloo could abort a process on exit.
-    A process leaving on an error passes ``wait_for_others=False``: the others
-    would never reach the barrier."""
+    """Leave the process group, as the last distributed call of a process.
+
+    A finished ``DistributedDataParallel`` wrapper is garbage in a reference cycle, which
+    only the cycle collector frees; left to the interpreter's exit, its gloo connections
+    were torn down there and could abort the process (``terminate called without an
+    active exception``, seen in a two-process run that had finished its work). So the
+    collector runs first, while the group is alive. Then, by default, every process
+    waits at a barrier, so none leaves while another is still finishing (process 0
+    writing the last files, say). A process leaving on an error passes
+    ``wait_for_others=False``: the others would never reach the barrier."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         if wait_for_others:
             dist.barrier()
         dist.destroy_process_group()

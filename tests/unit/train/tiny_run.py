@@ -11,12 +11,15 @@ the trainer's status (130, 143).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.data import PaddingCollator, TokenizedDataset
 from attnlab.models import TransformerEncoder
@@ -54,10 +57,28 @@ def main(argv=None) -> None:
     parser.add_argument("--eval-every", type=int, default=None)
     parser.add_argument("--save-every", type=int, default=2)
     parser.add_argument("--linger", type=float, default=0.0,
-                        help="process 0 waits this long before leaving; every process records when it left")
+                        help="process 0 waits this long before leaving; every process records when it left "
+                        "and how many DistributedDataParallel wrappers were still alive")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.linger:
+        gc.disable()  # the worst case: no automatic collection before the process exits
     init_distributed()
+    code = train(args)  # the trainer is garbage from here on, as in the train command
+    rank = distributed_info().rank
+    if args.linger and rank == 0:
+        time.sleep(args.linger)
+        (args.out / "arrived-0").write_text(repr(time.time()))
+    shutdown_distributed()
+    if args.linger:
+        wrappers = sum(isinstance(item, DistributedDataParallel) for item in gc.get_objects())
+        (args.out / f"left-{rank}.json").write_text(json.dumps({"time": time.time(), "wrappers": wrappers}))
+    if code is not None:
+        sys.exit(code)
+
+
+def train(args) -> Optional[int]:
+    """Fit the tiny model; the trainer's exit status if a signal stopped it."""
     model = tiny_model(args.dropout)
     trainer = TransformerTrainer(model, 3e-3, 5, weight_decay=0.01, output_dir=args.out, quiet=True)
     losses = {}
@@ -72,19 +93,11 @@ def main(argv=None) -> None:
                     resume_from=True if args.resume else None, **evaluation)
     except TrainingInterrupted as error:
         print(error, file=sys.stderr)
-        shutdown_distributed()
-        sys.exit(error.exit_code)
+        return error.exit_code
     if args.losses and distributed_info().is_main:
         (args.out / "losses.json").write_text(json.dumps(losses))
         torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, args.out / "params.pt")
-    rank = distributed_info().rank
-    if args.linger and rank == 0:
-        time.sleep(args.linger)
-        (args.out / "arrived-0").write_text(repr(time.time()))
-    shutdown_distributed()
-    if args.linger:
-        (args.out / f"left-{rank}").write_text(repr(time.time()))
-
+    return None
 
 if __name__ == "__main__":
     main()

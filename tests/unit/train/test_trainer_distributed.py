@@ -59,3 +59,14 @@ def test_no_process_leaves_the_group_before_the_others_are_done(tmp_path):
         left = json.loads((tmp_path / f"left-{rank}.json").read_text())
         assert left["time"] >= arrived, f"process {rank} left before process 0 was done"
         assert left["wrappers"] == 0, f"process {rank} still held a DistributedDataParallel wrapper"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+def test_the_train_command_runs_in_two_processes_and_one_speaks(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    run = subprocess.run([*torchrun, "-m", "attnlab.cli", "train", "--out", str(tmp_path / "run"), "--quiet",
+                          "--set", "train.max_steps=4"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("test accuracy") == 1, run.stdout
+    assert json.loads((tmp_path / "run" / "test_report.json").read_text())["test"]["accuracy"] >= 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -96,3 +96,17 @@ def check_inputs_match(module: Any, what: str, tensors: dict[str, Any], *, dtype
                 "torch.")
             raise ValueError(f"{name} is {short_input} but {what}'s weights are {short_weights}; convert one to "
                              f"the other ({name}.to(torch.{short_weights}) or model.to(torch.{short_input}))")
+
+
+def env_choice(variable: str, choices: Sequence[str], default: str, hint: str = "") -> str:
+    """The environment variable ``variable`` as one of ``choices``: stripped and lowercased,
+    ``default`` when unset or blank.
+
+    Raises:
+        ValueError: one line naming the variable, what it holds, the choices and ``hint``.
+    """
+    raw = os.environ.get(variable, "")
+    value = raw.strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{variable}={raw!r} is not one of {', '.join(choices)}" + (f"; {hint}" if hint else ""))
+    return value

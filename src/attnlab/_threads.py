@@ -19,13 +19,13 @@ exists it counts the runnable tasks in ``/proc/loadavg``. Elsewhere, or with
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Iterator, Optional
 
 import torch
 
+from ._checks import env_choice
 from ._machine import CpuSample, cpu_count, cpu_sample, others_busy
 
 __all__ = ["SAMPLE_SECONDS", "free_cores", "threads_for_load"]
@@ -80,10 +80,8 @@ def adaptive() -> bool:
     Raises:
         ValueError: the variable holds something else.
     """
-    value = os.environ.get("ATTNLAB_THREADS", "adaptive").strip().lower() or "adaptive"
-    if value not in ("adaptive", "fixed"):
-        raise ValueError(f"ATTNLAB_THREADS={value!r} is not one of adaptive, fixed; "
-                         f"set it to fixed to keep torch's thread count, or unset it")
+    value = env_choice("ATTNLAB_THREADS", ("adaptive", "fixed"), "adaptive",
+                       "set it to fixed to keep torch's thread count, or unset it")
     return value == "adaptive"
 
 

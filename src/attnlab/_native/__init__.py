@@ -13,12 +13,13 @@ keeps torch's path (same answer, slower); ``ATTNLAB_NATIVE=0`` turns them all of
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from .._checks import env_choice
 
 __all__ = ["build", "enabled", "status", "unavailable_reason"]
 
@@ -41,10 +42,8 @@ def enabled() -> bool:
     Raises:
         ValueError: the variable holds something else than 1/on/true/yes or 0/off/false/no.
     """
-    value = os.environ.get("ATTNLAB_NATIVE", "1").strip().lower() or "1"
-    if value not in _ON + _OFF:
-        raise ValueError(f"ATTNLAB_NATIVE={value!r} is not one of {', '.join(_ON + _OFF)}; "
-                         f"set it to 0 to turn attnlab's native kernels off, or unset it")
+    value = env_choice("ATTNLAB_NATIVE", _ON + _OFF, "1",
+                       "set it to 0 to turn attnlab's native kernels off, or unset it")
     return value in _ON
 
 

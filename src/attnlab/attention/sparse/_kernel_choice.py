@@ -20,12 +20,12 @@ silent fallback: a measurement must not report one path while timing another.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple, Optional
 
 from torch import Tensor
 
 from ... import _native
+from ..._checks import env_choice
 from . import _block_window_native as amx
 from . import _block_window_portable as portable
 
@@ -51,11 +51,7 @@ def requested_kernel() -> str:
     Raises:
         ValueError: the variable holds something else than one of :data:`CHOICES`.
     """
-    raw = os.environ.get(VARIABLE, "")
-    value = raw.strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{VARIABLE}={raw!r} is not one of {', '.join(CHOICES)}")
-    return value
+    return env_choice(VARIABLE, CHOICES, "auto")
 
 
 def _amx_missing() -> Optional[str]:

@@ -59,12 +59,7 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional
             _native.warn_once(f"attnlab's native products are not available "
                               f"({_native.unavailable_reason(_KERNEL)}); torch's serve, which is slower")
         return None
-    kernel = _native.build(_KERNEL)
-    if (x.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous()
-            and (bias is None or bias.is_contiguous())):
-        # a decoding step's case: some 60 products a token, so no conversion calls at all
-        out = kernel.linear(x.view(-1, x.shape[-1]), weight, bias)
-        return out.view(*x.shape[:-1], weight.shape[0])
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()  # a few rows: a negligible copy
-    out = kernel.linear(rows, weight.contiguous(), None if bias is None else bias.float().contiguous())
+    bias = None if bias is None else bias.float().contiguous()
+    out = _native.build(_KERNEL).linear(rows, weight.contiguous(), bias)
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])

@@ -61,7 +61,7 @@ def test_leading_dims_and_strided_inputs_keep_their_shape():
     out = skinny_linear(x, weight, None)
     assert out.shape == (2, 1, 3, 96)
     torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
-    # contiguous rows and weight (the decoding step's direct call) with a strided bias
+    # a strided bias, made contiguous for the kernel
     x, weight, bias = torch.randn(1, 1, 48), torch.randn(96, 48), torch.randn(96 * 2)[::2]
     torch.testing.assert_close(skinny_linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 

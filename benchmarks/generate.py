@@ -43,6 +43,7 @@ from attnlab._paths import paths_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._skinny import serves_rows
 from attnlab._precision import Linear
+from attnlab.models.decoder.generation import packs_weights
 
 
 def build_models(directory: Path, quick: bool):
@@ -158,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
         if compile_seconds:
             print(f"  batch {batch}: first compile=True calls (compiling included): "
                   + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
-        packed = batch >= 4 and not serves_rows(batch)  # as generate chooses
+        packed = packs_weights(batch, new, compile=False)
         floor, size = weight_pass(ours, batch, repeats, packed)
-        how = ("MKL packed, as generate runs past the native kernel's rows" if packed else
+        how = ("MKL packed, as generate runs here" if packed else
                "the native few-row kernel" if serves_rows(batch) else "plain products")
         print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights ({how}; a decoding "
               f"step's floor, up to noise) takes {floor * 1e3:.1f} ms: {batch / floor:.1f} tok/s if a step "

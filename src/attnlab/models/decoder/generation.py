@@ -21,7 +21,7 @@ from ...attention.masks import keep_mask
 from ...outputs import LayerAttentions, ModelOutput
 from .compiled_decoding import CompiledDecoding, check_no_hooks, compiled_capacity
 
-__all__ = ["GenerationOutput", "generate", "next_token_scores"]
+__all__ = ["GenerationOutput", "generate", "next_token_scores", "packs_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,21 @@ def _check_options(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+def packs_weights(rows: int, new_tokens: int, compile: bool) -> bool:
+    """Whether :func:`generate` runs its decoding steps through MKL's packed products by
+    default, for ``rows`` sequences and ``new_tokens`` new tokens.
+
+    Decoding steps multiply every weight by ``rows`` rows: from 4 rows on, MKL's packed
+    product is much faster than the plain one (see :mod:`attnlab._packed_weights`), but up
+    to :data:`attnlab._skinny.MAX_ROWS` rows attnlab's native few-row kernel is faster still
+    and needs no copies (batch 4 and 8 whole generate calls: 1.05-1.34x, AVX-512 and AVX2
+    builds on an Intel Xeon). The compiled step multiplies by the weights as they are
+    (torch.compile cannot take the packed copies). Repacking costs about what a few steps
+    save: not worth it for a handful of tokens.
+    """
+    return rows >= 4 and new_tokens >= 16 and not compile and not serves_rows(rows)
 
 
 @torch.no_grad()
@@ -225,14 +240,7 @@ def generate(
     compiled = CompiledDecoding(model, cache, keep, output_attentions) if compile else None
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    # Decoding steps multiply every weight by B rows: from 4 rows on, MKL's packed product is
-    # much faster than the plain one (see attnlab._packed_weights), but up to MAX_ROWS rows
-    # attnlab's native few-row kernel is faster still and needs no copies (batch 4 and 8
-    # whole generate calls: 1.05-1.34x, AVX-512 and AVX2 builds on an Intel Xeon).
-    # (The compiled step multiplies by the weights as they are: torch.compile cannot take the packed copies.)
-    # Repacking costs about what a few steps save: not worth it for a handful of tokens.
-    packing = pack_weights if pack_weights is not None else (
-        B >= 4 and max_new_tokens >= 16 and not compile and not serves_rows(B))
+    packing = pack_weights if pack_weights is not None else packs_weights(B, max_new_tokens, compile)
     with packed_for_rows(model, B) if packing and max_new_tokens > 1 else contextlib.nullcontext():
         for step in range(max_new_tokens):
             logits = logits[:, -1].float()  # [B, V]

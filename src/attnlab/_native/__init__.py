@@ -13,6 +13,7 @@ keeps torch's path (same answer, slower); ``ATTNLAB_NATIVE=0`` turns them all of
 from __future__ import annotations
 
 import functools
+import hashlib
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -64,7 +65,11 @@ def build(name: str) -> Any:
     from torch.utils.cpp_extension import load
 
     chosen = capability()
-    flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(chosen, [])]
+    # torch's cache key covers the sources and the flags, not the headers they include: the
+    # headers' digest goes into the flags, so that a changed header rebuilds.
+    headers = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(_HERE.glob("*.h"))))
+    flags = ["-O3", "-fopenmp", *_CAPABILITY_FLAGS.get(chosen, []),
+             f"-DATTNLAB_HEADERS_DIGEST={headers.hexdigest()[:16]}"]
     library = f"attnlab_{name}_{chosen.lower()}"
     try:
         load(

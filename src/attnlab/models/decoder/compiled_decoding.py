@@ -33,6 +33,7 @@ from torch import Tensor
 from ...layers.kv_cache import KVCache
 from ...attention.rotary import apply_rotary
 from ...outputs import LayerAttentions
+from .step_slots import StepSlots
 
 __all__ = ["CAPACITY_STEP", "CompiledDecoding", "check_no_hooks", "compiled_capacity"]
 
@@ -119,35 +120,23 @@ class CompiledDecoding:
         self.model = model
         self.keys, self.values = zip(*(cache.storage(layer) for layer in range(cache.num_layers)))
         B, _, capacity, _ = self.keys[0].shape
-        self.length = len(cache)
+        length = len(cache)
         for store in (*self.keys, *self.values):
             # Every slot is attended with a mask: a free slot's weight is 0, and 0 times the
             # NaN an uninitialised slot may hold would still be NaN.
-            store[:, :, self.length:].zero_()
-        device = self.keys[0].device
-        self.allowed = torch.zeros(B, capacity, dtype=torch.bool, device=device)  # [B, C]
-        self.allowed[:, : self.length] = True if keep is None else keep
-        self.positions = (torch.full((B,), self.length, device=device) if keep is None
-                          else keep.long().sum(-1))  # [B] position of the next token of each row
-        self.window = model.config.sliding_window
+            store[:, :, length:].zero_()
+        self.slots = StepSlots(model, B, capacity, length, keep, self.keys[0].device)
         self.need_weights = need_weights
         self.compiled = False
 
     def __call__(self, tokens: Tensor) -> tuple[Tensor, LayerAttentions | None]:
         """Tokens ``[B]`` -> next-token logits ``[B, 1, V]`` and, with weights on, each
         layer's ``[B, H, 1, S]`` weights over the positions so far."""
-        slot = self.length
-        if slot >= self.allowed.shape[1]:
-            raise ValueError(f"the compiled cache holds {self.allowed.shape[1]} positions; all are used")
-        max_len = self.model.config.max_len
-        if self.model.embed_positions is not None and int(self.positions.max()) >= max_len:
-            raise ValueError(f"position {int(self.positions.max())} is past max_len={max_len} of this model")
-        self.allowed[:, slot] = True
-        if self.window is not None and slot - self.window >= 0:
-            self.allowed[:, : slot - self.window + 1] = False  # keys `window` or more back are out of reach
-        slot_index = torch.tensor([slot], device=self.allowed.device)
+        slots = self.slots
+        slot = slots.next_slot()
+        slot_index = torch.tensor([slot], device=slots.allowed.device)
         try:
-            logits, weights = _compiled_step()(self.model, tokens, self.positions, slot_index, self.allowed,
+            logits, weights = _compiled_step()(self.model, tokens, slots.positions, slot_index, slots.allowed,
                                                list(self.keys), list(self.values), self.need_weights)
         except Exception as error:  # torch.compile reports a missing C++ toolchain and the like
             if self.compiled:
@@ -158,8 +147,7 @@ class CompiledDecoding:
                 "generate without compile=True"
             ) from error
         self.compiled = True
-        self.length += 1
-        self.positions = self.positions + 1
+        slots.step_done()
         attentions = None
         if self.need_weights:
             # copies of the S used slots, so that the recorded rows do not hold all C

@@ -20,6 +20,7 @@ from ..._threads import threads_for_load
 from ...attention.masks import keep_mask
 from ...outputs import LayerAttentions, ModelOutput
 from .compiled_decoding import CompiledDecoding, check_no_hooks, compiled_capacity
+from .native_decoding import NativeDecoding, unserved_reason
 
 __all__ = ["GenerationOutput", "generate", "next_token_scores", "packs_weights"]
 
@@ -237,11 +238,15 @@ def generate(
     logits, attentions = out.logits, out.attentions  # [B, 1, V], per layer [B, H, T, T]
     if output_attentions:
         recorded.append(attentions)
-    compiled = CompiledDecoding(model, cache, keep, output_attentions) if compile else None
+    steps = None  # None: the modules' forward
+    if compile:
+        steps = CompiledDecoding(model, cache, keep, output_attentions)
+    elif max_new_tokens > 1 and unserved_reason(model, B) is None:
+        steps = NativeDecoding(model, cache, keep, output_attentions)
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     packing = pack_weights if pack_weights is not None else packs_weights(B, max_new_tokens, compile)
-    with packed_for_rows(model, B) if packing and max_new_tokens > 1 else contextlib.nullcontext():
+    with packed_for_rows(model, B) if packing and steps is None and max_new_tokens > 1 else contextlib.nullcontext():
         for step in range(max_new_tokens):
             logits = logits[:, -1].float()  # [B, V]
             if do_sample:
@@ -260,8 +265,8 @@ def generate(
                 break
             # With capture on, the last token also goes through the model, to record its own row.
             with threads_for_load():
-                if compiled is not None:
-                    logits, attentions = compiled(token)  # [B, 1, V], per layer [B, H, 1, S]
+                if steps is not None:
+                    logits, attentions = steps(token)  # [B, 1, V], per layer [B, H, 1, S]
                 else:
                     out = model(token[:, None], keep, past_key_values=cache, use_cache=True,
                                 output_attentions=output_attentions)

@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	# (without a compiler torch's products serve, slower).
 	$(PY) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
 	$(PY) -c "from attnlab import _native; print('causal softmax kernel:', _native.status('causal_softmax'))"
+	$(PY) -c "from attnlab import _native; print('decoding step kernel:', _native.status('decode_step'))"
 	touch $(STAMP)
 
 demo: $(STAMP)

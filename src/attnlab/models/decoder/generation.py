@@ -246,7 +246,8 @@ def generate(
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     packing = pack_weights if pack_weights is not None else packs_weights(B, max_new_tokens, compile)
-    with packed_for_rows(model, B) if packing and steps is None and max_new_tokens > 1 else contextlib.nullcontext():
+    packing = packing and steps is None and max_new_tokens > 1  # the native steps take the weights as they are
+    with packed_for_rows(model, B) if packing else contextlib.nullcontext():
         for step in range(max_new_tokens):
             logits = logits[:, -1].float()  # [B, V]
             if do_sample:

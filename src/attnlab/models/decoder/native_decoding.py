@@ -56,6 +56,9 @@ def _module_reason(model) -> Optional[str]:
                  layer.feed_forward.up_proj, layer.feed_forward.down_proj)
         if any(type(part) not in expected for part in parts):
             return "a layer holds modules of other types than attnlab's own"
+    if len({(layer.self_attn.num_heads, layer.self_attn.num_kv_heads, layer.self_attn.head_dim)
+            for layer in model.layers}) != 1:
+        return "the layers differ in heads (pruned heads?)"
     if type(model.norm) is not RMSNorm or type(model.lm_head) is not Linear:
         return "the final norm or the LM head is not attnlab's own"
     if len({norm.eps for norm in _norms(model)}) != 1:
@@ -63,7 +66,8 @@ def _module_reason(model) -> Optional[str]:
     if model.rotary is not None and model.layers[0].self_attn.head_dim % 2:
         return "rotary positions with an odd head dim"
     for name, parameter in model.named_parameters():
-        if parameter.dtype != torch.float32 or parameter.device.type != "cpu" or not parameter.is_contiguous():
+        if not (parameter.dtype == torch.float32 and parameter.device.type == "cpu"
+                and parameter.is_contiguous()):
             return f"parameter {name} is not a contiguous float32 CPU tensor"
     return None
 
@@ -141,7 +145,8 @@ class NativeDecoding:
             x = x + model.embed_positions(slots.positions)
         cos = sin = None
         if model.rotary is not None:
-            cos, sin = (part[:, 0].contiguous() for part in model.rotary(slots.positions[:, None], x.dtype))  # [B, D]
+            angles = model.rotary(slots.positions[:, None], x.dtype)  # ([B, 1, D],) x 2
+            cos, sin = (part[:, 0].contiguous() for part in angles)  # [B, D]
         logits, weights = self.kernel.step(x.contiguous(), cos, sin, slots.allowed, slot, *self.arguments,
                                            self.need_weights)
         slots.step_done()

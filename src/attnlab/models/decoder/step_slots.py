@@ -47,7 +47,8 @@ class StepSlots:
         if slot >= self.allowed.shape[1]:
             raise ValueError(f"the decoding cache holds {self.allowed.shape[1]} positions; all are used")
         if self.learned_positions and int(self.positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(self.positions.max())} is past max_len={self.max_len} of this model")
+            raise ValueError(f"position {int(self.positions.max())} is past max_len={self.max_len} "
+                             "of this model")
         self.allowed[:, slot] = True
         if self.window is not None and slot - self.window >= 0:
             self.allowed[:, : slot - self.window + 1] = False  # keys `window` or more back are out of reach

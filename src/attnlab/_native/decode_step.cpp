@@ -73,6 +73,35 @@ void rotate(float* head, const float* cos, const float* sin, int64_t head_dim, f
   for (int64_t i = 0; i < head_dim; ++i) head[i] = head[i] * cos[i] + scratch[i] * sin[i];
 }
 
+// values[i] = e^(values[i] - shift) in place; returns their sum.
+float exp_minus(float* values, int64_t size, float shift) {
+  Vec sums(0.f);
+  const Vec shifts(shift);
+  int64_t i = 0;
+  for (; i + Vec::size() <= size; i += Vec::size()) {
+    const Vec e = (Vec::loadu(values + i) - shifts).exp();
+    e.store(values + i);
+    sums = sums + e;
+  }
+  float total = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
+  for (; i < size; ++i) {
+    values[i] = std::exp(values[i] - shift);
+    total += values[i];
+  }
+  return total;
+}
+
+// gate[i] = SiLU(gate[i]) * up[i], SiLU(x) = x / (1 + e^-x).
+void silu_times(float* gate, const float* up, int64_t size) {
+  const Vec one(1.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= size; i += Vec::size()) {
+    const Vec g = Vec::loadu(gate + i);
+    (g / (one + g.neg().exp()) * Vec::loadu(up + i)).store(gate + i);
+  }
+  for (; i < size; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
 struct Shape {
   int64_t B, H, K, D, C, slot;
 };
@@ -95,17 +124,13 @@ void attend(const float* qkv, const float* keys, const float* values, const bool
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = k * group + g;
         const float* query = qkv + b * width + h * s.D;
-        float largest = -std::numeric_limits<float>::infinity();
+        const float excluded = -std::numeric_limits<float>::infinity();
+        float largest = excluded;
         for (int64_t j = 0; j < S; ++j) {
-          if (!row_allowed[j]) continue;
-          probabilities[j] = dot(query, key_rows + j * s.D, s.D) * scale;
+          probabilities[j] = row_allowed[j] ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
           largest = std::max(largest, probabilities[j]);
         }
-        float total = 0.f;
-        for (int64_t j = 0; j < S; ++j) {
-          probabilities[j] = row_allowed[j] ? std::exp(probabilities[j] - largest) : 0.f;
-          total += probabilities[j];
-        }
+        const float total = exp_minus(probabilities.data(), S, largest);  // e^-inf: 0 where excluded
         const float inverse = 1.f / total;
         float* out = attended + b * s.H * s.D + h * s.D;
         for (int64_t d = 0; d < s.D; ++d) out[d] = 0.f;
@@ -224,7 +249,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     product(ns, B, up_weight[l], up_bias.get(l), up.data_ptr<float>());  // [B, F]
     float* gs = gate.data_ptr<float>();
     const float* us = up.data_ptr<float>();
-    for (int64_t i = 0; i < B * F; ++i) gs[i] = gs[i] / (1.f + std::exp(-gs[i])) * us[i];
+    silu_times(gs, us, B * F);
     product(gs, B, down_weight[l], down_bias.get(l), ps);  // [B, E]
     for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
   }

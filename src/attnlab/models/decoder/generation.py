@@ -149,6 +149,11 @@ def generate(
     :func:`next_token_scores` with a generator seeded by ``seed``: the same seed gives the
     same text.
 
+    After the prompt pass, each decoding step of a Llama-family model (float32, CPU, up to
+    8 sequences, no forward hooks) is one call into attnlab's native decoding step
+    (:mod:`attnlab.models.decoder.native_decoding`); other models run their modules'
+    ``forward`` step by step. Both give the same tokens (to float32 rounding).
+
     Args:
         model: a :class:`~attnlab.models.decoder.DecoderForCausalLM`.
         input_ids: ``[B, T]`` prompt ids, left-padded when prompts differ in length.
@@ -169,10 +174,12 @@ def generate(
             the float32 weights' bytes, up to 2 GiB, for the length of the call).
             Default: from batch 4 and 16 new tokens on, where it is faster, unless
             ``compile`` or attnlab's native few-row kernel serves the batch (up to 8 rows,
-            faster still); ``False`` saves the memory.
+            faster still); ``False`` saves the memory. The native decoding step takes the
+            weights as they are: where it serves, nothing is packed.
         compile: run the decoding steps as one graph compiled by ``torch.compile``
-            (:mod:`attnlab.models.decoder.compiled_decoding`): steps take about the time of
-            their matrix products, after a compilation of seconds to a minute on the first
+            (:mod:`attnlab.models.decoder.compiled_decoding`) instead: for the models the
+            native step does not serve (where it does, it is faster). Steps take about the
+            time of their matrix products, after a compilation of seconds to a minute on the first
             call for each batch size, length (in steps of 256) and ``output_attentions``
             (torch keeps them on disk for later processes; past 8 of them in one process it
             runs the step uncompiled, slower). Needs the C++ compiler ``torch.compile`` uses

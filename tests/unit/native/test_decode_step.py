@@ -124,6 +124,12 @@ def test_models_it_does_not_compute_keep_the_module_path():
     model.layers[1].feed_forward.up_proj = torch.nn.Linear(32, 72)
     assert "other types" in unserved_reason(model, 1)
 
+    class Scaled(DecoderForCausalLM):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    assert unserved_reason(Scaled(_model().config), 1) == "Scaled overrides forward"
+
 
 @needs_kernel
 def test_a_head_mask_still_switches_heads_off_in_generation(monkeypatch):

@@ -46,6 +46,10 @@ _KERNEL = "decode_step"
 
 def _module_reason(model) -> Optional[str]:
     """Why the model's modules are not the ones the native step computes, or ``None``."""
+    from .causal_lm import DecoderForCausalLM
+
+    if type(model).forward is not DecoderForCausalLM.forward:
+        return f"{type(model).__name__} overrides forward"
     config = model.config
     if (config.norm, config.feed_forward, config.activation) != ("rms", "gated", "silu"):
         return f"norm={config.norm!r}, feed_forward={config.feed_forward!r}, activation={config.activation!r}"

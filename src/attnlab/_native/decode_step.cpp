@@ -173,9 +173,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   const int64_t layers = static_cast<int64_t>(qkv_weight.size());
   TORCH_CHECK(x_in.dim() == 2, "decode step: x must be [B, E]");
   check_float(x_in, "x");
-  TORCH_CHECK(keys.size() == static_cast<size_t>(layers) && values.size() == static_cast<size_t>(layers) &&
-                  scales.size() == static_cast<size_t>(layers),
-              "decode step: one cache and one scale per layer expected");
+  const size_t count = qkv_weight.size();
+  TORCH_CHECK(attn_norm.size() == count && qkv_bias.size() == count && o_weight.size() == count &&
+                  o_bias.size() == count && ffn_norm.size() == count && gate_weight.size() == count &&
+                  gate_bias.size() == count && up_weight.size() == count && up_bias.size() == count &&
+                  down_weight.size() == count && down_bias.size() == count && keys.size() == count &&
+                  values.size() == count && scales.size() == count,
+              "decode step: one of each weight, bias, cache and scale per layer expected");
   TORCH_CHECK(layers > 0, "decode step: at least one layer expected");
   const int64_t B = x_in.size(0), E = x_in.size(1);
   const int64_t H = num_heads, K = num_kv_heads;
@@ -194,6 +198,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   }
   const Shape shape{B, H, K, D, C, slot};
   const int64_t qkv_width = (H + 2 * K) * D;
+  int64_t F = 0;  // the widest feed-forward net
   for (int64_t l = 0; l < layers; ++l) {
     TORCH_CHECK(qkv_weight[l].size(0) == qkv_width && qkv_weight[l].size(1) == E &&
                     o_weight[l].size(0) == E && o_weight[l].size(1) == H * D,
@@ -203,10 +208,28 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     for (const at::Tensor& t : {attn_norm[l], qkv_weight[l], o_weight[l], ffn_norm[l], gate_weight[l],
                                 up_weight[l], down_weight[l], keys[l], values[l]})
       check_float(t, "every weight and cache");
+    const int64_t hidden = gate_weight[l].size(0);
+    TORCH_CHECK(attn_norm[l].numel() == E && ffn_norm[l].numel() == E && gate_weight[l].size(1) == E &&
+                    up_weight[l].sizes() == gate_weight[l].sizes() && down_weight[l].size(0) == E &&
+                    down_weight[l].size(1) == hidden,
+                "decode step: layer ", l, "'s norms or feed-forward products do not match the model width");
+    F = std::max(F, hidden);
+    for (const auto& [bias, rows] : {std::pair{qkv_bias.get(l), qkv_width}, std::pair{o_bias.get(l), E},
+                                     std::pair{gate_bias.get(l), hidden}, std::pair{up_bias.get(l), hidden},
+                                     std::pair{down_bias.get(l), E}})
+      if (bias.has_value() && bias->defined()) {
+        check_float(*bias, "every bias");
+        TORCH_CHECK(bias->numel() == rows, "decode step: layer ", l, " has a bias of the wrong size");
+      }
   }
   check_float(final_norm, "the final norm");
   check_float(lm_head, "the LM head");
-  const int64_t F = gate_weight[0].size(0);
+  TORCH_CHECK(final_norm.numel() == E && lm_head.dim() == 2 && lm_head.size(1) == E,
+              "decode step: the final norm or the LM head does not match the model width");
+  if (lm_head_bias.has_value() && lm_head_bias->defined()) {
+    check_float(*lm_head_bias, "the LM head's bias");
+    TORCH_CHECK(lm_head_bias->numel() == lm_head.size(0), "decode step: the LM head's bias has the wrong size");
+  }
 
   at::Tensor x = x_in.clone();  // the residual stream [B, E]
   auto options = x_in.options();
@@ -249,7 +272,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     product(ns, B, up_weight[l], up_bias.get(l), up.data_ptr<float>());  // [B, F]
     float* gs = gate.data_ptr<float>();
     const float* us = up.data_ptr<float>();
-    silu_times(gs, us, B * F);
+    silu_times(gs, us, B * gate_weight[l].size(0));
     product(gs, B, down_weight[l], down_bias.get(l), ps);  // [B, E]
     for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
   }

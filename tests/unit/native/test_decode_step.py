@@ -169,6 +169,15 @@ def test_the_kernel_refuses_a_cache_it_cannot_write_in_place():
         steps = NativeDecoding(model, cache, None, need_weights=False)
         with pytest.raises(RuntimeError, match="must be a contiguous float32 CPU tensor"):
             steps(torch.tensor([4]))
+        cache._keys[0] = keys
+        steps = NativeDecoding(model, cache, None, need_weights=False)
+        steps.arguments[2][1] = torch.zeros(5)  # layer 1's query/key/value bias, of the wrong size
+        with pytest.raises(RuntimeError, match="layer 1 has a bias of the wrong size"):
+            steps(torch.tensor([4]))
+        steps.arguments[2][1] = None
+        steps.arguments[7].pop()  # one gate weight short
+        with pytest.raises(RuntimeError, match="one of each weight, bias, cache and scale per layer"):
+            steps(torch.tensor([4]))
 
 
 def test_the_switch_leaves_generation_to_the_modules():

@@ -46,9 +46,9 @@ _KERNEL = "decode_step"
 
 def _module_reason(model) -> Optional[str]:
     """Why the model's modules are not the ones the native step computes, or ``None``."""
-    from .causal_lm import DecoderForCausalLM
-
-    if type(model).forward is not DecoderForCausalLM.forward:
+    # the class whose forward the model runs (causal_lm imports this module: no import back)
+    owner = next(cls for cls in type(model).__mro__ if "forward" in vars(cls))
+    if owner.__module__ != f"{__package__}.causal_lm":
         return f"{type(model).__name__} overrides forward"
     config = model.config
     if (config.norm, config.feed_forward, config.activation) != ("rms", "gated", "silu"):

@@ -4,11 +4,6 @@ every vector width this machine can run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
@@ -61,8 +56,8 @@ def test_refuses_what_it_cannot_compute():
 @needs_kernel
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                     reason="only a CPU with AVX-512 has a second vector width to build for")
-def test_the_avx2_build_gives_the_same_numbers():
-    script = textwrap.dedent("""
+def test_the_avx2_build_gives_the_same_numbers(run_python):
+    script = """
         import torch
         from attnlab import _native
         torch.manual_seed(0)
@@ -74,11 +69,9 @@ def test_the_avx2_build_gives_the_same_numbers():
             got = _native.build("causal_softmax").causal_softmax_(scores.clone(), first)
             assert (got.double() - want).abs().max() < 1e-6, shape
         print(_native.status("causal_softmax"))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "ready (AVX2)"
+    """
+    stdout = run_python(script, ATEN_CPU_CAPABILITY="avx2")
+    assert stdout.strip() == "ready (AVX2)"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

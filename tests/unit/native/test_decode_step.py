@@ -5,9 +5,6 @@ leaves to the module path."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -180,29 +177,28 @@ def test_the_kernel_refuses_a_cache_it_cannot_write_in_place():
             steps(torch.tensor([4]))
 
 
-def test_the_switch_leaves_generation_to_the_modules():
-    script = textwrap.dedent("""
+def test_the_switch_leaves_generation_to_the_modules(run_python):
+    """ATTNLAB_NATIVE=0: generate runs the modules, and says why when asked."""
+    script = """
         import torch
         from attnlab.layers.decoder_config import DecoderConfig
-        from attnlab.models.decoder import DecoderForCausalLM
-        from attnlab.models.decoder.native_decoding import unserved_reason
+        from attnlab.models.decoder import DecoderForCausalLM, generation
+        generation.NativeDecoding = None  # generate would fail, were it to take the native steps
+        torch.manual_seed(0)
         config = DecoderConfig(vocab_size=50, d_model=16, num_layers=1, num_heads=2, d_ff=32)
-        model = DecoderForCausalLM(config)
-        print(unserved_reason(model, 1))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "ATTNLAB_NATIVE": "0"}, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "turned off by ATTNLAB_NATIVE=0"
+        out = DecoderForCausalLM(config).generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, eos_token_id=-1)
+        print(out.sequences.shape[1], generation.unserved_reason(DecoderForCausalLM(config), 1))
+    """
+    assert run_python(script, ATTNLAB_NATIVE="0").strip() == "7 turned off by ATTNLAB_NATIVE=0"
 
 
 @needs_kernel
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                     reason="only a CPU with AVX-512 has a second vector width to build for")
-def test_the_avx2_build_gives_the_same_numbers():
+def test_the_avx2_build_gives_the_same_numbers(run_python):
     """The same source built for AVX2 (what torch dispatches to on a CPU without AVX-512)."""
     test_file = os.path.abspath(__file__)
-    script = textwrap.dedent(f"""
+    script = f"""
         import importlib.util, torch
         spec = importlib.util.spec_from_file_location("steps", {test_file!r})
         steps = importlib.util.module_from_spec(spec)
@@ -211,8 +207,6 @@ def test_the_avx2_build_gives_the_same_numbers():
             steps.test_each_step_gives_a_float64_forward_s_logits_and_weights(options)
         from attnlab import _native
         print(_native.status("decode_step"))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "ready (AVX2)"
+    """
+    stdout = run_python(script, ATEN_CPU_CAPABILITY="avx2")
+    assert stdout.strip().splitlines()[-1] == "ready (AVX2)"

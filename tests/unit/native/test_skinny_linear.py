@@ -3,10 +3,6 @@ on every vector width this machine can run, and the routing that decides when it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -98,9 +94,9 @@ def test_linear_layers_route_decoding_products_to_the_kernel_and_keep_gradients(
     torch.testing.assert_close(fast, slow.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_the_switch_turns_the_kernel_off():
+def test_the_switch_turns_the_kernel_off(run_python):
     """ATTNLAB_NATIVE=0: no kernel is built or used, and the products are torch's, bit for bit."""
-    script = textwrap.dedent("""
+    script = """
         import torch, torch.nn.functional as F
         from attnlab._skinny import skinny_kernel_status, skinny_linear
         from attnlab._precision import Linear
@@ -110,20 +106,18 @@ def test_the_switch_turns_the_kernel_off():
             assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
         assert skinny_linear(x, layer.weight, None) is None
         print(skinny_kernel_status())
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "ATTNLAB_NATIVE": "0"}, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "turned off by ATTNLAB_NATIVE=0"
+    """
+    stdout = run_python(script, ATTNLAB_NATIVE="0")
+    assert stdout.strip() == "turned off by ATTNLAB_NATIVE=0"
 
 
 @needs_kernel
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                     reason="only a CPU with AVX-512 has a second vector width to build for")
-def test_the_avx2_build_gives_the_same_numbers():
+def test_the_avx2_build_gives_the_same_numbers(run_python):
     """The same source built for AVX2 (what torch dispatches to under ATEN_CPU_CAPABILITY=avx2,
     as on a CPU without AVX-512): a float64 product's numbers again."""
-    script = textwrap.dedent("""
+    script = """
         import torch, torch.nn.functional as F
         from attnlab._skinny import skinny_kernel_status, skinny_linear
         torch.manual_seed(0)
@@ -134,9 +128,7 @@ def test_the_avx2_build_gives_the_same_numbers():
             error = (out.double() - F.linear(x.double(), weight.double(), bias.double())).abs().max() / scale
             assert error < 1e-6, (rows, depth, width, float(error))
         print(skinny_kernel_status())
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "ready (AVX2)"
+    """
+    stdout = run_python(script, ATEN_CPU_CAPABILITY="avx2")
+    assert stdout.strip() == "ready (AVX2)"
     assert skinny_kernel_status() == "ready (AVX512)"

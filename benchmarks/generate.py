@@ -1,7 +1,8 @@
 """Generation speed: attnlab's decoder against HuggingFace ``generate`` on the same random Llama.
 
 A random Llama-style model of realistic size (12 layers, width 768, 12 query heads sharing
-4 key/value heads, SwiGLU 2048, vocabulary 32000) is saved once and opened by both. Greedy
+4 key/value heads, SwiGLU 2048, vocabulary 32000) is saved once and opened by both
+(``--family gpt2``: GPT-2 small's shape, vocabulary 32000). Greedy
 decoding, prompt 128 tokens, 128 new tokens (no early stop), at batch 1 and 8; the runs are
 interleaved so that machine noise hits both alike. Two comparisons:
 
@@ -46,20 +47,29 @@ from attnlab._precision import Linear
 from attnlab.models.decoder.generation import packs_weights
 
 
-def build_models(directory: Path, quick: bool):
+def build_models(directory: Path, quick: bool, family: str = "llama"):
     import transformers
 
-    sizes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=500) if quick else
-             dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                  num_key_value_heads=4, vocab_size=32000))
-    config = transformers.LlamaConfig(**sizes, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
+    vocab = 500 if quick else 32000
+    if family == "gpt2":  # GPT-2 small's shape: 12 x 768, 12 heads, MLP 3072, learned positions
+        sizes = (dict(n_embd=64, n_layer=2, n_head=4) if quick else dict(n_embd=768, n_layer=12, n_head=12))
+        config = transformers.GPT2Config(**sizes, vocab_size=vocab, n_positions=1024, bos_token_id=1,
+                                         eos_token_id=2)
+        model_class = transformers.GPT2LMHeadModel
+    else:
+        sizes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2) if quick else
+                 dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                      num_key_value_heads=4))
+        config = transformers.LlamaConfig(**sizes, vocab_size=vocab, max_position_embeddings=1024,
+                                          bos_token_id=1, eos_token_id=2)
+        model_class = transformers.LlamaForCausalLM
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    hf = {name: transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation=name).eval()
+    model_class(config).save_pretrained(directory)
+    hf = {name: model_class.from_pretrained(directory, attn_implementation=name).eval()
           for name in ("sdpa", "eager")}
     ours = attnlab.load(directory).model
-    return hf, ours, sizes["vocab_size"]
+    return hf, ours, vocab
 
 
 def timed(function: Callable[[], object]) -> float:
@@ -93,6 +103,8 @@ def recorded_bytes(output) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model and lengths")
+    parser.add_argument("--family", choices=("llama", "gpt2"), default="llama",
+                        help="the random model's family (default: a Llama of 12 x 768)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=None)
@@ -113,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     prompt, new = (8, 8) if args.quick else (args.prompt, args.new)
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as directory:
-        hf, ours, vocab = build_models(Path(directory), args.quick)
-    print(f"prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
+        hf, ours, vocab = build_models(Path(directory), args.quick, args.family)
+    print(f"random {args.family}; prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
     print(machine_line(args.load))
     print(paths_line())
     print("| batch | attnlab | tok/s | HF | tok/s | ratio |")

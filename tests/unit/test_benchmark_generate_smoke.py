@@ -12,14 +12,15 @@ pytest.importorskip("transformers", reason="the benchmark compares with transfor
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generate.py"
 
 
-def test_quick_run_prints_the_table(capsys):
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_quick_run_prints_the_table(capsys, family):
     spec = importlib.util.spec_from_file_location("attnlab_benchmark_generate", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
-        assert module.main(["--quick", "--batches", "2", "--threads", "1"]) == 0
+        assert module.main(["--quick", "--batches", "2", "--threads", "1", "--family", family]) == 0
     finally:
         sys.modules.pop(spec.name, None)
     printed = capsys.readouterr().out
-    assert "| 2 |" in printed and "recorded weights" in printed
+    assert "| 2 |" in printed and "recorded weights" in printed and f"random {family}" in printed

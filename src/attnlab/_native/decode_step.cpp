@@ -1,7 +1,8 @@
-// One decoding step of a Llama-family decoder in one call: for every layer, RMSNorm, the
-// query/key/value product, rotary positions, the cache write, attention over the cache,
-// the output product and residual, RMSNorm, the SwiGLU feed-forward net and residual; then
-// the final norm and the LM head.
+// One decoding step of a pre-norm decoder (the Llama family, GPT-2) in one call: for every
+// layer, the norm, the query/key/value product, rotary positions, the cache write,
+// attention over the cache, the output product and residual, the norm, the feed-forward
+// net (gated, as SwiGLU, or plain, as GPT-2's) and residual; then the final norm and the
+// LM head.
 //
 // A step of a small model spends much of its time outside its matrix products: about 35
 // torch operations per layer, each paying Python's and torch's dispatch and each running a
@@ -10,9 +11,10 @@
 // so one source serves AVX2, AVX-512 and ARM.
 //
 // float32 throughout. The operations are the module path's, in its order (RMSNorm as
-// x * rsqrt(mean(x^2) + eps) then times the weight; rotary as x * cos + rotate_half(x) *
-// sin; scores times the scale; softmax over the allowed slots; SiLU as x / (1 + e^-x));
-// sums run in another order than torch's, so results agree to float32 rounding.
+// x * rsqrt(mean(x^2) + eps) then times the weight; LayerNorm as (x - mean) * rstd * weight
+// + bias; rotary as x * cos + rotate_half(x) * sin; scores times the scale; softmax over the
+// allowed slots; SiLU as x / (1 + e^-x), GELU with erf or its tanh form, ReLU); sums run in
+// another order than torch's, so results agree to float32 rounding.
 //
 // Dimension letters: B rows (sequences), H query heads, K key/value heads, G = H / K query
 // heads per key/value head, C cache slots, D head dim, E model dim, F feed-forward width,
@@ -34,17 +36,6 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-const float* optional_data(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() ? tensor->data_ptr<float>() : nullptr;
-}
-
-// out [rows, width] = x [rows, depth] weight^T + bias
-void product(const float* x, int64_t rows, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-             float* out) {
-  attnlab_skinny::skinny(x, rows, weight.data_ptr<float>(), weight.size(0), weight.size(1),
-                         optional_data(bias), out);
-}
-
 inline float dot(const float* a, const float* b, int64_t size) {
   Vec sum(0.f);
   int64_t i = 0;
@@ -55,13 +46,28 @@ inline float dot(const float* a, const float* b, int64_t size) {
   return total;
 }
 
-// out[r] = (x[r] * rsqrt(mean(x[r]^2) + eps)) * weight, row by row.
-void rms_norm(const float* x, int64_t rows, int64_t width, const float* weight, float eps, float* out) {
+enum Norm : int64_t { kRmsNorm = 0, kLayerNorm = 1 };
+
+// Row by row: RMSNorm, out = (x * rsqrt(mean(x^2) + eps)) * weight; LayerNorm,
+// out = (x - mean) * rsqrt(var + eps) * weight + bias (bias: nullptr for none).
+void norm(int64_t kind, const float* x, int64_t rows, int64_t width, const float* weight, const float* bias,
+          float eps, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * width;
     float* normed = out + r * width;
-    const float scale = 1.f / std::sqrt(dot(row, row, width) / static_cast<float>(width) + eps);
-    for (int64_t i = 0; i < width; ++i) normed[i] = (row[i] * scale) * weight[i];
+    if (kind == kRmsNorm) {
+      const float scale = 1.f / std::sqrt(dot(row, row, width) / static_cast<float>(width) + eps);
+      for (int64_t i = 0; i < width; ++i) normed[i] = (row[i] * scale) * weight[i];
+      continue;
+    }
+    float mean = 0.f;
+    for (int64_t i = 0; i < width; ++i) mean += row[i];
+    mean /= static_cast<float>(width);
+    float variance = 0.f;
+    for (int64_t i = 0; i < width; ++i) variance += (row[i] - mean) * (row[i] - mean);
+    const float scale = 1.f / std::sqrt(variance / static_cast<float>(width) + eps);
+    for (int64_t i = 0; i < width; ++i)
+      normed[i] = (row[i] - mean) * scale * weight[i] + (bias != nullptr ? bias[i] : 0.f);
   }
 }
 
@@ -91,15 +97,48 @@ float exp_minus(float* values, int64_t size, float shift) {
   return total;
 }
 
-// gate[i] = SiLU(gate[i]) * up[i], SiLU(x) = x / (1 + e^-x).
-void silu_times(float* gate, const float* up, int64_t size) {
-  const Vec one(1.f);
+enum Activation : int64_t { kSilu = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3 };
+
+template <int64_t kind, typename T>
+inline T activate(const T& x) {
+  const T half(0.5f), one(1.f);
+  if constexpr (kind == kSilu) {
+    return x / (one + (T(0.f) - x).exp());
+  } else if constexpr (kind == kGelu) {
+    return half * x * (one + (x * T(static_cast<float>(M_SQRT1_2))).erf());
+  } else if constexpr (kind == kGeluTanh) {
+    const T inner = T(0.7978845608028654f) * (x + T(0.044715f) * x * x * x);  // sqrt(2 / pi)
+    return half * x * (one + inner.tanh());
+  } else {
+    return at::vec::maximum(x, T(0.f));
+  }
+}
+
+// hidden[i] = activation(hidden[i]) * (up[i], when given): the feed-forward net's middle,
+// gated (SwiGLU and its kin) or plain.
+template <int64_t kind>
+void activation_times(float* hidden, const float* up, int64_t size) {
   int64_t i = 0;
   for (; i + Vec::size() <= size; i += Vec::size()) {
-    const Vec g = Vec::loadu(gate + i);
-    (g / (one + g.neg().exp()) * Vec::loadu(up + i)).store(gate + i);
+    Vec h = activate<kind>(Vec::loadu(hidden + i));
+    if (up != nullptr) h = h * Vec::loadu(up + i);
+    h.store(hidden + i);
   }
-  for (; i < size; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  if (i < size) {  // the tail, through a zero-padded vector
+    const int64_t rest = size - i;
+    Vec h = activate<kind>(Vec::loadu(hidden + i, rest));
+    if (up != nullptr) h = h * Vec::loadu(up + i, rest);
+    h.store(hidden + i, rest);
+  }
+}
+
+void activation_times(int64_t kind, float* hidden, const float* up, int64_t size) {
+  switch (kind) {
+    case kSilu: return activation_times<kSilu>(hidden, up, size);
+    case kGelu: return activation_times<kGelu>(hidden, up, size);
+    case kGeluTanh: return activation_times<kGeluTanh>(hidden, up, size);
+    default: return activation_times<kRelu>(hidden, up, size);
+  }
 }
 
 struct Shape {
@@ -155,38 +194,43 @@ void check_float(const at::Tensor& tensor, const char* what) {
               "decode step: ", what, " must be a contiguous float32 CPU tensor");
 }
 
+// The entries of `weights` for each layer, in this order; after the last layer's, the final
+// norm's weight and bias and the LM head's weight and bias. Biases may be None, and so may
+// the gate's weight (a plain feed-forward net: activation(in(x)); gated:
+// activation(gate(x)) * in(x)).
+enum Entry : int64_t {
+  kAttnNormWeight, kAttnNormBias, kQkvWeight, kQkvBias, kOutWeight, kOutBias, kFfnNormWeight, kFfnNormBias,
+  kInWeight, kInBias, kGateWeight, kGateBias, kDownWeight, kDownBias, kPerLayer
+};
+
 // x [B, E]: the new tokens' embeddings. cos, sin [B, D] or None (no rotary). allowed [B, C]
-// bool: the slots each row may attend (the new token's slot included). Per layer: the norms'
-// weights, the products' weights [out, in] and optional biases, the cache's keys and values
-// [B, K, C, D] (slot `slot` is written), the score scale. -> logits [B, V] and, with
-// need_weights, each layer's weights [B, H, 1, slot + 1].
+// bool: the slots each row may attend (the new token's slot included). weights: see Entry.
+// keys, values: each layer's cache [B, K, C, D] (slot `slot` is written). scales: each
+// layer's score scale. -> logits [B, V] and, with need_weights, each layer's weights
+// [B, H, 1, slot + 1].
 std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     const at::Tensor& x_in, const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
-    const at::Tensor& allowed, int64_t slot, at::TensorList attn_norm, at::TensorList qkv_weight,
-    const c10::List<std::optional<at::Tensor>>& qkv_bias, at::TensorList o_weight,
-    const c10::List<std::optional<at::Tensor>>& o_bias, at::TensorList ffn_norm, at::TensorList gate_weight,
-    const c10::List<std::optional<at::Tensor>>& gate_bias, at::TensorList up_weight,
-    const c10::List<std::optional<at::Tensor>>& up_bias, at::TensorList down_weight,
-    const c10::List<std::optional<at::Tensor>>& down_bias, at::TensorList keys, at::TensorList values,
-    at::ArrayRef<double> scales, int64_t num_heads, int64_t num_kv_heads, double eps, const at::Tensor& final_norm,
-    const at::Tensor& lm_head, const std::optional<at::Tensor>& lm_head_bias, bool need_weights) {
-  const int64_t layers = static_cast<int64_t>(qkv_weight.size());
+    const at::Tensor& allowed, int64_t slot, const c10::List<std::optional<at::Tensor>>& weight_list,
+    at::TensorList keys, at::TensorList values, at::ArrayRef<double> scales, int64_t num_heads,
+    int64_t num_kv_heads, int64_t norm_kind, double eps, int64_t activation, bool need_weights) {
+  std::vector<at::Tensor> weights;  // undefined tensors for the None entries
+  weights.reserve(weight_list.size());
+  for (const std::optional<at::Tensor>& entry : weight_list) weights.push_back(entry.value_or(at::Tensor()));
+  const int64_t layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(layers > 0 && values.size() == keys.size() && scales.size() == keys.size() &&
+                  static_cast<int64_t>(weights.size()) == layers * kPerLayer + 4,
+              "decode step: one cache, one scale and ", kPerLayer, " weights per layer expected, then 4");
+  TORCH_CHECK(norm_kind == kRmsNorm || norm_kind == kLayerNorm, "decode step: unknown norm ", norm_kind);
+  TORCH_CHECK(kSilu <= activation && activation <= kRelu, "decode step: unknown activation ", activation);
   TORCH_CHECK(x_in.dim() == 2, "decode step: x must be [B, E]");
   check_float(x_in, "x");
-  const size_t count = qkv_weight.size();
-  TORCH_CHECK(attn_norm.size() == count && qkv_bias.size() == count && o_weight.size() == count &&
-                  o_bias.size() == count && ffn_norm.size() == count && gate_weight.size() == count &&
-                  gate_bias.size() == count && up_weight.size() == count && up_bias.size() == count &&
-                  down_weight.size() == count && down_bias.size() == count && keys.size() == count &&
-                  values.size() == count && scales.size() == count,
-              "decode step: one of each weight, bias, cache and scale per layer expected");
-  TORCH_CHECK(layers > 0, "decode step: at least one layer expected");
   const int64_t B = x_in.size(0), E = x_in.size(1);
   const int64_t H = num_heads, K = num_kv_heads;
   TORCH_CHECK(K > 0 && H % K == 0, "decode step: num_kv_heads must divide num_heads");
+  TORCH_CHECK(keys[0].dim() == 4, "decode step: the cache must be [B, K, C, D]");
   const int64_t D = keys[0].size(3), C = keys[0].size(2);
-  TORCH_CHECK(allowed.scalar_type() == at::kBool && allowed.is_contiguous() && allowed.size(0) == B &&
-                  allowed.size(1) == C,
+  TORCH_CHECK(allowed.scalar_type() == at::kBool && allowed.is_contiguous() && allowed.dim() == 2 &&
+                  allowed.size(0) == B && allowed.size(1) == C,
               "decode step: allowed must be a contiguous bool [B, C]");
   TORCH_CHECK(0 <= slot && slot < C, "decode step: slot outside the cache");
   const bool rotary = cos.has_value() && cos->defined();
@@ -198,54 +242,77 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   }
   const Shape shape{B, H, K, D, C, slot};
   const int64_t qkv_width = (H + 2 * K) * D;
+  const bool gated = weights[kGateWeight].defined();
+
+  // Every entry a contiguous float32 CPU tensor of the size the model's widths give it.
+  auto check = [&](int64_t layer, int64_t entry, at::IntArrayRef sizes, bool optional) {
+    const at::Tensor& t = weights[layer * kPerLayer + entry];
+    if (!t.defined()) {
+      TORCH_CHECK(optional, "decode step: layer ", layer, " lacks weight entry ", entry);
+      return;
+    }
+    check_float(t, "every weight, bias and cache");
+    TORCH_CHECK(t.sizes() == sizes, "decode step: layer ", layer, "'s weight entry ", entry, " is ", t.sizes(),
+                ", expected ", sizes);
+  };
   int64_t F = 0;  // the widest feed-forward net
   for (int64_t l = 0; l < layers; ++l) {
-    TORCH_CHECK(qkv_weight[l].size(0) == qkv_width && qkv_weight[l].size(1) == E &&
-                    o_weight[l].size(0) == E && o_weight[l].size(1) == H * D,
-                "decode step: layer ", l, "'s attention products do not match the heads");
-    TORCH_CHECK(keys[l].sizes() == at::IntArrayRef({B, K, C, D}) && values[l].sizes() == keys[l].sizes(),
-                "decode step: layer ", l, "'s cache must be [B, K, C, D]");
-    for (const at::Tensor& t : {attn_norm[l], qkv_weight[l], o_weight[l], ffn_norm[l], gate_weight[l],
-                                up_weight[l], down_weight[l], keys[l], values[l]})
-      check_float(t, "every weight and cache");
-    const int64_t hidden = gate_weight[l].size(0);
-    TORCH_CHECK(attn_norm[l].numel() == E && ffn_norm[l].numel() == E && gate_weight[l].size(1) == E &&
-                    up_weight[l].sizes() == gate_weight[l].sizes() && down_weight[l].size(0) == E &&
-                    down_weight[l].size(1) == hidden,
-                "decode step: layer ", l, "'s norms or feed-forward products do not match the model width");
+    const at::Tensor& in = weights[l * kPerLayer + kInWeight];
+    TORCH_CHECK(in.defined() && in.dim() == 2, "decode step: layer ", l, " lacks its feed-forward product");
+    const int64_t hidden = in.size(0);
     F = std::max(F, hidden);
-    for (const auto& [bias, rows] : {std::pair{qkv_bias.get(l), qkv_width}, std::pair{o_bias.get(l), E},
-                                     std::pair{gate_bias.get(l), hidden}, std::pair{up_bias.get(l), hidden},
-                                     std::pair{down_bias.get(l), E}})
-      if (bias.has_value() && bias->defined()) {
-        check_float(*bias, "every bias");
-        TORCH_CHECK(bias->numel() == rows, "decode step: layer ", l, " has a bias of the wrong size");
-      }
+    check(l, kAttnNormWeight, {E}, false);
+    check(l, kAttnNormBias, {E}, true);
+    check(l, kQkvWeight, {qkv_width, E}, false);
+    check(l, kQkvBias, {qkv_width}, true);
+    check(l, kOutWeight, {E, H * D}, false);
+    check(l, kOutBias, {E}, true);
+    check(l, kFfnNormWeight, {E}, false);
+    check(l, kFfnNormBias, {E}, true);
+    check(l, kInWeight, {hidden, E}, false);
+    check(l, kInBias, {hidden}, true);
+    TORCH_CHECK(weights[l * kPerLayer + kGateWeight].defined() == gated,
+                "decode step: every layer's feed-forward net must be gated, or none");
+    check(l, kGateWeight, {hidden, E}, true);
+    check(l, kGateBias, {hidden}, true);
+    check(l, kDownWeight, {E, hidden}, false);
+    check(l, kDownBias, {E}, true);
+    for (const at::Tensor& store : {keys[l], values[l]}) {
+      check_float(store, "every weight, bias and cache");
+      TORCH_CHECK(store.sizes() == at::IntArrayRef({B, K, C, D}), "decode step: layer ", l,
+                  "'s cache must be [B, K, C, D]");
+    }
   }
-  check_float(final_norm, "the final norm");
-  check_float(lm_head, "the LM head");
-  TORCH_CHECK(final_norm.numel() == E && lm_head.dim() == 2 && lm_head.size(1) == E,
-              "decode step: the final norm or the LM head does not match the model width");
-  if (lm_head_bias.has_value() && lm_head_bias->defined()) {
-    check_float(*lm_head_bias, "the LM head's bias");
-    TORCH_CHECK(lm_head_bias->numel() == lm_head.size(0), "decode step: the LM head's bias has the wrong size");
-  }
+  const at::Tensor* last = weights.data() + layers * kPerLayer;  // final norm weight, bias; LM head weight, bias
+  TORCH_CHECK(last[2].defined() && last[2].dim() == 2, "decode step: the LM head's weight is missing");
+  const int64_t V = last[2].size(0);
+  check(layers, 0, {E}, false);
+  check(layers, 1, {E}, true);
+  check(layers, 2, {V, E}, false);
+  check(layers, 3, {V}, true);
 
+  auto data = [](const at::Tensor& t) -> float* { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  auto product = [&](const float* x, const at::Tensor& weight, const at::Tensor& bias, float* out) {
+    // out [B, rows of weight] = x [B, depth] weight^T + bias
+    attnlab_skinny::skinny(x, B, weight.data_ptr<float>(), weight.size(0), weight.size(1), data(bias), out);
+  };
   at::Tensor x = x_in.clone();  // the residual stream [B, E]
   auto options = x_in.options();
   at::Tensor normed = at::empty({B, E}, options), projected = at::empty({B, std::max(qkv_width, E)}, options);
   at::Tensor attended = at::empty({B, H * D}, options);
-  at::Tensor gate = at::empty({B, F}, options), up = at::empty({B, F}, options);
+  at::Tensor hidden = at::empty({B, F}, options), gate = at::empty({B, gated ? F : 0}, options);
   std::vector<float> scratch(D);
   std::vector<at::Tensor> recorded;
   float* xs = x.data_ptr<float>();
   float* ns = normed.data_ptr<float>();
   float* ps = projected.data_ptr<float>();
+  float* hs = hidden.data_ptr<float>();
   const float epsilon = static_cast<float>(eps);
 
   for (int64_t l = 0; l < layers; ++l) {
-    rms_norm(xs, B, E, attn_norm[l].data_ptr<float>(), epsilon, ns);
-    product(ns, B, qkv_weight[l], qkv_bias.get(l), ps);  // [B, (H + 2K) * D]
+    const at::Tensor* w = weights.data() + l * kPerLayer;
+    norm(norm_kind, xs, B, E, data(w[kAttnNormWeight]), data(w[kAttnNormBias]), epsilon, ns);
+    product(ns, w[kQkvWeight], w[kQkvBias], ps);  // [B, (H + 2K) * D]
     float* key_store = keys[l].data_ptr<float>();
     float* value_store = values[l].data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
@@ -258,27 +325,32 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
         std::copy(row + (H + K + k) * D, row + (H + K + k + 1) * D, value_store + ((b * K + k) * C + slot) * D);
       }
     }
-    float* weights = nullptr;
+    float* kept = nullptr;
     if (need_weights) {
       recorded.push_back(at::empty({B, H, 1, slot + 1}, options));
-      weights = recorded.back().data_ptr<float>();
+      kept = recorded.back().data_ptr<float>();
     }
     attend(ps, key_store, value_store, allowed.data_ptr<bool>(), shape, static_cast<float>(scales[l]),
-           attended.data_ptr<float>(), weights);
-    product(attended.data_ptr<float>(), B, o_weight[l], o_bias.get(l), ps);  // [B, E]
+           attended.data_ptr<float>(), kept);
+    product(attended.data_ptr<float>(), w[kOutWeight], w[kOutBias], ps);  // [B, E]
     for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
-    rms_norm(xs, B, E, ffn_norm[l].data_ptr<float>(), epsilon, ns);
-    product(ns, B, gate_weight[l], gate_bias.get(l), gate.data_ptr<float>());  // [B, F]
-    product(ns, B, up_weight[l], up_bias.get(l), up.data_ptr<float>());  // [B, F]
-    float* gs = gate.data_ptr<float>();
-    const float* us = up.data_ptr<float>();
-    silu_times(gs, us, B * gate_weight[l].size(0));
-    product(gs, B, down_weight[l], down_bias.get(l), ps);  // [B, E]
+    norm(norm_kind, xs, B, E, data(w[kFfnNormWeight]), data(w[kFfnNormBias]), epsilon, ns);
+    const int64_t width = w[kInWeight].size(0);
+    product(ns, w[kInWeight], w[kInBias], hs);  // [B, F]
+    if (gated) {
+      float* gs = gate.data_ptr<float>();
+      product(ns, w[kGateWeight], w[kGateBias], gs);  // [B, F]
+      activation_times(activation, gs, hs, B * width);
+      product(gs, w[kDownWeight], w[kDownBias], ps);  // [B, E]
+    } else {
+      activation_times(activation, hs, nullptr, B * width);
+      product(hs, w[kDownWeight], w[kDownBias], ps);  // [B, E]
+    }
     for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
   }
-  rms_norm(xs, B, E, final_norm.data_ptr<float>(), epsilon, ns);
-  at::Tensor logits = at::empty({B, lm_head.size(0)}, options);
-  product(ns, B, lm_head, lm_head_bias, logits.data_ptr<float>());
+  norm(norm_kind, xs, B, E, data(last[0]), data(last[1]), epsilon, ns);
+  at::Tensor logits = at::empty({B, V}, options);
+  product(ns, last[2], last[3], logits.data_ptr<float>());
   return {logits, recorded};
 }
 
@@ -286,11 +358,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
 
 TORCH_LIBRARY(attnlab_decode_step, m) {
   m.def(
-      "step(Tensor x, Tensor? cos, Tensor? sin, Tensor allowed, int slot, Tensor[] attn_norm, "
-      "Tensor[] qkv_weight, Tensor?[] qkv_bias, Tensor[] o_weight, Tensor?[] o_bias, Tensor[] ffn_norm, "
-      "Tensor[] gate_weight, Tensor?[] gate_bias, Tensor[] up_weight, Tensor?[] up_bias, Tensor[] down_weight, "
-      "Tensor?[] down_bias, Tensor[] keys, Tensor[] values, float[] scales, int num_heads, int num_kv_heads, "
-      "float eps, Tensor final_norm, Tensor lm_head, Tensor? lm_head_bias, bool need_weights) "
-      "-> (Tensor, Tensor[])");
+      "step(Tensor x, Tensor? cos, Tensor? sin, Tensor allowed, int slot, Tensor?[] weights, Tensor[] keys, "
+      "Tensor[] values, float[] scales, int num_heads, int num_kv_heads, int norm, float eps, int activation, "
+      "bool need_weights) -> (Tensor, Tensor[])");
   m.impl("step", c10::DispatchKey::CPU, &step);
 }

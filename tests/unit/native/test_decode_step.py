@@ -24,6 +24,11 @@ CONFIGS = {
     "multi-query, sliding window": dict(num_heads=4, num_kv_heads=1, sliding_window=4),
     "learned positions, layer scales, head dim 12": dict(num_heads=3, head_dim=12, position="learned",
                                                          scale_by_layer=True),
+    "GPT-2: LayerNorm, plain GELU (tanh) net, biases": dict(norm="layer", feed_forward="plain",
+                                                            activation="gelu_tanh", position="learned",
+                                                            qkv_bias=True, out_bias=True, ffn_bias=True),
+    "gated GELU": dict(activation="gelu", num_kv_heads=2),
+    "plain ReLU": dict(feed_forward="plain", activation="relu"),
 }
 
 
@@ -114,7 +119,12 @@ def test_models_it_does_not_compute_keep_the_module_path():
         assert unserved_reason(model, 1) == "the model has forward hooks"
     assert "past the 8 rows" in unserved_reason(model, 9)
     gpt2 = _model(norm="layer", feed_forward="plain", activation="gelu_tanh", position="learned")
-    assert "norm='layer'" in unserved_reason(gpt2, 1)
+    assert unserved_reason(gpt2, 1) is None
+    gpt2.layers[2].feed_forward.dropout1.p = 0.1
+    assert unserved_reason(gpt2, 1) == "a feed-forward net has dropout"
+    gpt2.layers[2].feed_forward.dropout1.p = 0.0
+    gpt2.layers[0].feed_forward.activation = torch.tanh
+    assert unserved_reason(gpt2, 1) == "a feed-forward net's activation is not its config's"
     assert "not a contiguous float32" in unserved_reason(_model().bfloat16(), 1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert unserved_reason(model, 1) == "autocast is on"
@@ -168,12 +178,13 @@ def test_the_kernel_refuses_a_cache_it_cannot_write_in_place():
             steps(torch.tensor([4]))
         cache._keys[0] = keys
         steps = NativeDecoding(model, cache, None, need_weights=False)
-        steps.arguments[2][1] = torch.zeros(5)  # layer 1's query/key/value bias, of the wrong size
-        with pytest.raises(RuntimeError, match="layer 1 has a bias of the wrong size"):
+        weights = steps.arguments[0]
+        weights[14 + 3] = torch.zeros(5)  # layer 1's query/key/value bias, of the wrong size
+        with pytest.raises(RuntimeError, match=r"layer 1's weight entry 3 is \[5\], expected \[96\]"):
             steps(torch.tensor([4]))
-        steps.arguments[2][1] = None
-        steps.arguments[7].pop()  # one gate weight short
-        with pytest.raises(RuntimeError, match="one of each weight, bias, cache and scale per layer"):
+        weights[14 + 3] = None
+        weights.pop()  # the LM head's bias entry missing
+        with pytest.raises(RuntimeError, match="one cache, one scale and 14 weights per layer expected, then 4"):
             steps(torch.tensor([4]))
 
 

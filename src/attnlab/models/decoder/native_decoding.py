@@ -1,4 +1,4 @@
-"""Decoding steps as one native call: ``generate``'s default steps for Llama-family models.
+"""Decoding steps as one native call: ``generate``'s default steps.
 
 A decoding step of a small model on a CPU spends much of its time outside its matrix
 products: about 35 small torch operations per layer, each paying Python's and torch's
@@ -6,15 +6,16 @@ dispatch. On a 2-core Intel Xeon running torch's AVX2 kernels, a step of a 12-la
 width-768 Llama took 22 ms in eager mode: 15 ms of products, 3 ms of other operations,
 about 4 ms of Python. ``_native/decode_step.cpp`` runs the whole step (every layer's
 norms, products by the few-row kernel, rotary positions, the cache write, attention, the
-SwiGLU net, then the final norm and the LM head) in one call, so that a step takes about
-the time of its products, without the compilation ``compile=True`` needs.
+feed-forward net, then the final norm and the LM head) in one call, so that a step takes
+about the time of its products, without the compilation ``compile=True`` needs.
 
-It serves models of RMSNorm, SwiGLU (SiLU) and rotary or learned positions (Llama,
-Mistral, Qwen2, SmolLM) in float32 on the CPU, for batches the few-row kernel takes (up to
-:data:`attnlab._skinny.MAX_ROWS` rows), when no module has forward hooks (the steps do not
-go through the modules' ``forward``: ``mask_heads`` and ``capture_attention`` keep the
-module path) and every module is attnlab's own. :func:`unserved_reason` says why it does
-not serve a model; ``generate`` then runs the modules, which give the same tokens.
+It serves every decoder attnlab builds (the Llama family: RMSNorm, SwiGLU, rotary
+positions; GPT-2: LayerNorm, a plain GELU net, learned positions, biases) in float32 on the
+CPU, for batches the few-row kernel takes (up to :data:`attnlab._skinny.MAX_ROWS` rows),
+when no module has forward hooks (the steps do not go through the modules' ``forward``:
+``mask_heads`` and ``capture_attention`` keep the module path) and every module is
+attnlab's own. :func:`unserved_reason` says why it does not serve a model; ``generate``
+then runs the modules, which give the same tokens.
 
 Dimension letters: ``B`` batch, ``H`` query heads, ``C`` cache slots, ``S`` positions so
 far, ``D`` head dim, ``V`` vocabulary.
@@ -25,14 +26,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ... import _native
 from ..._precision import Linear
 from ..._skinny import MAX_ROWS
 from ...layers.causal_attention import CausalSelfAttention
 from ...layers.decoder_layer import DecoderLayer
-from ...layers.ffn import SwiGLUFFN
+from ...layers.ffn import PositionWiseFFN, SwiGLUFFN, resolve_activation
 from ...layers.kv_cache import KVCache
 from ...layers.rms_norm import RMSNorm
 from ...outputs import LayerAttentions
@@ -44,6 +45,18 @@ __all__ = ["NativeDecoding", "unserved_reason"]
 _KERNEL = "decode_step"
 
 
+_NORMS = {"rms": 0, "layer": 1}  # the kernel's codes (decode_step.cpp: Norm, Activation)
+_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+
+
+def _feed_forward_parts(feed_forward: nn.Module) -> tuple[nn.Module, Optional[nn.Module], nn.Module]:
+    """A feed-forward net's (in, gate or ``None``, down) projections: SwiGLU's (up, gate,
+    down), a plain net's (linear1, ``None``, linear2)."""
+    if isinstance(feed_forward, SwiGLUFFN):
+        return feed_forward.up_proj, feed_forward.gate_proj, feed_forward.down_proj
+    return feed_forward.linear1, None, feed_forward.linear2
+
+
 def _module_reason(model) -> Optional[str]:
     """Why the model's modules are not the ones the native step computes, or ``None``."""
     # the class whose forward the model runs (causal_lm imports this module: no import back)
@@ -51,22 +64,32 @@ def _module_reason(model) -> Optional[str]:
     if owner.__module__ != f"{__package__}.causal_lm":
         return f"{type(model).__name__} overrides forward"
     config = model.config
-    if (config.norm, config.feed_forward, config.activation) != ("rms", "gated", "silu"):
-        return f"norm={config.norm!r}, feed_forward={config.feed_forward!r}, activation={config.activation!r}"
-    expected = {RMSNorm, DecoderLayer, CausalSelfAttention, SwiGLUFFN, Linear}
+    norm_type = RMSNorm if config.norm == "rms" else nn.LayerNorm
+    feed_forward_type = SwiGLUFFN if config.feed_forward == "gated" else PositionWiseFFN
+    activation = resolve_activation(config.activation)
     for layer in model.layers:
-        parts = (layer, layer.attn_norm, layer.ffn_norm, layer.self_attn, layer.feed_forward,
-                 layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.feed_forward.gate_proj,
-                 layer.feed_forward.up_proj, layer.feed_forward.down_proj)
-        if any(type(part) not in expected for part in parts):
+        feed_forward = layer.feed_forward
+        parts = (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                 *(part for part in _feed_forward_parts(feed_forward) if part is not None))
+        if (type(layer) is not DecoderLayer or type(layer.self_attn) is not CausalSelfAttention
+                or type(feed_forward) is not feed_forward_type
+                or any(type(norm) is not norm_type for norm in (layer.attn_norm, layer.ffn_norm))
+                or any(type(part) is not Linear for part in parts)):
             return "a layer holds modules of other types than attnlab's own"
+        if feed_forward.activation is not activation:
+            return "a feed-forward net's activation is not its config's"
+        if feed_forward_type is PositionWiseFFN and (feed_forward.dropout1.p or feed_forward.dropout2.p):
+            return "a feed-forward net has dropout"
     if len({(layer.self_attn.num_heads, layer.self_attn.num_kv_heads, layer.self_attn.head_dim)
             for layer in model.layers}) != 1:
         return "the layers differ in heads (pruned heads?)"
-    if type(model.norm) is not RMSNorm or type(model.lm_head) is not Linear:
+    if type(model.norm) is not norm_type or type(model.lm_head) is not Linear:
         return "the final norm or the LM head is not attnlab's own"
-    if len({norm.eps for norm in _norms(model)}) != 1:
+    norms = [norm for layer in model.layers for norm in (layer.attn_norm, layer.ffn_norm)] + [model.norm]
+    if len({norm.eps for norm in norms}) != 1:
         return "the norms differ in eps"
+    if norm_type is nn.LayerNorm and not all(norm.elementwise_affine for norm in norms):
+        return "a LayerNorm without weights"
     if model.rotary is not None and model.layers[0].self_attn.head_dim % 2:
         return "rotary positions with an odd head dim"
     for name, parameter in model.named_parameters():
@@ -74,10 +97,6 @@ def _module_reason(model) -> Optional[str]:
                 and parameter.is_contiguous()):
             return f"parameter {name} is not a contiguous float32 CPU tensor"
     return None
-
-
-def _norms(model) -> list[RMSNorm]:
-    return [norm for layer in model.layers for norm in (layer.attn_norm, layer.ffn_norm)] + [model.norm]
 
 
 def unserved_reason(model, batch: int) -> Optional[str]:
@@ -121,21 +140,20 @@ class NativeDecoding:
             layer_scale = layer.self_attn.scale
             return layer_scale if layer_scale is not None else attention.head_dim ** -0.5
 
-        def weights(name: str) -> list[Tensor]:
-            return [layer.get_submodule(name).weight for layer in layers]
+        def weight_and_bias(module: Optional[nn.Module]) -> list[Optional[Tensor]]:
+            return [None, None] if module is None else [module.weight, getattr(module, "bias", None)]
 
-        def biases(name: str) -> list[Optional[Tensor]]:
-            return [layer.get_submodule(name).bias for layer in layers]
-
+        weights: list[Optional[Tensor]] = []  # decode_step.cpp's Entry order, then the final norm and LM head
+        for layer in layers:
+            for module in (layer.attn_norm, layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.ffn_norm,
+                           *_feed_forward_parts(layer.feed_forward)):
+                weights += weight_and_bias(module)
+        weights += weight_and_bias(model.norm) + weight_and_bias(model.lm_head)
+        config = model.config
         self.arguments = (
-            weights("attn_norm"), weights("self_attn.qkv_proj"), biases("self_attn.qkv_proj"),
-            weights("self_attn.o_proj"), biases("self_attn.o_proj"), weights("ffn_norm"),
-            weights("feed_forward.gate_proj"), biases("feed_forward.gate_proj"),
-            weights("feed_forward.up_proj"), biases("feed_forward.up_proj"),
-            weights("feed_forward.down_proj"), biases("feed_forward.down_proj"),
-            list(keys), list(values),  # written in place: the kernel checks they are contiguous
+            weights, list(keys), list(values),  # the cache is written in place: the kernel checks its layout
             [scale(layer) for layer in layers], attention.num_heads, attention.num_kv_heads,
-            model.norm.eps, model.norm.weight, model.lm_head.weight, model.lm_head.bias,
+            _NORMS[config.norm], model.norm.eps, _ACTIVATIONS[config.activation],
         )
         self.kernel = _native.build(_KERNEL)
 

@@ -6,9 +6,9 @@ dispatch, and each slowed further by the caches the weight stream just flushed. 
 2-core AVX-512 machine a step of a 12-layer, width-768 Llama takes 25 ms in eager mode
 where its matrix products take 17-19 ms. Compiled by ``torch.compile`` (inductor, with its
 C++ wrapper so that the compiled step is called without Python in between) over a
-cache of fixed size, the step takes about the time of its products. For Llama-family
-models in float32, ``generate``'s default native step (:mod:`.native_decoding`) does the
-same without compiling, and faster; this one serves every family.
+cache of fixed size, the step takes about the time of its products. For float32 models
+up to 8 sequences, ``generate``'s default native step (:mod:`.native_decoding`) does the
+same without compiling, and faster.
 
 The step reuses the model's own modules (embeddings, norms, projections, feed-forward
 nets, rotary angles); only attention is written here: the new key and value go into slot

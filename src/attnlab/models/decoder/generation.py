@@ -149,8 +149,8 @@ def generate(
     :func:`next_token_scores` with a generator seeded by ``seed``: the same seed gives the
     same text.
 
-    After the prompt pass, each decoding step of a Llama-family model (float32, CPU, up to
-    8 sequences, no forward hooks) is one call into attnlab's native decoding step
+    After the prompt pass, each decoding step of a float32 CPU model (up to 8 sequences,
+    no forward hooks) is one call into attnlab's native decoding step
     (:mod:`attnlab.models.decoder.native_decoding`); other models run their modules'
     ``forward`` step by step. Both give the same tokens (to float32 rounding).
 

@@ -234,6 +234,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
               "decode step: allowed must be a contiguous bool [B, C]");
   TORCH_CHECK(0 <= slot && slot < C, "decode step: slot outside the cache");
   const bool rotary = cos.has_value() && cos->defined();
+  TORCH_CHECK(rotary == (sin.has_value() && sin->defined()), "decode step: cos and sin come together, or neither");
   if (rotary) {
     check_float(*cos, "cos");
     check_float(*sin, "sin");

@@ -141,7 +141,9 @@ def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_toke
 
 @needs_mkl
 @pytest.mark.skipif(not serves_rows(8), reason="the native kernel cannot be built here")
-def test_generate_leaves_batches_up_to_8_to_the_native_kernel_and_packs_past_them(packed_products):
+def test_generate_leaves_batches_up_to_8_to_the_native_kernel_and_packs_past_them(monkeypatch, packed_products):
+    # the module path's products (the native decoding step, where it serves, never packs)
+    monkeypatch.setattr(generation, "unserved_reason", lambda model, rows: "the module path, for the test")
     model = _tiny_decoder()
     model.generate(torch.randint(1, 50, (8, 5)), max_new_tokens=16, eos_token_id=-1)
     assert packed_products["packed"] == 0
@@ -171,4 +173,15 @@ def test_a_compiled_model_generates_with_packed_weights_on(packed_products):
     eager = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
     model.compile()
     compiled = model.generate(ids, max_new_tokens=16, eos_token_id=-1)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+
+
+@pytest.mark.needs_cxx
+def test_compiled_steps_of_a_model_cut_to_fewer_layers_than_its_config():
+    """Regression: the compiled steps took the cache's layers (the config's count), not the model's."""
+    model = _tiny_decoder()
+    model.layers = model.layers[:1]
+    ids = torch.randint(1, 50, (2, 5))
+    eager = model.generate(ids, max_new_tokens=4, eos_token_id=-1, pack_weights=False)
+    compiled = model.generate(ids, max_new_tokens=4, eos_token_id=-1, compile=True)
     assert compiled.sequences.tolist() == eager.sequences.tolist()

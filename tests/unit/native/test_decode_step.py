@@ -91,21 +91,23 @@ def test_each_step_gives_a_float64_forward_s_logits_and_weights(options):
 @needs_kernel
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("sample", [False, True])
-def test_generate_takes_the_native_steps_and_gives_the_module_path_s_tokens(monkeypatch, batch, sample):
+@pytest.mark.parametrize("weights", [False, True])
+def test_generate_takes_the_native_steps_and_gives_the_module_path_s_tokens(monkeypatch, batch, sample, weights):
     model = _model(**CONFIGS["grouped-query"])
     ids, keep = _prompt(batch)
-    options = dict(max_new_tokens=9, eos_token_id=-1, output_attentions=True, do_sample=sample, seed=5)
+    options = dict(max_new_tokens=9, eos_token_id=-1, output_attentions=weights, do_sample=sample, seed=5)
     calls = []
     real = NativeDecoding.__call__
     monkeypatch.setattr(NativeDecoding, "__call__",
                         lambda self, tokens: calls.append(1) or real(self, tokens))
     native = model.generate(ids, keep, **options)
-    assert len(calls) == 9  # every new token's step, the last one's too (its weights are kept)
+    steps = 9 if weights else 8  # with weights the last token's step runs too, to record its row
+    assert len(calls) == steps
     monkeypatch.setattr(generation, "unserved_reason", lambda model, batch: "the module path, for comparison")
     modules = model.generate(ids, keep, **options)
-    assert len(calls) == 9
+    assert len(calls) == steps
     assert native.sequences.tolist() == modules.sequences.tolist()
-    for ours, theirs in zip(native.attentions, modules.attentions):
+    for ours, theirs in zip(native.attentions or (), modules.attentions or ()):
         for a, b in zip(ours, theirs):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # float32 sums in another order
 
@@ -113,16 +115,23 @@ def test_generate_takes_the_native_steps_and_gives_the_module_path_s_tokens(monk
 def test_models_it_does_not_compute_keep_the_module_path():
     from attnlab.inspect.compute.heads import mask_heads
 
+    served = _native.unavailable_reason("decode_step")  # None where the kernel is built, else why not
     model = _model()
-    assert unserved_reason(model, 8) is None
+    assert unserved_reason(model, 8) == served
     with mask_heads(model, torch.ones(3, 4)):
         assert unserved_reason(model, 1) == "the model has forward hooks"
     assert "past the 8 rows" in unserved_reason(model, 9)
     gpt2 = _model(norm="layer", feed_forward="plain", activation="gelu_tanh", position="learned")
-    assert unserved_reason(gpt2, 1) is None
+    assert unserved_reason(gpt2, 1) == served
     gpt2.layers[2].feed_forward.dropout1.p = 0.1
-    assert unserved_reason(gpt2, 1) == "a feed-forward net has dropout"
+    assert unserved_reason(gpt2, 1) == served  # dropout does nothing in eval mode
+    gpt2.train()
+    assert unserved_reason(gpt2, 1) == "a feed-forward net has dropout, in training mode"
     gpt2.layers[2].feed_forward.dropout1.p = 0.0
+    assert unserved_reason(gpt2, 1) == served
+    gpt2.layers[1].self_attn.forward = lambda *args, **kwargs: None  # patched on the instance
+    assert unserved_reason(gpt2, 1) == "layers.1.self_attn has its own forward, set on the module"
+    del gpt2.layers[1].self_attn.forward
     gpt2.layers[0].feed_forward.activation = torch.tanh
     assert unserved_reason(gpt2, 1) == "a feed-forward net's activation is not its config's"
     assert "not a contiguous float32" in unserved_reason(_model().bfloat16(), 1)
@@ -136,6 +145,20 @@ def test_models_it_does_not_compute_keep_the_module_path():
             return super().forward(*args, **kwargs)
 
     assert unserved_reason(Scaled(_model().config), 1) == "Scaled overrides forward"
+
+
+@needs_kernel
+def test_a_model_cut_to_fewer_layers_than_its_config_generates():
+    """Regression: the steps took the cache's layers (the config's count), not the model's."""
+    model = _model()
+    ids, keep = _prompt()
+    model.layers = model.layers[:2]
+    native = model.generate(ids, keep, max_new_tokens=5, eos_token_id=-1, output_attentions=True)
+    assert len(native.attentions[-1]) == 2
+    with torch.no_grad():
+        full = model(native.sequences, native.attention_mask, output_attentions=True)
+    for step_weights, whole in zip(native.attentions[-1], full.attentions):
+        torch.testing.assert_close(step_weights[:, :, 0], whole[:, :, -1], rtol=0, atol=1e-5)
 
 
 @needs_kernel

@@ -120,7 +120,8 @@ class CompiledDecoding:
 
     def __init__(self, model, cache: KVCache, keep: Tensor | None, need_weights: bool) -> None:
         self.model = model
-        self.keys, self.values = zip(*(cache.storage(layer) for layer in range(cache.num_layers)))
+        # the model's layers, which may be fewer than its config's (a truncated model)
+        self.keys, self.values = zip(*(cache.storage(layer) for layer in range(len(model.layers))))
         B, _, capacity, _ = self.keys[0].shape
         length = len(cache)
         for store in (*self.keys, *self.values):

@@ -63,6 +63,9 @@ def _module_reason(model) -> Optional[str]:
     owner = next(cls for cls in type(model).__mro__ if "forward" in vars(cls))
     if owner.__module__ != f"{__package__}.causal_lm":
         return f"{type(model).__name__} overrides forward"
+    patched = next((name for name, module in model.named_modules() if "forward" in vars(module)), None)
+    if patched is not None:
+        return f"{patched or 'the model'} has its own forward, set on the module"
     config = model.config
     norm_type = RMSNorm if config.norm == "rms" else nn.LayerNorm
     feed_forward_type = SwiGLUFFN if config.feed_forward == "gated" else PositionWiseFFN
@@ -78,8 +81,9 @@ def _module_reason(model) -> Optional[str]:
             return "a layer holds modules of other types than attnlab's own"
         if feed_forward.activation is not activation:
             return "a feed-forward net's activation is not its config's"
-        if feed_forward_type is PositionWiseFFN and (feed_forward.dropout1.p or feed_forward.dropout2.p):
-            return "a feed-forward net has dropout"
+        if (feed_forward_type is PositionWiseFFN and feed_forward.training
+                and (feed_forward.dropout1.p or feed_forward.dropout2.p)):
+            return "a feed-forward net has dropout, in training mode"
     if len({(layer.self_attn.num_heads, layer.self_attn.num_kv_heads, layer.self_attn.head_dim)
             for layer in model.layers}) != 1:
         return "the layers differ in heads (pruned heads?)"
@@ -129,7 +133,8 @@ class NativeDecoding:
 
     def __init__(self, model, cache: KVCache, keep: Optional[Tensor], need_weights: bool) -> None:
         self.model = model
-        keys, values = zip(*(cache.storage(layer) for layer in range(cache.num_layers)))
+        # the model's layers, which may be fewer than its config's (a truncated model)
+        keys, values = zip(*(cache.storage(layer) for layer in range(len(model.layers))))
         B, _, capacity, _ = keys[0].shape
         self.slots = StepSlots(model, B, capacity, len(cache), keep, keys[0].device)
         self.need_weights = need_weights

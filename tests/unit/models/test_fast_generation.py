@@ -141,7 +141,8 @@ def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_toke
 
 @needs_mkl
 @pytest.mark.skipif(not serves_rows(8), reason="the native kernel cannot be built here")
-def test_generate_leaves_batches_up_to_8_to_the_native_kernel_and_packs_past_them(monkeypatch, packed_products):
+def test_generate_leaves_batches_up_to_8_to_the_native_kernel_and_packs_past_them(monkeypatch,
+                                                                                   packed_products):
     # the module path's products (the native decoding step, where it serves, never packs)
     monkeypatch.setattr(generation, "unserved_reason", lambda model, rows: "the module path, for the test")
     model = _tiny_decoder()

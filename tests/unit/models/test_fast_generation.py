@@ -163,6 +163,9 @@ def test_compile_refuses_a_model_with_hooks():
     with pytest.raises(ValueError, match="layers.1.feed_forward has forward hooks"):
         model.generate(ids, max_new_tokens=2, compile=True)
     handle.remove()
+    model.layers[0].self_attn.forward = lambda *args, **kwargs: None  # patched on the instance
+    with pytest.raises(ValueError, match="may not run layers.0.self_attn's forward, set on the module"):
+        model.generate(ids, max_new_tokens=2, compile=True)
 
 
 @pytest.mark.needs_cxx

@@ -50,8 +50,9 @@ def compiled_capacity(length: int) -> int:
 
 
 def check_no_hooks(model) -> None:
-    """Refuse a model whose modules have forward hooks: compiled steps call submodules
-    directly, so hooks on the model, its layers or their attention would not run."""
+    """Refuse a model whose modules have forward hooks or a ``forward`` set on the module
+    itself: compiled steps call submodules directly, so hooks (and patched forwards) on the
+    model, its layers or their attention would not run."""
     from torch.nn.modules import module as module_globals
 
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
@@ -63,6 +64,9 @@ def check_no_hooks(model) -> None:
                 f"compile=True does not run module hooks, and {name or 'the model'} has forward hooks "
                 "(mask_heads, capture_attention or your own): generate without compile=True"
             )
+        if "forward" in vars(module):
+            raise ValueError(f"compile=True may not run {name or 'the model'}'s forward, set on the module "
+                             "itself: generate without compile=True")
 
 
 def _decode_step(model, tokens: Tensor, positions: Tensor, slot: Tensor, allowed: Tensor,

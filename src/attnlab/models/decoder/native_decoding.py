@@ -63,9 +63,6 @@ def _module_reason(model) -> Optional[str]:
     owner = next(cls for cls in type(model).__mro__ if "forward" in vars(cls))
     if owner.__module__ != f"{__package__}.causal_lm":
         return f"{type(model).__name__} overrides forward"
-    patched = next((name for name, module in model.named_modules() if "forward" in vars(module)), None)
-    if patched is not None:
-        return f"{patched or 'the model'} has its own forward, set on the module"
     config = model.config
     norm_type = RMSNorm if config.norm == "rms" else nn.LayerNorm
     feed_forward_type = SwiGLUFFN if config.feed_forward == "gated" else PositionWiseFFN
@@ -112,7 +109,7 @@ def unserved_reason(model, batch: int) -> Optional[str]:
     try:
         check_no_hooks(model)
     except ValueError:
-        return "the model has forward hooks"
+        return "the model has forward hooks, or a forward set on one of its modules"
     reason = _module_reason(model)
     if reason is not None:
         return reason

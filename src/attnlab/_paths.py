@@ -18,5 +18,6 @@ def paths_line() -> str:
 
     threads = "follow the free cores" if adaptive() else "fixed (ATTNLAB_THREADS=fixed)"
     return (f"attnlab paths: few-row products {_native.status('skinny_linear')}; "
-            f"decoding steps {_native.status('decode_step')}; causal softmax {_native.status('causal_softmax')}; "
+            f"decoding steps {_native.status('decode_step')}; "
+            f"causal softmax {_native.status('causal_softmax')}; "
             f"block-sparse {sparse_kernel_path()}; threads {threads}")

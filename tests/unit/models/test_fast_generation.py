@@ -127,7 +127,7 @@ def test_compiled_steps_ignore_what_free_cache_slots_held(monkeypatch):
 @pytest.mark.parametrize("batch", [4, 9])
 def test_generate_takes_the_packed_products_from_batch_4_and_gives_the_same_tokens(
         monkeypatch, packed_products, batch):
-    # where the native few-row kernel or the native step serves (up to 8 rows) it takes the steps instead
+    # where the native few-row kernel or the native step serves (up to 8 rows), it takes the steps
     monkeypatch.setattr(generation, "serves_rows", lambda rows: False)
     monkeypatch.setattr(generation, "unserved_reason", lambda model, rows: "the module path, for the test")
     model = _tiny_decoder()

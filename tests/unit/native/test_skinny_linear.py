@@ -3,7 +3,6 @@ on every vector width this machine can run, and the routing that decides when it
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F

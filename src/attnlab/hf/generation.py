@@ -69,12 +69,29 @@ def generate(
         )
         sequences = out.sequences  # [B, N]
         full_mask = torch.cat([mask, torch.ones(B, sequences.shape[1] - T, dtype=mask.dtype)], dim=1)
-        steps = [LayerAttentions(step) for step in out.attentions]
+        passes = list(out.attentions)
         if sequences.shape[1] > T:  # the last generated token's own row: one more cached step
             cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
             positions = (full_mask.cumsum(-1) - 1).clamp_min(0)[:, -1:]  # as generate numbers left-padded rows
             last = model(input_ids=sequences[:, -1:], attention_mask=full_mask, position_ids=positions,
                          cache=cache, use_cache=True, output_attentions=True)
-            steps.append(LayerAttentions(last.attentions))
+            passes.append(last.attentions)
+        steps = [LayerAttentions([_at_key_positions(weights, T + index) for weights in step])
+                 for index, step in enumerate(passes)]
     return GenerationOutput(sequences=sequences, attention_mask=full_mask.bool(), prompt_length=T,
                             attentions=tuple(steps))
+
+
+def _at_key_positions(weights: Tensor, positions: int) -> Tensor:
+    """``[B, H, Q, K]`` weights of a pass over ``positions`` keys -> ``[B, H, Q, positions]``.
+
+    A sliding-window layer's cache (Gemma 2 and 3, Mistral's ``sliding_window``) keeps only
+    its last ``K`` keys, so its weights arrive over those alone: they belong at the last
+    ``K`` positions, with zeros (outside the window) before them.
+    """
+    K = weights.shape[-1]
+    if K == positions:
+        return weights
+    if K > positions:
+        raise RuntimeError(f"a generation step's weights cover {K} keys, more than the {positions} positions so far")
+    return torch.nn.functional.pad(weights, (positions - K, 0))  # [B, H, Q, positions]

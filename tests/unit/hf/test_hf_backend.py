@@ -383,3 +383,51 @@ def test_raw_rollout_and_flow_on_a_served_llama_equal_attnlabs_own_llama(tmp_pat
     for method in methods:
         assert torch.allclose(got.scores[method], expected.scores[method], atol=1e-5), method
     assert got.scores["raw"][0, 0] < 0.99  # not row 0's [1, 0, 0, ...]
+
+
+def _word_tokenizer(directory, size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def _gemma3_sliding(window: int = 8) -> nn.Module:
+    config = transformers.Gemma3TextConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=window, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64, pad_token_id=0,
+    )
+    return transformers.Gemma3ForCausalLM(config).eval()
+
+
+def test_generate_puts_a_sliding_windows_weights_at_their_key_positions(tmp_path):
+    """Gemma 3's sliding layer caches its last 8 keys only: its weights of each new token came
+    back over those 8, without their positions (and attention_maps raised). They belong at
+    their key positions, zeros outside the window, as one eager pass over the sequence."""
+    from attnlab.cli import main
+
+    torch.manual_seed(0)
+    model = _gemma3_sliding(window=8)
+    ids = torch.randint(3, 40, (2, 17))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    generated = hf.generate(model, ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert generated.generated_attention(0)["layer_1"].shape == (2, 4, 18)  # every position up to itself
+    first = generated.generated_attention(0)["layer_1"]
+    assert (first[:, :, :10] == 0).all() and (first[0, :, 10:].sum(-1) - 1).abs().max() < 1e-5  # window 8
+    maps = generated.attention_maps()
+    real = generated.attention_mask.long()
+    positions = (real.cumsum(-1) - 1).clamp_min(0)
+    full = _eager(model, input_ids=generated.sequences, attention_mask=real, position_ids=positions)
+    rows = generated.attention_mask[:, None, :, None]
+    for got, want in zip(maps, full.attentions):
+        assert torch.allclose(torch.where(rows, got, 0.0), torch.where(rows, want, 0.0), atol=1e-5)
+
+    model.save_pretrained(tmp_path / "gemma3")
+    _word_tokenizer(tmp_path / "gemma3", 40)
+    prompt = " ".join(f"w{i}" for i in range(1, 14))
+    assert main(["generate", "--model", str(tmp_path / "gemma3"), "--prompt", prompt, "--max-new-tokens", "4",
+                 "--report", str(tmp_path / "generated")]) == 0
+    assert (tmp_path / "generated" / "generation.html").is_file()

@@ -120,10 +120,73 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") ->
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         model_class = transformers.AutoModel
+    _check_weight_files(directory, model_class, config)
     try:
         model = model_class.from_pretrained(
             directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa"
         )
     except OSError as error:  # transformers' word for missing or unreadable weight files
         raise ValueError(f"{directory}: {str(error).splitlines()[0]}") from None
-    return TransformersModel(model.eval(), name=str(directory))
+    except RuntimeError as error:  # sizes the check above could not compare (renamed keys)
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise ValueError(f"{directory}: config.json's sizes do not match the weights (transformers' report above); "
+                         f"the config and the weights come from different models") from None
+    opened = TransformersModel(model.eval(), name=str(directory))
+    try:
+        embedding = opened.get_input_embeddings()
+    except (NotImplementedError, AttributeError):  # a model with no token embedding (images, audio)
+        embedding = None
+    if isinstance(embedding, nn.Embedding):
+        embedding.register_forward_pre_hook(_vocabulary_check(str(directory)))
+    return opened
+
+
+def _check_weight_files(directory: Union[str, Path], model_class: Any, config: Any) -> None:
+    """One line for a damaged weight file, or a ``config.json`` whose sizes contradict the
+    weights, before transformers loads anything (it would print a report, then raise).
+
+    Reads the safetensors headers only, and the shapes of the model the config builds on
+    the meta device (no memory). A checkpoint whose keys transformers renames on loading
+    is compared where the names agree.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    stored: dict[str, tuple[tuple[int, ...], str]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as opened:
+                for key in opened.keys():
+                    stored[key] = (tuple(opened.get_slice(key).get_shape()), file.name)
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{file}: not a readable safetensors file ({error}); it is damaged or truncated: "
+                             f"copy or save it again") from None
+    if not stored:
+        return
+    try:
+        with torch.device("meta"):
+            expected = {name: tuple(tensor.shape) for name, tensor in model_class(config).state_dict().items()}
+    except Exception:  # a class that cannot be built on the meta device: transformers' own check serves
+        return
+    for key, (shape, file) in stored.items():
+        if key in expected and expected[key] != shape:
+            raise ValueError(f"{directory}: {key} is {list(shape)} in {file} but config.json makes it "
+                             f"{list(expected[key])}: the config and the weights come from different models")
+
+
+def _vocabulary_check(name: str):
+    """A pre-hook on the input embedding: one line for a token id past the model's vocabulary
+    (the tokenizer belongs to another model) instead of an ``IndexError`` deep in the forward."""
+
+    def check(module: nn.Module, args: tuple) -> None:
+        ids = args[0] if args else None
+        if isinstance(ids, Tensor) and ids.numel() and not ids.is_floating_point():
+            largest = int(ids.max())
+            if largest >= module.num_embeddings or int(ids.min()) < 0:
+                bad = largest if largest >= module.num_embeddings else int(ids.min())
+                raise ValueError(f"token id {bad} lies outside {name}'s vocabulary of {module.num_embeddings} "
+                                 f"(ids 0..{module.num_embeddings - 1}): its tokenizer and its model differ; "
+                                 f"put the model's own tokenizer.json beside it")
+
+    return check

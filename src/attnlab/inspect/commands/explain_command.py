@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved.refuse_encoder_decoder("explain scores one sequence's tokens",
+                                    "attnlab inspect --source/--target draws its cross-attention")
     print(dtype_line(resolved))
     methods = args.methods
     if methods is None:
@@ -127,6 +129,9 @@ def _run_generation(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     check_output_dir(args.out, "--out", "explanation.json, .png, .html and logit_lens.png")
     resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved.refuse_encoder_decoder("--prompt explains a decoder-only language model's continuation",
+                                    "attnlab generate --prompt continues it, attnlab inspect --source/--target "
+                                    "draws its cross-attention")
     print(dtype_line(resolved))
     if not is_causal_model(resolved.model) and not getattr(resolved.model, "is_causal", False):
         raise ValueError(f"--prompt explains what a decoder generates; {args.model} is a "

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..._files import check_output_dir, write_json
+    from ..compute.attribution_target import is_causal_model
     from ..compute.head_roles import HEAD_ROLES, find_head_roles
     from ..draw.head_roles import plot_head_role
     from ..draw.plots import save_figure
@@ -44,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompt must be a non-empty text")
     check_output_dir(args.out, "--out", "heads.json and heads-ROLE.png")
     resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved.refuse_encoder_decoder("heads finds the roles of a decoder-only language model's heads",
+                                    "attnlab analyze --data gives its per-head statistics")
+    if not is_causal_model(resolved.model) or getattr(resolved.model, "config", None) is None:
+        raise ValueError(f"heads needs a decoder (a causal language model: GPT-2, the Llama family, smollm2); "
+                         f"{args.model} is an encoder: attnlab analyze --data gives its per-head statistics")
     print(dtype_line(resolved))
     model = resolved.model
     limit = context_limit(model)

@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     if kind == "pair":
         return _run_pair(args, resolved, max_length)
+    resolved.refuse_encoder_decoder("--text draws one sequence's attention",
+                                    "give --source (and --target) to draw its encoder, decoder and cross maps")
     total = len(resolved.tokenizer.encode(args.text).ids)
     if total > max_length:
         print(f"note: the text has {total} tokens; the first {max_length} are inspected (--max-length)")

@@ -46,6 +46,18 @@ class ResolvedModel:
     source: str
     dtype: str = DEFAULT_DTYPE
 
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """Whether the model is an encoder-decoder (T5, BART, Marian, Whisper)."""
+        return bool(getattr(getattr(self.model, "config", None), "is_encoder_decoder", False))
+
+    def refuse_encoder_decoder(self, reads: str, instead: str) -> None:
+        """One line for a command that reads one sequence's attention, given an encoder-decoder:
+        its encoder, decoder and cross-attention have no single token axis to share."""
+        if self.is_encoder_decoder:
+            raise ValueError(f"{self.name} is an encoder-decoder model (encoder, decoder and cross-attention over "
+                             f"two texts); {reads}: {instead}")
+
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype``: the dtype the model's weights are loaded in."""

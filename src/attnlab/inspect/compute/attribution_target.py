@@ -50,9 +50,11 @@ def is_causal_model(model: nn.Module) -> bool:
     """Whether ``model`` is a causal (decoder-only) language model, whose positions see only their past."""
     if getattr(model, "model_type", None) == "decoder":  # attnlab's DecoderForCausalLM
         return True
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):  # its decoder is causal, its encoder is not
+        return False
     if getattr(model, "is_causal", None) is True:  # a transformers model opened by attnlab.hf
         return True
-    config = getattr(model, "config", None)
     return bool(getattr(config, "is_decoder", False)) or type(model).__name__.endswith("ForCausalLM")
 
 

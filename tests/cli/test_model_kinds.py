@@ -1,0 +1,90 @@
+"""Commands against kinds of model they do not take, and damaged or mismatched transformers
+directories: one line naming what was wrong and what to do, exit 2, no traceback, nothing
+written. Each case was a traceback or a silently wrong answer before."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers directories need the hf extra")
+
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+from attnlab.cli import main  # noqa: E402
+
+
+def _tokenizer(directory: Path, size: int) -> None:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("kinds")
+    torch.manual_seed(0)
+    qwen3 = transformers.Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                     max_position_embeddings=64)
+    transformers.Qwen3ForCausalLM(qwen3).save_pretrained(root / "qwen3")
+    _tokenizer(root / "qwen3", 40)
+    shutil.copytree(root / "qwen3", root / "other_tokenizer")
+    _tokenizer(root / "other_tokenizer", 80)  # ids up to 79 for a vocabulary of 40
+    shutil.copytree(root / "qwen3", root / "truncated")
+    weights = (root / "truncated" / "model.safetensors").read_bytes()
+    (root / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    shutil.copytree(root / "qwen3", root / "mismatched")
+    config = json.loads((root / "mismatched" / "config.json").read_text())
+    (root / "mismatched" / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    bart = transformers.BartConfig(vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2,
+                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                   decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                   eos_token_id=2, decoder_start_token_id=1)
+    transformers.BartForConditionalGeneration(bart).save_pretrained(root / "bart")
+    _tokenizer(root / "bart", 40)
+    return root
+
+
+def _one_line_error(argv: list, capsys) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    progress = "Loading weights"  # transformers' own progress bar while it reads the weights
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and progress not in line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, f"{argv} -> exit {code}, stderr {err!r}"
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    # an encoder-decoder given one text: its encoder, decoder and cross maps shared one token axis
+    (["inspect", "--model", "{bart}", "--text", "w1 w2 w3", "--out", "{out}"], "give --source (and --target)"),
+    (["explain", "--model", "{bart}", "--text", "w1 w2 w3", "--out", "{out}"], "inspect --source/--target"),
+    (["explain", "--model", "{bart}", "--prompt", "w1 w2", "--out", "{out}"], "inspect --source/--target"),
+    (["heads", "--model", "{bart}", "--out", "{out}"], "is an encoder-decoder model"),
+    # heads on an encoder: an AttributeError about logits
+    (["heads", "--model", "minilm", "--out", "{out}"], "heads needs a decoder"),
+    # a tokenizer whose ids pass the model's vocabulary: IndexError
+    (["generate", "--model", "{other_tokenizer}", "--prompt", "w70 w2", "--max-new-tokens", "2"],
+     "token id 70 lies outside"),
+    (["generate", "--model", "{other_tokenizer}", "--prompt", "w70 w2", "--max-new-tokens", "2", "--report",
+      "{out}"], "its tokenizer and its model differ"),
+    (["inspect", "--model", "{other_tokenizer}", "--text", "w1 w70", "--out", "{out}"], "vocabulary of 40"),
+    # damaged transformers directories: SafetensorError, transformers' RuntimeError
+    (["generate", "--model", "{truncated}", "--prompt", "w1", "--max-new-tokens", "1"], "damaged or truncated"),
+    (["inspect", "--model", "{mismatched}", "--text", "w1", "--out", "{out}"],
+     "config.json makes it [32, 48]: the config and the weights come from different models"),
+])
+def test_kinds_a_command_does_not_take_and_damaged_directories_get_one_line(dirs, tmp_path, capsys, argv,
+                                                                            expected):
+    names = {name: str(dirs / name) for name in ("bart", "other_tokenizer", "truncated", "mismatched")}
+    argv = [part.format(out=tmp_path / "out", **names) for part in argv]
+    line = _one_line_error(argv, capsys)
+    assert expected in line, line
+    assert not (tmp_path / "out").exists()  # nothing written that would block the corrected command

@@ -3,6 +3,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,40 @@ def test_masked_lm_pretraining_phase(tmp_path, tiny_csv, tiny_config):
     assert [record["step"] for record in pretrain] == [1, 2, 3, 4]
     assert load_model(out / "pretrain" / "checkpoints" / "last").config["model_type"] == "encoder_masked_lm"
     assert (out / "test_report.json").is_file()
+
+
+def test_a_second_run_into_a_run_directory_in_use_is_refused_naming_the_first(tmp_path, tiny_csv, tiny_config):
+    """Two runs into one --out both exited 0, and the folder ended with a mix of both (the
+    second's config.json and report, both runs' steps in metrics.jsonl). The first holds the
+    folder; the second, plain, --overwrite or --resume, is refused and touches nothing."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "attnlab.cli", "train", "--config", str(tiny_config), "--data", str(tiny_csv),
+               "--out", str(out), "--quiet", "--set", "train.epochs=200"]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until the first has started writing
+            if (out / "metrics.jsonl").is_file() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, first.communicate()
+        before = (out / "config.json").read_text()
+        for extra in ([], ["--overwrite"]):
+            second = subprocess.run(command + extra, capture_output=True, text=True, timeout=300)
+            lines = [line for line in second.stderr.splitlines() if line.strip()]
+            assert second.returncode == 2 and len(lines) == 1, second.stderr
+            assert f"is in use by another attnlab run (process {first.pid})" in lines[0]
+        resumed = subprocess.run([sys.executable, "-m", "attnlab.cli", "train", "--out", str(out), "--resume"],
+                                 capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 2 and f"process {first.pid}" in resumed.stderr
+        assert (out / "config.json").read_text() == before
+    finally:
+        first.terminate()
+        first.communicate(timeout=120)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [record["step"] for record in records if record["split"] == "train"]
+    assert len(steps) == len(set(steps))  # one run's steps only
+    assert list(out.glob("tensorboard/*")) == [] or len(list((out / "tensorboard").iterdir())) == 1
+    from attnlab.train.run_dir import hold_run_dir, release_run_dir
+
+    hold_run_dir(out)  # the lock went with the first process: the folder is free again
+    release_run_dir(out)

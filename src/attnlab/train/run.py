@@ -11,6 +11,7 @@ from typing import Optional, Union
 
 from .run_checks import check_run
 from .run_config import RunConfig
+from .run_dir import release_run_dir
 from .run_steps import CONFIG_FILE, RunResult
 from .tasks import get_task
 
@@ -28,4 +29,7 @@ def train_run(config: RunConfig, run_dir: Union[str, Path], *, resume: bool = Fa
         if config_path.is_file():
             config = RunConfig.from_json(config_path)
     check_run(config, device)  # before anything is written: a failed start leaves nothing behind
-    return get_task(config.data.task).run(config, run_dir, resume=resume, quiet=quiet, device=device)
+    try:
+        return get_task(config.data.task).run(config, run_dir, resume=resume, quiet=quiet, device=device)
+    finally:
+        release_run_dir(Path(run_dir))  # taken when the directory was checked or made

@@ -14,17 +14,24 @@ A run directory holds only what attnlab writes there (:data:`RUN_ENTRIES`). The 
 ``attnlab demo`` marks its run with :data:`DEMO_MARK` and replaces an earlier demo run
 without a flag (``make demo`` twice works); a ``train`` run is another matter and needs
 ``--overwrite``.
+
+A run directory in use is locked (:func:`hold_run_dir`: an advisory ``flock`` on the
+directory itself, so nothing is written to take it): a second run into it, resumed or
+overwriting, is refused in one line naming the first's process, before it touches a file.
+The lock goes with the process that holds it, however that process ends.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Optional
 
 from .._files import check_output_dir
 
-__all__ = ["DEMO_MARK", "RUN_ENTRIES", "check_out_dir", "clear_run_entries", "is_run_dir"]
+__all__ = ["DEMO_MARK", "RUN_ENTRIES", "check_out_dir", "clear_run_entries", "hold_run_dir", "is_run_dir",
+           "release_run_dir"]
 
 DEMO_MARK = ".attnlab-demo"
 RUN_ENTRIES = (
@@ -32,6 +39,60 @@ RUN_ENTRIES = (
     "tensorboard", "inspect", "attention.png", DEMO_MARK,
 )
 _STARTED = ("checkpoints", "metrics.jsonl", "test_report.json", "pretrain")
+
+
+_HELD: dict[tuple[int, int], int] = {}  # (device, inode) of a directory this process holds -> its descriptor
+
+
+def _holder(path: Path) -> Optional[int]:
+    """The process that holds a ``flock`` on ``path``, from ``/proc/locks`` (Linux), else ``None``."""
+    stat = path.stat()
+    identity = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].lower() == identity:
+            return int(fields[4])
+    return None
+
+
+def hold_run_dir(path: Path, command: str = "train") -> None:
+    """Lock the run directory ``path`` for this process (it must exist); again is a no-op.
+
+    Raises:
+        ValueError: another process holds it; the message names that process.
+    """
+    import fcntl
+
+    stat = path.stat()
+    key = (stat.st_dev, stat.st_ino)
+    if key in _HELD:
+        return
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        holder = _holder(path)
+        raise ValueError(
+            f"{path} is in use by another attnlab run ({f'process {holder}' if holder else 'another process'}); "
+            f"wait for it to end, or choose another --out for this {command}"
+        ) from None
+    _HELD[key] = descriptor
+
+
+def release_run_dir(path: Path) -> None:
+    """Release :func:`hold_run_dir`'s lock on ``path`` (a no-op if this process does not hold it)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return
+    descriptor = _HELD.pop((stat.st_dev, stat.st_ino), None)
+    if descriptor is not None:
+        os.close(descriptor)  # closing the last descriptor releases the flock
 
 
 def is_run_dir(path: Path) -> bool:
@@ -79,6 +140,8 @@ def check_out_dir(
         FileNotFoundError: ``--resume`` on a directory that holds no run.
     """
     out = check_output_dir(out, "--out", "the run")
+    if out.is_dir():
+        hold_run_dir(out, command)  # before anything in it is read as finished or cleared
     if resume:
         if not is_run_dir(out):
             raise FileNotFoundError(f"cannot resume: {out} holds no attnlab run (no run config.json); "

@@ -24,6 +24,7 @@ from .._files import load_safetensors_into, read_json, write_json
 from ..checkpoints.attnlab_layout import MODEL_FILE
 from .distributed import distributed_info
 from .run_config import ARCHITECTURE_FIELDS, RunConfig
+from .run_dir import hold_run_dir
 from .trainer import TrainerState, TransformerTrainer
 
 __all__ = [
@@ -87,11 +88,14 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig
     if resume:
         if not config_path.is_file():
             raise FileNotFoundError(f"cannot resume: {config_path} does not exist")
+        if distributed_info().is_main:
+            hold_run_dir(run_dir)
         return RunConfig.from_json(config_path)
     if distributed_info().is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        hold_run_dir(run_dir)  # a second run started beside this one is refused here
         if config_path.exists():
             raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
         write_json(config_path, config.to_dict())
     barrier()
     return config

@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("attnlab.inspect.commands.generate_command",
                  "continue a prompt with a decoder (GPT-2, Llama family, smollm2); --report shows what each new token attended to"),
     "explain": ("attnlab.inspect.commands.explain_command",
-                "per-token scores of one text by six attribution methods, or (--prompt) of what a decoder generates: JSON, PNG, HTML page"),
+                "per-token scores of one text by attention and gradient attributions, or (--prompt) of what a decoder generates: JSON, PNG, HTML page"),
     "heads": ("attnlab.inspect.commands.heads_command",
               "a decoder's previous-token, duplicate-token, induction and first-token heads; repeated-tokens losses"),
     "compare": ("attnlab.inspect.commands.compare_command",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from attnlab.inspect.draw.explanation import (
     explanation_fragment,
     normalized_scores,
@@ -23,7 +25,9 @@ SCORES = {"raw": [0.1, 0.2, 0.3, 0.2, 0.2], "integrated-gradients": [0.0, -2.0, 
 
 def test_each_method_is_shown_on_its_own_scale():
     assert normalized_scores([0.0, -2.0, 1.0]) == [0.0, -1.0, 0.5]  # signed: over the largest |score|
-    assert normalized_scores([1.0, 1.5, 3.0]) == [0.0, 0.25, 1.0]  # never negative: smallest to largest
+    assert normalized_scores([1.0, 1.5, 3.0]) == [pytest.approx(1 / 3), 0.5, 1.0]  # never negative: 0 stays 0
+    # a nearly flat row stays nearly flat (it was stretched to 0..1, as contrasted as a sharp one)
+    assert min(normalized_scores([0.140, 0.143, 0.146])) > 0.95
     assert normalized_scores([0.0, 0.0]) == [0.0, 0.0]
 
 

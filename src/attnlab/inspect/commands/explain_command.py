@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS])),
         dest="methods",
-        help="attribution methods (default: all six for a classifier; raw, rollout and flow for an encoder; "
-             f"with --prompt: {', '.join(GENERATION_METHODS)})",
+        help=f"attribution methods; with --text: {', '.join(METHODS)} (default: all {len(METHODS)} for a "
+             f"classifier; raw, rollout and flow for an encoder); with --prompt: {', '.join(GENERATION_METHODS)} "
+             f"(default: all {len(GENERATION_METHODS)})",
     )
     parser.add_argument(
         "--target",

@@ -50,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     shaping = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
                                         ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+    if args.temperature is not None and not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0 (leave out --sample for greedy decoding), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
     if shaping and not args.sample:
         raise ValueError(f"{', '.join(shaping)} shape(s) sampling, which greedy decoding ignores: add --sample, "
                          f"or leave {'it' if len(shaping) == 1 else 'them'} out")
@@ -85,10 +91,15 @@ def _check_length(resolved, prompt: str, args: argparse.Namespace) -> None:
     context = getattr(config, "max_len", None)
     prompt_length = len(resolved.tokenizer.encode(prompt).ids)
     total = prompt_length + args.max_new_tokens
+    if context is not None and prompt_length >= context:
+        raise ValueError(
+            f"the prompt has {prompt_length} tokens, and {args.model}'s context of {context} positions leaves no "
+            f"room for a new one; shorten --prompt to at most {context - 1} tokens"
+        )
     if context is not None and total > context:
         raise ValueError(
             f"--max-new-tokens {args.max_new_tokens} after the prompt's {prompt_length} tokens is more than "
-            f"{args.model}'s context of {context} positions; ask for at most {max(context - prompt_length, 0)}"
+            f"{args.model}'s context of {context} positions; ask for at most {context - prompt_length}"
         )
     if args.report is not None and config is not None:
         layers, heads = getattr(config, "num_layers", 1), getattr(config, "num_heads", 1)

@@ -109,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be at least 1 (positions shown before pooling), got {args.max_tokens}")
     if args.window is not None and not 0 <= args.window[0] < args.window[1]:
         raise ValueError(f"--window START:STOP needs 0 <= START < STOP, got {args.window[0]}:{args.window[1]}")
-    if args.layer is not None and args.layer < 1 or args.head < 1:
-        raise ValueError(f"--layer and --head count from 1, got --layer {args.layer} --head {args.head}")
+    if args.layer is not None and args.layer < 1:
+        raise ValueError(f"--layer counts from 1 (layer_1 is the first), got --layer {args.layer}")
+    if args.head < 1:
+        raise ValueError(f"--head counts from 1 (head 1 is the first), got --head {args.head}")
     check_output_dir(args.out, "--out", "the pictures and report.html")
     if kind == "image":
         return _run_image(args)

@@ -25,19 +25,17 @@ __all__ = ["normalized_scores", "plot_explanation", "render_explanation", "expla
 
 
 def normalized_scores(scores: Sequence[float]) -> list[float]:
-    """Scores for display in [-1, 1]: signed scores over their largest absolute value;
-    scores that are never negative stretched from their smallest (0) to their largest (1).
+    """Scores for display in [-1, 1]: each over its row's largest absolute value, so 0 stays 0.
 
-    Gradient-weighted rollouts add the identity to every token, so their scores differ by
-    little against their size; stretching shows the ranking the scores hold.
+    A flat row (rollout's, which adds the identity to every token, often is) stays flat;
+    stretching each row from its smallest to its largest score made a row of 0.140..0.146
+    look as contrasted as one of 0..0.9. The row's label gives its range.
     """
     values = np.nan_to_num(np.asarray(scores, dtype=np.float64))
     if not values.size:
         return []
-    if values.min() >= 0:
-        low, high = float(values.min()), float(values.max())
-        return ((values - low) / (high - low) if high > low else np.zeros_like(values)).round(6).tolist()
-    return (values / float(np.abs(values).max())).round(6).tolist()
+    largest = float(np.abs(values).max())
+    return (values / largest if largest > 0 else np.zeros_like(values)).round(6).tolist()
 
 
 def plot_explanation(
@@ -65,7 +63,7 @@ def plot_explanation(
     cut = f" (first {T} of {len(tokens)} tokens)" if len(tokens) > T else ""
     axes.set_title((title or "token scores per method") + cut, fontsize=10)
     bar = figure.colorbar(image, ax=axes, fraction=0.03, pad=0.01)
-    bar.set_label("score on its row's scale:\n1 = row's largest, 0 = smallest\n(or 0, when signed)", fontsize=7)
+    bar.set_label("score on its row's scale:\nover the row's largest |score|", fontsize=7)
     return figure
 
 
@@ -125,8 +123,8 @@ def render_explanation(
 ) -> str:
     """A whole offline page: the methods as highlighted text side by side."""
     caption = (
-        "Each method on its own scale: signed scores over their largest |score| (blue positive, red "
-        "negative), others from their smallest to their largest; hover a token for its score."
+        "Each method on its own scale: its scores over their largest |score| (blue positive, red "
+        "negative), so a flat row stays flat; hover a token for its score."
     )
     body = (
         f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"

@@ -4,8 +4,8 @@ Dimension letters: ``M`` methods, ``G`` generated tokens, ``N`` all tokens (prom
 generated), ``L`` layers.
 
 The picture puts generated tokens in rows and the tokens before them in columns, one panel
-per method, each row on its own scale (signed rows over their largest ``|score|``, others
-from smallest to largest: :func:`~.explanation.normalized_scores`); the positions a token
+per method, each row on its own scale (over its largest ``|score|``, so a flat row stays
+flat: :func:`~.explanation.normalized_scores`); the positions a token
 could not see are left blank. The page (offline: its style and script are the package's
 ``assets/generation_explanation.css`` / ``.js``, inlined; token text travels as JSON and is written
 with ``textContent``) steps through the generated tokens and shows each method's scores
@@ -104,8 +104,8 @@ def render_generation_explanation(
         "objective_name": objective_name,
         "lens": lens,
     }
-    caption = ("Each method on its own scale: signed scores over their largest |score| (blue positive, red "
-               "negative), others from their smallest to their largest; hover a token for its score. "
+    caption = ("Each method on its own scale: its scores over their largest |score| (blue positive, red "
+               "negative), so a flat row stays flat; hover a token for its score. "
                "Underlined: generated before; outlined: the explained token.")
     body = f"""
 <header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>

@@ -15,7 +15,10 @@ Long inputs stay readable and fast in two ways:
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import warnings
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -27,6 +30,9 @@ __all__ = ["bucket_attention", "plot_head", "plot_layer", "plot_model", "plot_st
 
 ArrayLike = Union[Tensor, np.ndarray]
 CMAP = "viridis"
+
+logger = logging.getLogger(__name__)
+_MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from")
 
 
 def _numpy(weights: ArrayLike) -> np.ndarray:
@@ -341,7 +347,25 @@ def save_figure(
             raise ValueError(f"formats must be among {sorted(allowed)}, got {fmt!r}")
         target = path.with_suffix(f".{fmt}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        # a tight box instead of a layout engine: labels never cut off, and it draws faster
-        figure.savefig(target, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # a tight box instead of a layout engine: labels never cut off, and it draws faster
+            figure.savefig(target, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.1)
+        _report_warnings(caught, target)
         written.append(target)
     return written
+
+
+def _report_warnings(caught: list, target: Path) -> None:
+    """matplotlib warns once per character its font lacks (many lines for a text in another
+    script): one line says so instead; other warnings pass on as they came."""
+    glyphs = set()
+    for warning in caught:
+        found = _MISSING_GLYPH.search(str(warning.message))
+        if found:
+            glyphs.add(chr(int(found.group(1))))
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if glyphs:
+        logger.warning("%s: %d character(s) have no glyph in matplotlib's font and show as boxes (%s); the HTML "
+                       "page shows them", target.name, len(glyphs), " ".join(sorted(glyphs)[:8]))

@@ -201,6 +201,10 @@ def generate(
     B, T = input_ids.shape
     if T == 0:
         raise ValueError("input_ids is empty ([B, 0]): generation continues a prompt of at least one token")
+    if T >= config.max_len and max_new_tokens > 0:
+        raise ValueError(f"the prompt's {T} tokens fill the model's context of {config.max_len} positions "
+                         f"(config.max_len): no room for a new token; shorten the prompt to at most "
+                         f"{config.max_len - 1} tokens")
     if T + max_new_tokens > config.max_len:
         raise ValueError(
             f"the prompt's {T} tokens + max_new_tokens={max_new_tokens} exceed the model's context of "

@@ -18,8 +18,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 
 
-def _tokenizer(directory: Path, size: int) -> None:
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}, unk_token="[UNK]"))
+def _tokenizer(directory: Path, size: int, reverse: bool = False) -> None:
+    vocabulary = {"[UNK]": 0, **{f"w{i}": size - i if reverse else i for i in range(1, size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
 
@@ -35,6 +36,8 @@ def dirs(tmp_path_factory) -> Path:
     _tokenizer(root / "qwen3", 40)
     shutil.copytree(root / "qwen3", root / "other_tokenizer")
     _tokenizer(root / "other_tokenizer", 80)  # ids up to 79 for a vocabulary of 40
+    shutil.copytree(root / "qwen3", root / "reversed_tokenizer")
+    _tokenizer(root / "reversed_tokenizer", 40, reverse=True)
     shutil.copytree(root / "qwen3", root / "truncated")
     weights = (root / "truncated" / "model.safetensors").read_bytes()
     (root / "truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
@@ -80,10 +83,16 @@ def _one_line_error(argv: list, capsys) -> str:
     (["generate", "--model", "{truncated}", "--prompt", "w1", "--max-new-tokens", "1"], "damaged or truncated"),
     (["inspect", "--model", "{mismatched}", "--text", "w1", "--out", "{out}"],
      "config.json makes it [32, 48]: the config and the weights come from different models"),
+    # compare paired head k of one model with head k of any other, whatever their shapes and tokens
+    (["compare", "--model", "{qwen3}", "--model", "minilm", "--data", "{texts}", "--out", "{out}"],
+     "2 attention layers of 4 heads each, minilm 6 attention layers of 12 heads each"),
+    (["compare", "--model", "{qwen3}", "--model", "{reversed_tokenizer}", "--data", "{texts}", "--out", "{out}"],
+     "tokenize the texts differently"),
 ])
 def test_kinds_a_command_does_not_take_and_damaged_directories_get_one_line(dirs, tmp_path, capsys, argv,
                                                                             expected):
-    names = {name: str(dirs / name) for name in ("bart", "other_tokenizer", "truncated", "mismatched")}
+    (dirs / "texts.txt").write_text("w1 w2 w3\nw4 w5 w6 w7\n")
+    names = {path.stem: str(path) for path in dirs.iterdir()}
     argv = [part.format(out=tmp_path / "out", **names) for part in argv]
     line = _one_line_error(argv, capsys)
     assert expected in line, line

@@ -335,7 +335,9 @@ def attach(
         sparsity_threshold, top_k, token_groups: as :class:`~attnlab.inspect.HeadStatistics`.
 
     Yields:
-        :class:`AttachedModel`.
+        :class:`AttachedModel`: the chosen self-attention layers' weights in
+        ``seen.attentions``, the cross-attention ones (``"cross.layer_2"``) in
+        ``seen.cross_attentions``, by attnlab's names.
 
     Example:
         >>> with attach(model, layers=[2]) as seen:

@@ -59,9 +59,39 @@ def compare_models(
                 check_importance_inputs(model, rows)
             except ValueError as error:
                 raise ValueError(f"model {label} ({name}): {error}") from None
+    _check_comparable(model_a, tokenizer_a, model_b, tokenizer_b, rows, names, options.get("max_length", 128))
     a = analyze_rows(model_a, tokenizer_a, rows, **options)
     b = analyze_rows(model_b, tokenizer_b, rows, **options)
     return Comparison(compare_statistics(a, b, names=names), a, b)
+
+
+def _check_comparable(model_a: nn.Module, tokenizer_a: Any, model_b: nn.Module, tokenizer_b: Any,
+                      rows: Sequence[tuple[str, Optional[int]]], names: tuple[str, str], max_length: int) -> None:
+    """Head k of A is compared with head k of B, which means something for a model and its
+    fine-tuned or pruned copy only: refuse models whose layers, heads or tokenizers differ
+    (found on the first text, before the data set is analysed)."""
+    if not rows:
+        return
+    shapes = [analyze_rows(model, tokenizer, rows[:1], batch_size=1, max_length=max_length)
+              for model, tokenizer in ((model_a, tokenizer_a), (model_b, tokenizer_b))]
+    a, b = ((statistics.layers, statistics.num_heads) for statistics in shapes)
+    if a != b:
+        def shape(layers: list, heads: Any) -> str:
+            heads = list(heads) if isinstance(heads, (list, tuple)) else [heads] * len(layers)
+            each = f"{heads[0]} heads each" if len(set(heads)) == 1 else f"{heads} heads"
+            return f"{len(layers)} attention layers of {each}"
+
+        raise ValueError(
+            f"{names[0]} has {shape(*a)}, {names[1]} {shape(*b)}: "
+            f"compare pairs each head with the same head of the other model, so both must have the same shape "
+            f"(a model and its fine-tuned copy); analyze each with attnlab analyze instead")
+    text = rows[0][0]
+    tokens_a, tokens_b = (tokenizer.encode(text).ids for tokenizer in (tokenizer_a, tokenizer_b))
+    if tokens_a != tokens_b:
+        raise ValueError(
+            f"{names[0]} and {names[1]} tokenize the texts differently ({len(tokens_a)} and {len(tokens_b)} tokens "
+            f"for the first): their heads see different positions and cannot be paired; compare a model with its "
+            f"fine-tuned copy, or analyze each with attnlab analyze")
 
 
 def write_comparison(comparison: Comparison, out: Union[str, Path], *, data_name: str = "data") -> list[Path]:

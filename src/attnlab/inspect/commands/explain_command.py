@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--foil", default=None,
                         help="with --prompt: a token to contrast with: explain log p(target) - log p(foil)")
-    parser.add_argument("--steps", type=int, default=50, help="integrated gradients' quadrature points")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="integrated gradients' quadrature points (default: 50, doubled up to 400 until the "
+                             "scores add up to the objective's change within 5%%)")
     parser.add_argument(
         "--max-length",
         type=int,
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if len(given) != 1:
         raise ValueError("give --text (a text to classify), --prompt (a decoder's prompt to continue) or --image "
                          f"(a picture for an image classifier), one of them ({' and '.join(given) or 'none'} given)")
-    if not 1 <= args.steps <= MAX_STEPS:
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
                          f"50-300 is usual), got {args.steps}")
     if args.prompt is not None:
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
     )
     print(f"{len(explanation.tokens)} tokens; {explanation.describe_target()}")
+    _completeness_line(explanation.integrated_gradients_steps, explanation.integrated_gradients_gap)
     for path in write_explanation(explanation, args.out, model_name=args.model):
         print(f"wrote {path}")
     return 0
@@ -145,6 +148,7 @@ def _run_generation(args: argparse.Namespace) -> int:
                "max_new_tokens": "--max-new-tokens"},
     )
     for explanation in explanations:
+        _completeness_line(explanation.integrated_gradients_steps, explanation.integrated_gradients_gap)
         print(f"prompt {explanation.prompt!r}: explained {''.join(explanation.generated)!r} "
               f"({explanation.objective_name}: {', '.join(f'{v:.3f}' for v in explanation.objective)})")
         for name, rows in explanation.scores.items():
@@ -158,6 +162,19 @@ def _run_generation(args: argparse.Namespace) -> int:
     for path in write_generation_explanations(explanations, args.out, model_name=args.model):
         print(f"wrote {path}")
     return 0
+
+
+def _completeness_line(steps, gap) -> None:
+    """Say how far integrated gradients' scores add up to the objective's change."""
+    from ..compute.integrated_gradients_steps import COMPLETENESS_TOLERANCE
+
+    if steps is None:
+        return
+    line = f"integrated gradients: {steps} steps, completeness gap {gap:.1%} of the objective's change"
+    if gap > COMPLETENESS_TOLERANCE:
+        line = (f"note: {line}, over {COMPLETENESS_TOLERANCE:.0%}: its scores are approximate "
+                f"(more --steps, up to 1000, narrow the gap)")
+    print(line)
 
 
 def _run_image(args: argparse.Namespace) -> int:

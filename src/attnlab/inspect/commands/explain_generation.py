@@ -24,6 +24,7 @@ from torch import nn
 from ..._files import write_json
 from ..compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS, attribute_generation,
                                               check_generation_methods)
+from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
 from ..compute.logit_lens import logit_lens
 from ..draw.generation_explanation import (generation_explanation_fragment, plot_generation_attribution,
                                            render_generation_explanation)
@@ -52,6 +53,8 @@ class GenerationExplanation:
         lens: the logit lens at each predicting position (see
             :func:`~attnlab.inspect.draw.generation_explanation.render_generation_explanation`).
         integrated_gradients_delta: ``[G]`` completeness error, when integrated gradients ran.
+        integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its largest
+            completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
     """
 
     prompt: str
@@ -64,6 +67,8 @@ class GenerationExplanation:
     foil: Optional[str] = None
     lens: Optional[dict[str, Any]] = None
     integrated_gradients_delta: Optional[list[float]] = None
+    integrated_gradients_steps: Optional[int] = None
+    integrated_gradients_gap: Optional[float] = None
 
     @property
     def generated(self) -> list[str]:
@@ -78,7 +83,9 @@ class GenerationExplanation:
             "foil": self.foil, "methods": list(self.scores),
             "scores": {name: [row[: P + g] for g, row in enumerate(rows)] for name, rows in self.scores.items()},
             "attention_only_methods": [name for name in self.scores if name in ATTENTION_ONLY_METHODS],
-            "integrated_gradients_delta": self.integrated_gradients_delta, "logit_lens": self.lens,
+            "integrated_gradients_delta": self.integrated_gradients_delta,
+            "integrated_gradients_steps": self.integrated_gradients_steps,
+            "integrated_gradients_completeness_gap": self.integrated_gradients_gap, "logit_lens": self.lens,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -175,7 +182,7 @@ def explain_generation(
     max_new_tokens: int = 8,
     target: Optional[str] = None,
     foil: Optional[str] = None,
-    steps: int = 50,
+    steps: Optional[int] = None,
     neutral_id: Optional[int] = None,
     lens: bool = True,
     names: Optional[dict[str, str]] = None,
@@ -193,7 +200,8 @@ def explain_generation(
         target: one token explained after the prompt (with ``foil``: "why target and not foil");
             default the model's own next token.
         foil: one token to contrast with.
-        steps: integrated gradients' quadrature points.
+        steps: integrated gradients' quadrature points; default: from 50, doubled until the
+            completeness gap is under 5 % (:func:`~attnlab.inspect.compute.integrated_gradients_steps.until_complete`).
         neutral_id: occlusion's replacement and integrated gradients' baseline token (default
             :func:`neutral_token_id`).
         lens: also read the logit lens at the predicting positions.
@@ -250,7 +258,17 @@ def explain_generation(
         full = torch.tensor([ids + new])
         P = len(ids)
         foils = None if foil_id is None else torch.full((len(new),), foil_id)
-        found = attribute_generation(model, full, P, methods, foil_ids=foils, neutral_id=neutral, steps=steps)
+        first = AUTO_STEPS[0] if steps is None else steps
+        found = attribute_generation(model, full, P, methods, foil_ids=foils, neutral_id=neutral, steps=first)
+        integrated = None
+        if found.delta is not None:
+            def run(points: int, found=found, full=full, P=P, foils=foils) -> tuple:
+                again = found if points == first else attribute_generation(
+                    model, full, P, [IG], foil_ids=foils, neutral_id=neutral, steps=points)
+                return again, again.scores[IG], again.delta
+
+            integrated, used, gap = until_complete(run, steps)
+            found.scores[IG], found.delta = integrated.scores[IG], integrated.delta
         explanation = GenerationExplanation(
             prompt, _token_texts(tokenizer, ids + new), ids + new, P,
             {name: [[round(float(v), 6) for v in row] for row in found.scores[name].tolist()] for name in methods},
@@ -258,8 +276,9 @@ def explain_generation(
             "log p(target) - log p(foil)" if foil_id is not None else "log p(token)",
             None if foil_id is None else tokenizer.decode([foil_id], skip_special_tokens=False),
         )
-        if found.delta is not None:
+        if integrated is not None:
             explanation.integrated_gradients_delta = [float(v) for v in found.delta]
+            explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = used, gap
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
         results.append(explanation)

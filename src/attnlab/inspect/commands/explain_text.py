@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from ..._files import write_json
-from ..compute.attribution_target import is_causal_model
+from ..compute.attribution_target import is_causal_model, logits_of
+from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
 from ..compute.token_attribution import METHODS, attribute_tokens, check_methods
 from ..draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..draw.plots import save_figure
@@ -38,6 +39,8 @@ class Explanation:
         target_name: its label name, when the model has them.
         probabilities: the model's class probabilities, when it has logits.
         integrated_gradients_delta: completeness error of integrated gradients, when run.
+        integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its
+            completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
@@ -50,6 +53,8 @@ class Explanation:
     target_name: Optional[str] = None
     probabilities: Optional[list[float]] = None
     integrated_gradients_delta: Optional[float] = None
+    integrated_gradients_steps: Optional[int] = None
+    integrated_gradients_gap: Optional[float] = None
     explained_position: str = "pooled position"
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +68,8 @@ class Explanation:
             "methods": list(self.scores),
             "scores": self.scores,
             "integrated_gradients_delta": self.integrated_gradients_delta,
+            "integrated_gradients_steps": self.integrated_gradients_steps,
+            "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
             "explained_position": self.explained_position,
         }
 
@@ -99,7 +106,7 @@ def explain(
     *,
     target: Optional[Union[int, str]] = None,
     max_length: int = 512,
-    steps: int = 50,
+    steps: Optional[int] = None,
 ) -> Explanation:
     """Score every token of ``text`` with each method, for the predicted (or given) class.
 
@@ -110,7 +117,8 @@ def explain(
         methods: names among :data:`~attnlab.inspect.compute.token_attribution.METHODS`.
         target: class index or label name; default the predicted class.
         max_length: tokens kept from the text.
-        steps: integrated gradients' quadrature points.
+        steps: integrated gradients' quadrature points; default: from 50, doubled until the
+            completeness gap is under 5 % (:func:`~attnlab.inspect.compute.integrated_gradients_steps.until_complete`).
 
     Example:
         >>> model, tokenizer, _ = attnlab.load("runs/demo")
@@ -121,17 +129,30 @@ def explain(
     encoder = getattr(model, "encoder", model)
     pad_id = getattr(getattr(encoder, "config", None), "pad_id", None)
     baseline = baseline_for(input_ids, tokenizer, 0 if pad_id is None else pad_id)
-    result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=baseline, steps=steps)
+    first = AUTO_STEPS[0] if steps is None else steps
+    result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=baseline, steps=first)
     explanation = Explanation(text, tokens, {name: result.scores[name][0].tolist() for name in methods})
+    if result.delta is not None:
+        def run(points: int) -> tuple:
+            found = result if points == first else attribute_tokens(
+                model, input_ids, [IG], target=int(result.target[0]), baseline_ids=baseline, steps=points)
+            return found, found.scores[IG], found.delta
+
+        integrated, explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = until_complete(
+            run, steps)
+        explanation.scores[IG] = integrated.scores[IG][0].tolist()
+        explanation.integrated_gradients_delta = float(integrated.delta[0])
     if is_causal_model(model):  # row 0 of a causal model sees only itself: read the last token's row
         explanation.explained_position = f"last token, {tokens[-1]!r}, which predicts the next token"
     if result.target is not None:
         explanation.target = int(result.target[0])
         names = getattr(model, "label_names", None)
         explanation.target_name = names[explanation.target] if names else None
-        explanation.probabilities = torch.softmax(result.logits[0].float(), -1).tolist()
-    if result.delta is not None:
-        explanation.integrated_gradients_delta = float(result.delta[0])
+        logits = result.logits
+        if logits is None:  # integrated gradients alone runs no plain forward
+            with torch.no_grad():
+                logits = logits_of(model(input_ids))
+        explanation.probabilities = torch.softmax(logits[0].float(), -1).tolist()
     return explanation
 
 

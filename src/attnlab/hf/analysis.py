@@ -6,6 +6,11 @@ What :class:`~attnlab.inspect.AttentionAnalyzer` gives attnlab's models, compute
 :func:`~attnlab.hf.attach` in statistics mode: each layer's weights are reduced to the
 statistics block by block of query rows as the layer runs, so a long input on a large
 model never holds one layer's ``[B, H, T, S]``, let alone every layer's.
+
+An encoder-decoder (T5, BART, Marian) reads each text as its source *and* as its target:
+the decoder gets the text shifted right after its start token (teacher forcing, as BART
+does by itself when given no decoder input), so the ``decoder.`` and ``cross.`` statistics
+describe the model reconstructing the text; :data:`DECODER_INPUT` says so in the settings.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from torch import nn
 from ..inspect.compute.analyzer import AttentionStatistics
 from ..inspect.compute.batches import as_analysis_batch
 from .backend import attach
+from .seq2seq import decoder_start
 
-__all__ = ["analyze_transformers"]
+__all__ = ["DECODER_INPUT", "analyze_transformers"]
+
+DECODER_INPUT = ("each text itself, shifted right after the decoder start token (teacher forcing): the decoder "
+                 "and cross statistics describe the model reading the text as its own target")
 
 
 def analyze_transformers(
@@ -45,6 +54,7 @@ def analyze_transformers(
         :class:`~attnlab.inspect.AttentionStatistics` (no rollout: it needs every map).
     """
     hf_model = getattr(model, "model", model)
+    start = decoder_start(hf_model) if getattr(hf_model.config, "is_encoder_decoder", False) else None
     examples = tokens = 0
     with torch.no_grad(), attach(
         hf_model, layers="all", statistics=True, head_mask=head_mask, sparsity_threshold=sparsity_threshold,
@@ -52,7 +62,13 @@ def analyze_transformers(
     ) as seen:
         for batch in dataloader:
             normalised = as_analysis_batch(batch, pad_id)
-            hf_model(input_ids=normalised.input_ids, attention_mask=normalised.mask.long())
+            mask = normalised.mask.long()
+            decoder = {}
+            if start is not None:  # the text as its own target, shifted right
+                ids = normalised.input_ids
+                decoder = {"decoder_input_ids": torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], 1),
+                           "decoder_attention_mask": torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], 1)}
+            hf_model(input_ids=normalised.input_ids, attention_mask=mask, **decoder)
             examples += normalised.input_ids.shape[0]
             tokens += int(normalised.mask.sum())
     if examples == 0:
@@ -75,5 +91,6 @@ def analyze_transformers(
             "token_groups": {name: sorted(map(int, ids)) for name, ids in (token_groups or {}).items()},
             "path": "transformers, statistics computed block by block inside attnlab's attention function",
             "head_mask": {name: list(heads) for name, heads in (head_mask or {}).items()} or None,
+            **({"decoder_input": DECODER_INPUT} if start is not None else {}),
         },
     )

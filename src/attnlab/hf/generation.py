@@ -13,6 +13,7 @@ report, ``attention_maps()`` and the causal statistics take it as they take attn
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -73,8 +74,10 @@ def generate(
         if sequences.shape[1] > T:  # the last generated token's own row: one more cached step
             cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
             positions = (full_mask.cumsum(-1) - 1).clamp_min(0)[:, -1:]  # as generate numbers left-padded rows
+            # transformers names the cache argument `cache` from 5.24 on, `past_key_values` before
+            keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
             last = model(input_ids=sequences[:, -1:], attention_mask=full_mask, position_ids=positions,
-                         cache=cache, use_cache=True, output_attentions=True)
+                         use_cache=True, output_attentions=True, **{keyword: cache})
             passes.append(last.attentions)
         steps = [LayerAttentions([_at_key_positions(weights, T + index) for weights in step])
                  for index, step in enumerate(passes)]

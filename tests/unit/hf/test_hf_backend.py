@@ -431,3 +431,31 @@ def test_generate_puts_a_sliding_windows_weights_at_their_key_positions(tmp_path
     assert main(["generate", "--model", str(tmp_path / "gemma3"), "--prompt", prompt, "--max-new-tokens", "4",
                  "--report", str(tmp_path / "generated")]) == 0
     assert (tmp_path / "generated" / "generation.html").is_file()
+
+
+def test_an_encoder_decoders_statistics_read_the_text_as_its_own_target():
+    """T5 could not be analysed (no decoder input: transformers' error); BART could, on a
+    decoder input nobody named. Both now get the text shifted right after the start token,
+    and say so: the decoder's and cross-attention's statistics equal eager's on that input."""
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+        pad_token_id=0, decoder_start_token_id=0)).eval()
+    ids = torch.randint(1, 100, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    batches = [{"input_ids": ids, "attention_mask": mask}]
+    from attnlab.hf.analysis import analyze_transformers
+
+    statistics = analyze_transformers(t5, batches)
+    assert statistics.settings["decoder_input"].startswith("each text itself, shifted right")
+    shifted = torch.cat([torch.zeros_like(ids[:, :1]), ids[:, :-1]], 1)
+    shifted_mask = torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], 1)
+    eager = _eager(t5, input_ids=ids, attention_mask=mask, decoder_input_ids=shifted,
+                   decoder_attention_mask=shifted_mask)
+    expected = HeadStatistics()
+    for index, weights in enumerate(eager.decoder_attentions):
+        expected.update(f"decoder.layer_{index + 1}", weights, shifted_mask.bool(), shifted_mask.bool())
+    for index, weights in enumerate(eager.cross_attentions):
+        expected.update(f"cross.layer_{index + 1}", weights, shifted_mask.bool(), mask.bool())
+    for layer, values in expected.means().items():
+        assert statistics.statistics["entropy"][layer] == pytest.approx(values["entropy"], abs=1e-5), layer

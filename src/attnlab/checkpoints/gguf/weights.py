@@ -34,8 +34,11 @@ _LAYER_NAMES = {
 def _reader(path: Union[str, Path]):
     try:
         from gguf import GGUFReader
-    except ImportError:
-        raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from None
+    except ImportError as error:
+        if getattr(error, "name", None) not in (None, "gguf"):  # gguf is there, but what it imports is not
+            raise ImportError(f"the installed gguf package cannot be imported ({error}); attnlab reads GGUF files "
+                              f"with gguf 0.17.1 or newer: pip install 'attnlab[gguf]'") from None
+        raise ImportError("reading GGUF files needs the gguf package: pip install 'attnlab[gguf]'") from None
     return GGUFReader(str(path))
 
 

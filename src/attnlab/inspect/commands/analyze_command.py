@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = analysis.statistics
     print(f"{stats.examples} texts, {stats.tokens} tokens, {len(stats.layers)} layers")
+    if "decoder_input" in stats.settings:
+        print(f"note: an encoder-decoder: its decoder read {stats.settings['decoder_input']}")
     print(f"statistics: {analysis.json}")
     print(f"plots: {analysis.json.parent / 'plots'}")
     print(f"summary: {analysis.summary}")

@@ -50,6 +50,15 @@ def dirs(tmp_path_factory) -> Path:
                                    eos_token_id=2, decoder_start_token_id=1)
     transformers.BartForConditionalGeneration(bart).save_pretrained(root / "bart")
     _tokenizer(root / "bart", 40)
+    whisper = transformers.WhisperConfig(vocab_size=40, d_model=32, encoder_layers=1, decoder_layers=1,
+                                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                         decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=4,
+                                         max_target_positions=16, pad_token_id=0, decoder_start_token_id=1)
+    transformers.WhisperForConditionalGeneration(whisper).save_pretrained(root / "whisper")
+    _tokenizer(root / "whisper", 40)
+    vit = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=4, intermediate_size=64, num_labels=2)
+    transformers.ViTForImageClassification(vit).save_pretrained(root / "vit")
     return root
 
 
@@ -83,6 +92,13 @@ def _one_line_error(argv: list, capsys) -> str:
     (["generate", "--model", "{truncated}", "--prompt", "w1", "--max-new-tokens", "1"], "damaged or truncated"),
     (["inspect", "--model", "{mismatched}", "--text", "w1", "--out", "{out}"],
      "config.json makes it [32, 48]: the config and the weights come from different models"),
+    # a speech model given text: a traceback (no input_features) or transformers' own words
+    (["analyze", "--model", "{whisper}", "--data", "{texts}", "--out", "{out}"], "is a speech model"),
+    (["generate", "--model", "{whisper}", "--prompt", "w1 w2"], "--audio CLIP.wav draws its attention"),
+    (["align", "--model", "{whisper}", "--pairs", "{pairs}", "--out", "{out}"], "is a speech model"),
+    # an image model given text: 'no tokenizer.json'
+    (["inspect", "--model", "{vit}", "--text", "w1", "--out", "{out}"], "is an image model"),
+    (["heads", "--model", "{vit}", "--out", "{out}"], "give --image (inspect, explain) or --images (analyze)"),
     # compare paired head k of one model with head k of any other, whatever their shapes and tokens
     (["compare", "--model", "{qwen3}", "--model", "minilm", "--data", "{texts}", "--out", "{out}"],
      "2 attention layers of 4 heads each, minilm 6 attention layers of 12 heads each"),
@@ -92,6 +108,7 @@ def _one_line_error(argv: list, capsys) -> str:
 def test_kinds_a_command_does_not_take_and_damaged_directories_get_one_line(dirs, tmp_path, capsys, argv,
                                                                             expected):
     (dirs / "texts.txt").write_text("w1 w2 w3\nw4 w5 w6 w7\n")
+    (dirs / "pairs.txt").write_text("w1 w2 w3 ||| w4 w5\n")
     names = {path.stem: str(path) for path in dirs.iterdir()}
     argv = [part.format(out=tmp_path / "out", **names) for part in argv]
     line = _one_line_error(argv, capsys)

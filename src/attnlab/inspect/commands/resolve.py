@@ -106,10 +106,32 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     return ResolvedModel(loaded.model, loaded.tokenizer, spec, source, dtype)
 
 
+def _refuse_other_modalities(spec: str) -> None:
+    """One line for a speech or image model given to a command that reads text (transformers'
+    own error, or a traceback, came instead): which option reads what the model takes."""
+    import json
+
+    try:
+        config = json.loads((Path(spec) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        return
+    name = (config.get("architectures") or [config.get("model_type", "model")])[0]
+    if "num_mel_bins" in config:
+        raise ValueError(f"{spec} is a speech model ({name}): its encoder reads audio, not text; "
+                         f"attnlab inspect --model {spec} --audio CLIP.wav draws its attention")
+    text = "vocab_size" in config or "text_config" in config
+    if not text and ("patch_size" in config or "image_size" in config):
+        raise ValueError(f"{spec} is an image model ({name}): it reads pictures, not text; give --image "
+                         f"(inspect, explain) or --images (analyze)")
+
+
 def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
     from ...hf.opening import open_transformers
     from ...checkpoints.encoders.loading import load_tokenizer
 
+    _refuse_other_modalities(spec)
     try:
         tokenizer = load_tokenizer(spec)
     except FileNotFoundError:

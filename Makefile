@@ -14,7 +14,7 @@ UV_VERSION := 0.13.9
 # torch first: this pin takes the CPU build that lies on the machine.
 TORCH := torch==2.13.0
 
-.PHONY: demo test bench lock test-oldest test-latest clean
+.PHONY: demo test bench lock test-oldest test-latest census clean
 
 # $(call venv,DIR): a virtual environment with the pinned pip and torch.
 define venv
@@ -69,6 +69,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/attention.py $(BENCH_ARGS)
 	$(PY) benchmarks/analyze.py
 	$(PY) benchmarks/generate.py
+
+# Every architecture the installed transformers provides, tried under attnlab's attention:
+# docs/hf_backend_architectures.md (a few minutes).
+census: $(STAMP)
+	$(PY) -m attnlab.hf.census --out docs/hf_backend_architectures.md
 
 # Remakes the lock files: the newest versions that pyproject.toml and requirements/*.in allow,
 # with every file's hash. Commit them; every other target installs exactly what they say.

@@ -23,6 +23,8 @@ rule everywhere; transformers' eager spreads it uniformly over masked keys).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Any, Callable, Optional
 
@@ -237,6 +239,22 @@ def _in_place_causal_softmax() -> Optional[Callable[[Tensor, int], Tensor]]:
     return _native.build(_CAUSAL_SOFTMAX).causal_softmax_
 
 
+@functools.cache
+def _builds_causal_masks(attention_class: type) -> bool:
+    """Whether the model of an attention class that sets no ``is_causal`` is causal, read from
+    its modeling file: one that builds only bidirectional masks is not.
+
+    transformers' sdpa takes such a module as causal, and where the mask builder leaves out an
+    all-ones mask (a batch without padding) Splinter's, ALIGN's and CLAP's text encoders then
+    attended causally: their outputs and weights differed from eager's (found by the census).
+    """
+    try:
+        source = inspect.getsource(inspect.getmodule(attention_class))
+    except (OSError, TypeError):
+        return True
+    return not ("create_bidirectional_mask" in source and "create_causal_mask" not in source)
+
+
 def _fused(module, query, key, value, attention_mask, dropout, scaling, is_causal, position_bias) -> Tensor:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -282,8 +300,11 @@ def attnlab_attention_forward(
         asked = asked or route.session.output_attentions_asked
     exact = route.exact(asked) if route is not None else asked
     T = query.shape[2]
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(T > 1 and attention_mask is None and causal)
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", None)
+        if is_causal is None:
+            is_causal = _builds_causal_masks(type(module))
+    causal = bool(T > 1 and attention_mask is None and is_causal)
     if not exact and softcap is None and s_aux is None:
         output = _fused(module, query, key, value, attention_mask, dropout, scaling, is_causal, position_bias)
         weights = None

@@ -1,0 +1,408 @@
+"""Every architecture the installed transformers provides, tried under attnlab's attention.
+
+Dimension letters: ``B`` batch, ``T`` length.
+
+:func:`census` enumerates transformers' model types (``CONFIG_MAPPING``), builds a tiny
+random model of each from its own config class, its sizes shrunk by one rule
+(:func:`shrink`) and random weights of ``initializer_range`` 0.2 so that attention is far
+from uniform, and gives each one verdict:
+
+* ``served``: under :func:`~attnlab.hf.attach` with no layer chosen the outputs equal
+  transformers' ``sdpa`` (``eager`` where the model has no sdpa), every layer's weights under
+  ``attach(layers="all")`` equal ``eager``'s, and every config has its implementation back
+  after the block;
+* ``differs``: served, but a check above failed (a defect: the numbers say which);
+* ``refused``: ``attach`` refuses it, with the one line a user gets;
+* ``not built``: no model to try (no base model class, a sub-config or backbone from
+  elsewhere, an optional package, inputs the census does not make): why.
+
+``python -m attnlab.hf.census --out docs/hf_backend_architectures.md`` (``make census``)
+writes the table, with the versions in its header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import platform
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Verdict", "census", "shrink", "write_table"]
+
+TOLERANCE = 1e-5
+VOCAB, B, T, IMAGE, FRAMES = 99, 2, 8, 32, 16
+
+# The rule: every size a config names is set to the census's small value. Counts of layers
+# and heads, widths, vocabulary, images; names as transformers' configs spell them.
+_SIZES = {
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers", "num_encoder_layers", "depth"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_kv_heads"), 2),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "projection_dim"), 32),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim",
+                     "n_inner", "moe_intermediate_size", "shared_expert_intermediate_size"), 64),
+    **dict.fromkeys(("head_dim", "d_kv", "kv_channels", "qk_nope_head_dim", "v_head_dim"), 8),
+    "qk_rope_head_dim": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
+    "vocab_size": VOCAB, "image_size": IMAGE, "patch_size": 8,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "initializer_range": 0.2, "max_position_embeddings": 64, "embedding_size": 32,
+}
+# Per-architecture overrides, only where the rule cannot work (each says why).
+_OVERRIDES: dict[str, dict[str, Any]] = {}
+# Inputs beyond the main one, where a forward is random without them.
+_EXTRA_INPUTS = {
+    # ViTMAE shuffles and masks patches by a noise it draws at every call unless it is given one
+    "vit_mae": lambda inputs: {"noise": torch.rand(B, (IMAGE // 8) ** 2, generator=torch.Generator().manual_seed(1))},
+}
+
+
+@dataclass
+class Verdict:
+    """One architecture's result.
+
+    Attributes:
+        model_type: transformers' name (``llama``).
+        verdict: ``served``, ``differs``, ``refused`` or ``not built``.
+        model_class: the class tried (``LlamaModel``), when there is one.
+        reason: why it was refused or not built, or which check failed.
+        outputs: largest difference of the outputs against the reference.
+        weights: largest difference of the weights against eager's.
+        layers: attention layers served (attnlab's names).
+        reference: ``sdpa`` or ``eager``.
+        seconds: time spent on it.
+    """
+
+    model_type: str
+    verdict: str
+    model_class: str = ""
+    reason: str = ""
+    outputs: Optional[float] = None
+    weights: Optional[float] = None
+    layers: list[str] = field(default_factory=list)
+    reference: str = ""
+    seconds: float = 0.0
+
+
+def shrink(config: Any, overrides: Optional[dict] = None) -> Any:
+    """Set every size ``config`` (and each of its sub-configs) names to the census's value."""
+    from transformers import PretrainedConfig
+
+    for name, value in {**_SIZES, **(overrides or {})}.items():
+        if name in config.__dict__ and (config.__dict__[name] is None or isinstance(config.__dict__[name], int)
+                                        or name == "initializer_range"):
+            if config.__dict__[name] is not None or name in ("num_key_value_heads", "head_dim"):
+                setattr(config, name, value)
+    for name, value in list(config.__dict__.items()):  # special tokens (Whisper's pad is 50256) in the vocabulary
+        if name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
+            setattr(config, name, _special_token(name))
+        elif name.endswith("_token_id") and isinstance(value, list):
+            setattr(config, name, [v if v < VOCAB else 1 for v in value if isinstance(v, int)])
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = (list(config.layer_types) * 2)[:_layers(config)] or config.layer_types
+    for name, value in list(config.__dict__.items()):
+        if isinstance(value, PretrainedConfig):
+            shrink(value, overrides)
+    return config
+
+
+def _special_token(name: str) -> int:
+    """A special token's id in the shrunk vocabulary: image, video and audio tokens at its end."""
+    for word, place in (("image", VOCAB - 1), ("video", VOCAB - 2), ("audio", VOCAB - 3), ("pad", 0)):
+        if word in name:
+            return place
+    return 1
+
+
+def _layers(config: Any) -> int:
+    return next((getattr(config, name) for name in ("num_hidden_layers", "num_layers", "n_layer")
+                 if isinstance(getattr(config, name, None), int)), 2)
+
+
+def _inputs(model: nn.Module, config: Any) -> dict[str, Tensor]:
+    """Inputs of the model's main kind (token ids, pixels or audio features), ``B = 2``."""
+    generator = torch.Generator().manual_seed(0)
+    main = getattr(model, "main_input_name", "input_ids")
+    text_config = getattr(config, "text_config", None) or config
+    vocab = getattr(text_config, "vocab_size", None) or VOCAB
+    inputs: dict[str, Tensor] = {}
+    if main == "input_ids":
+        inputs["input_ids"] = torch.randint(3, max(vocab, 4), (B, T), generator=generator)
+        inputs["attention_mask"] = torch.ones(B, T, dtype=torch.long)
+    elif main == "pixel_values":
+        vision = getattr(config, "vision_config", None) or config
+        channels = getattr(vision, "num_channels", 3)
+        size = getattr(vision, "image_size", IMAGE)
+        size = size if isinstance(size, int) else IMAGE
+        inputs["pixel_values"] = torch.randn(B, channels, size, size, generator=generator)
+    elif main == "input_values":  # raw audio (wav2vec 2.0, HuBERT): a tenth of a second at 16 kHz
+        inputs["input_values"] = torch.randn(B, 1600, generator=generator)
+    elif main == "input_features" and hasattr(config, "num_mel_bins"):
+        frames = 2 * getattr(config, "max_source_positions", FRAMES // 2)
+        inputs["input_features"] = torch.randn(B, config.num_mel_bins, frames, generator=generator)
+    else:
+        raise _NotBuilt(f"its main input {main!r} is not one the census makes (token ids, pixels, audio features)")
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(3, max(vocab, 4), (B, T // 2), generator=generator)
+    vision = getattr(config, "vision_config", None)
+    if main == "input_ids" and vision is not None:
+        size = getattr(vision, "image_size", IMAGE)
+        size = size if isinstance(size, int) else IMAGE
+        pixels = torch.randn(B, getattr(vision, "num_channels", 3), size, size, generator=generator)
+        image_token = next((getattr(config, name) for name in ("image_token_id", "image_token_index")
+                            if isinstance(getattr(config, name, None), int)), None)
+        if image_token is not None:  # a vision-language model: as many image tokens as image features
+            inputs.update(_image_tokens(model, pixels, image_token, inputs["input_ids"], vocab))
+        else:  # two towers (CLIP, SigLIP): a text and its image
+            inputs["pixel_values"] = pixels
+    return inputs
+
+
+class _NotBuilt(Exception):
+    pass
+
+
+def _image_tokens(model: nn.Module, pixels: Tensor, image_token: int, text: Tensor, vocab: int) -> dict:
+    """A LLaVA-style model's inputs: each text after as many image tokens as its image has
+    features (what ``get_image_features`` returns), and the pixels."""
+    if image_token >= vocab:
+        raise _NotBuilt(f"its image token {image_token} lies past the shrunk vocabulary of {vocab}")
+    try:
+        with torch.no_grad():
+            features = model.get_image_features(pixel_values=pixels)
+    except Exception as error:  # noqa: BLE001  a tower that needs more than pixels
+        raise _NotBuilt(f"a vision-language model whose image features need more than pixels "
+                        f"({type(error).__name__}: {_first_line(error)})") from None
+    features = getattr(features, "pooler_output", features)
+    if isinstance(features, (tuple, list)):
+        count = sum(int(part.shape[-2]) if part.dim() > 1 else 1 for part in features) // B
+    elif isinstance(features, Tensor):
+        count = int(features.shape[-2]) if features.dim() == 3 else int(features.shape[0]) // B
+    else:
+        raise _NotBuilt("a vision-language model whose image features the census cannot count")
+    text = torch.randint(3, VOCAB - 3, text.shape, generator=torch.Generator().manual_seed(0))  # no special id
+    ids = torch.cat([torch.full((B, count), image_token), text], dim=1)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
+
+
+def _floating(output: Any) -> list[Tensor]:
+    """Every floating tensor of an output (attentions left out), in a fixed order."""
+    found = []
+    values = output.values() if hasattr(output, "values") else output if isinstance(output, (tuple, list)) else [output]
+    for key, value in zip(output.keys(), values) if hasattr(output, "keys") else enumerate(values):
+        if isinstance(key, str) and "attention" in key:
+            continue
+        if isinstance(value, Tensor) and value.is_floating_point():
+            found.append(value)
+        elif isinstance(value, (tuple, list)) or hasattr(value, "keys"):
+            found.extend(_floating(value))
+    return found
+
+
+def _weights(output: Any, prefix: str = "") -> dict[str, tuple]:
+    """The output's tuples of attention weights, by field (a tower's output's too:
+    ``text_model_output.attentions``)."""
+    found = {}
+    for key, value in output.items():
+        if "attentions" in key and isinstance(value, tuple):
+            found[prefix + key] = value
+        elif hasattr(value, "items") and not isinstance(value, Tensor):
+            found.update(_weights(value, f"{prefix}{key}."))
+    return found
+
+
+def _largest(pairs: Iterable[tuple[Tensor, Tensor]]) -> float:
+    worst = 0.0
+    for got, want in pairs:
+        if got.shape != want.shape:
+            return math.inf
+        difference = (got.double() - want.double()).abs()
+        worst = max(worst, float(torch.nan_to_num(difference, nan=math.inf).max()) if difference.numel() else 0.0)
+    return worst
+
+
+def _run(model: nn.Module, inputs: dict, **options: Any) -> Any:
+    with torch.no_grad():
+        return model(**inputs, **options)
+
+
+def _try(model_type: str) -> Verdict:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    from .backend import attach, _configs_of
+    from ._kernel import UnsupportedAttention
+    from ._sites import attention_sites
+
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if isinstance(name, (tuple, list)):
+        name = name[0]
+    if name is None:  # a tower's own config (blip_text_model): the class its config's name gives
+        name = CONFIG_MAPPING[model_type].__name__.replace("Config", "Model")
+    model_class = getattr(transformers, name, None) if name else None
+    if model_class is None:
+        return Verdict(model_type, "not built", reason=f"transformers has no base model class for it ({name} "
+                       f"is not one of its names)")
+    verdict = Verdict(model_type, "not built", model_class=model_class.__name__)
+    try:
+        config = shrink(CONFIG_MAPPING[model_type](), _OVERRIDES.get(model_type))
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+        inputs = _inputs(model, config)
+        inputs.update(_EXTRA_INPUTS.get(model_type, lambda _: {})(inputs))
+    except _NotBuilt as why:
+        verdict.reason = str(why)
+        return verdict
+    except Exception as error:  # noqa: BLE001  any failure to build is this architecture's verdict
+        verdict.reason = f"building it failed: {type(error).__name__}: {_first_line(error)}"
+        return verdict
+    try:
+        sites = attention_sites(model)
+        with attach(model):
+            pass
+    except ValueError as refusal:
+        verdict.verdict, verdict.reason = "refused", _first_line(refusal)
+        return verdict
+    verdict.layers = [site.name for site in sites]
+    reference = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    verdict.reference = reference
+    try:
+        model.set_attn_implementation(reference)
+        want = _run(model, inputs)
+        before = [(config, config._attn_implementation) for config in _configs_of(model)]
+        with attach(model):
+            got = _run(model, inputs)
+        restored = [(config, config._attn_implementation) for config in _configs_of(model)] == before
+        model.set_attn_implementation("eager")
+        eager = _run(model, inputs, output_attentions=True)
+        with attach(model, layers="all"):
+            seen = _run(model, inputs, output_attentions=True)
+    except UnsupportedAttention as refusal:  # found at the call: a module run twice, an argument not served
+        verdict.verdict, verdict.reason = "refused", _first_line(refusal)
+        return verdict
+    except Exception as error:  # noqa: BLE001  a forward that fails is this architecture's verdict
+        verdict.reason = f"its forward failed: {type(error).__name__}: {_first_line(error)}"
+        return verdict
+    verdict.outputs = _largest(zip(_floating(got), _floating(want)))
+    if len(_floating(got)) != len(_floating(want)):
+        verdict.outputs = math.inf
+    ours, theirs = _weights(seen), _weights(eager)
+    pairs = [(a, b) for key in theirs for a, b in zip(ours.get(key, ()), theirs[key])
+             if isinstance(a, Tensor) and isinstance(b, Tensor)]
+    verdict.weights = _largest(pairs) if pairs else None
+    problems = []
+    if verdict.outputs > TOLERANCE:
+        problems.append(f"outputs differ from {reference}'s by {verdict.outputs:.2g}")
+    if verdict.weights is None:
+        problems.append("no weights came back with output_attentions=True")
+    elif verdict.weights > TOLERANCE:
+        problems.append(f"weights differ from eager's by {verdict.weights:.2g}")
+    if not restored:
+        problems.append("a config kept attnlab's implementation after the block")
+    verdict.verdict = "differs" if problems else "served"
+    verdict.reason = "; ".join(problems)
+    return verdict
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:200]
+
+
+def census(model_types: Optional[Iterable[str]] = None, *, progress: bool = False) -> list[Verdict]:
+    """One :class:`Verdict` per model type of the installed transformers (or of ``model_types``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.utils import logging as transformers_logging
+
+    names = sorted(CONFIG_MAPPING_NAMES) if model_types is None else list(model_types)
+    unknown = [name for name in names if name not in CONFIG_MAPPING_NAMES]
+    if unknown:
+        raise ValueError(f"unknown model type {unknown[0]!r}: transformers knows {len(CONFIG_MAPPING_NAMES)} "
+                         f"(transformers.models.auto.CONFIG_MAPPING_NAMES)")
+    verdicts = []
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        for index, name in enumerate(names):
+            start = time.perf_counter()
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                verdict = _try(name)
+            verdict.seconds = time.perf_counter() - start
+            verdicts.append(verdict)
+            if progress:
+                print(f"[{index + 1}/{len(names)}] {name}: {verdict.verdict} {verdict.reason[:100]}",
+                      file=sys.stderr, flush=True)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    return verdicts
+
+
+def _figure(value: Optional[float]) -> str:
+    if value is None:
+        return "—"
+    return "0" if value == 0 else f"{value:.1e}"
+
+
+def write_table(verdicts: list[Verdict], path: Path) -> None:
+    """``docs/hf_backend_architectures.md``: the counts, then one row per architecture."""
+    import transformers
+
+    counts = {kind: sum(v.verdict == kind for v in verdicts) for kind in ("served", "differs", "refused", "not built")}
+    lines = [
+        "# attnlab.hf on every architecture transformers provides",
+        "",
+        f"Written by `make census` (`python -m attnlab.hf.census`); do not edit by hand. transformers "
+        f"{transformers.__version__}, torch {torch.__version__}, Python {platform.python_version()}, CPU, float32.",
+        "",
+        f"Of {len(verdicts)} model types: **{counts['served']} served** at parity, {counts['differs']} served "
+        f"but differing (defects), {counts['refused']} refused, {counts['not built']} not built.",
+        "",
+        "Each is a tiny random model built from its own config class (every size shrunk by one rule: 2 layers, "
+        "4 heads, 2 key-value heads, width 32, vocabulary 99, 32x32 images; `initializer_range` 0.2), run on "
+        f"{B} sequences of {T} tokens (or images, or audio features). *served*: outputs under `attach(model)` "
+        f"equal the reference's (`sdpa`, or `eager` where transformers has no sdpa), every layer's weights under "
+        f"`attach(model, layers=\"all\")` equal `eager`'s (tolerance {TOLERANCE:g}), and every config has its "
+        "implementation back after the block. *refused*: `attach`'s one line. *not built*: why there was no "
+        "model to try. The hand-picked cases of `tests/parity/test_hf_backend_parity.py` check head masks and "
+        "padded batches besides.",
+        "",
+        "| model type | class | verdict | outputs | weights | attention layers | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for verdict in verdicts:
+        layers = f"{len(verdict.layers)}" if verdict.layers else ""
+        reason = verdict.reason.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {verdict.model_type} | `{verdict.model_class}` | {verdict.verdict} | "
+                     f"{_figure(verdict.outputs)} | {_figure(verdict.weights)} | {layers} | {reason} |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnlab.hf.census", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
+    parser.add_argument("--only", nargs="+", default=None, help="these model types only (e.g. llama bert)")
+    args = parser.parse_args(argv)
+    verdicts = census(args.only, progress=True)
+    counts = {kind: sum(v.verdict == kind for v in verdicts) for kind in ("served", "differs", "refused", "not built")}
+    print(", ".join(f"{count} {kind}" for kind, count in counts.items()))
+    if args.out is not None:
+        write_table(verdicts, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

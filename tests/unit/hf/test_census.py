@@ -1,0 +1,63 @@
+"""The census: one verdict per architecture, from the installed transformers."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the census needs the hf extra")
+
+from attnlab.hf import _kernel  # noqa: E402
+from attnlab.hf.census import census, write_table  # noqa: E402
+
+
+def _routes(model_type: str) -> bool:
+    """Whether the installed transformers' modeling source of ``model_type`` uses the registry."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    module = inspect.getmodule(getattr(transformers, MODEL_MAPPING_NAMES[model_type]))
+    return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
+
+
+def test_verdicts_follow_the_installed_transformers(tmp_path):
+    verdicts = {v.model_type: v for v in census(["llama", "bert", "t5", "clip", "bloom", "albert", "vit_mae"])}
+    for served in ("llama", "bert", "t5", "clip", "vit_mae"):
+        assert verdicts[served].verdict == "served", verdicts[served]
+        assert verdicts[served].outputs == 0.0 and verdicts[served].weights <= 1e-5
+    # BLOOM computes its attention in the module in some releases: refused there, with attach's line
+    assert verdicts["bloom"].verdict == ("served" if _routes("bloom") else "refused")
+    if verdicts["bloom"].verdict == "refused":
+        assert "without transformers' AttentionInterface" in verdicts["bloom"].reason
+    assert verdicts["albert"].verdict == "refused" and "runs more than once" in verdicts["albert"].reason
+    write_table(list(verdicts.values()), tmp_path / "table.md")
+    table = (tmp_path / "table.md").read_text()
+    assert f"transformers {transformers.__version__}" in table and "| llama | `LlamaModel` | served |" in table
+
+
+def test_an_encoder_whose_attention_sets_no_is_causal_is_served_bidirectional():
+    """Splinter's and ALIGN's text attention set no ``is_causal``: on a batch without padding
+    the mask builder leaves the mask out, and they attended causally (the census found them
+    differing from eager). Their modeling files build bidirectional masks only."""
+    verdicts = census(["splinter", "align_text_model"])
+    assert [v.verdict for v in verdicts] == ["served", "served"], verdicts
+
+
+def test_weights_that_differ_from_eager_are_reported_not_served(monkeypatch):
+    """The census's checks can fail: weights scaled by attnlab's kernel are caught."""
+    exact = _kernel.exact_attention
+
+    def scaled(*args, **kwargs):
+        output, weights = exact(*args, **kwargs)
+        return output, None if weights is None else weights * 0.5
+
+    monkeypatch.setattr(_kernel, "exact_attention", scaled)
+    verdict, = census(["llama"])
+    assert verdict.verdict == "differs" and "weights differ from eager's" in verdict.reason
+
+
+def test_an_unknown_model_type_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="unknown model type 'lama'"):
+        census(["lama"])
+    assert torch.get_default_dtype() == torch.float32

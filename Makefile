@@ -14,7 +14,7 @@ UV_VERSION := 0.13.9
 # torch first: this pin takes the CPU build that lies on the machine.
 TORCH := torch==2.13.0
 
-.PHONY: demo test bench lock test-oldest test-latest census clean
+.PHONY: demo test bench lock test-oldest test-latest ends census clean
 
 # $(call venv,DIR): a virtual environment with the pinned pip and torch.
 define venv
@@ -88,7 +88,9 @@ lock:
 # The suite at both ends of what pyproject.toml declares, each in a virtual environment of its
 # own: the lowest version of every direct dependency (`test-oldest`), or the newest release
 # of every package (`test-latest`). These resolve at run time, on purpose: they are how a
-# new release's break is found before users find it. Neither is part of `make test`.
+# new release's break is found before users find it. Neither is part of `make test`. torch
+# stays the machine's CPU build at both ends (the newest release the bound admits is a CUDA
+# build of several GB).
 test-oldest: $(CHROMIUM)
 	$(MAKE) ends END=oldest RESOLUTION=lowest-direct
 test-latest: $(CHROMIUM)
@@ -96,6 +98,7 @@ test-latest: $(CHROMIUM)
 
 ENV_DIR = .venv-$(END)
 ends:
+	rm -rf $(ENV_DIR)
 	$(call venv,$(ENV_DIR))
 	$(ENV_DIR)/bin/python -m pip install --quiet uv==$(UV_VERSION)
 	$(ENV_DIR)/bin/uv pip compile --quiet --python-version 3.11 --find-links /opt/wheels \

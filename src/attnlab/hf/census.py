@@ -361,6 +361,7 @@ def write_table(verdicts: list[Verdict], path: Path) -> None:
     import transformers
 
     counts = {kind: sum(v.verdict == kind for v in verdicts) for kind in ("served", "differs", "refused", "not built")}
+    attentionless = sum("has no attention module" in v.reason for v in verdicts)
     lines = [
         "# attnlab.hf on every architecture transformers provides",
         "",
@@ -368,7 +369,8 @@ def write_table(verdicts: list[Verdict], path: Path) -> None:
         f"{transformers.__version__}, torch {torch.__version__}, Python {platform.python_version()}, CPU, float32.",
         "",
         f"Of {len(verdicts)} model types: **{counts['served']} served** at parity, {counts['differs']} served "
-        f"but differing (defects), {counts['refused']} refused, {counts['not built']} not built.",
+        f"but differing (defects), {counts['refused']} refused ({attentionless} of them have no attention "
+        f"module at all), {counts['not built']} not built.",
         "",
         "Each is a tiny random model built from its own config class (every size shrunk by one rule: 2 layers, "
         "4 heads, 2 key-value heads, width 32, vocabulary 99, 32x32 images; `initializer_range` 0.2), run on "

@@ -65,8 +65,10 @@ def hold_run_dir(path: Path, command: str = "train") -> None:
     Raises:
         ValueError: another process holds it; the message names that process.
     """
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock to take
+        return
     stat = path.stat()
     key = (stat.st_dev, stat.st_ino)
     if key in _HELD:
@@ -142,6 +144,14 @@ def check_out_dir(
     out = check_output_dir(out, "--out", "the run")
     if out.is_dir():
         hold_run_dir(out, command)  # before anything in it is read as finished or cleared
+    try:
+        return _check_held_out_dir(out, resume, overwrite, demo, command)
+    except BaseException:
+        release_run_dir(out)  # refused: the folder is free for the corrected command
+        raise
+
+
+def _check_held_out_dir(out: Path, resume: bool, overwrite: bool, demo: bool, command: str) -> Optional[str]:
     if resume:
         if not is_run_dir(out):
             raise FileNotFoundError(f"cannot resume: {out} holds no attnlab run (no run config.json); "

@@ -100,10 +100,12 @@ def shrink(config: Any, overrides: Optional[dict] = None) -> Any:
     from transformers import PretrainedConfig
 
     for name, value in {**_SIZES, **(overrides or {})}.items():
-        if name in config.__dict__ and (config.__dict__[name] is None or isinstance(config.__dict__[name], int)
-                                        or name == "initializer_range"):
-            if config.__dict__[name] is not None or name in ("num_key_value_heads", "head_dim"):
-                setattr(config, name, value)
+        if name not in config.__dict__:
+            continue
+        current = config.__dict__[name]
+        number = isinstance(current, (int, float)) and not isinstance(current, bool)
+        if number or (current is None and name in ("num_key_value_heads", "head_dim")):  # None: derived later
+            setattr(config, name, value)
     for name, value in list(config.__dict__.items()):  # special tokens (Whisper's pad is 50256) in the vocabulary
         if name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
             setattr(config, name, _special_token(name))

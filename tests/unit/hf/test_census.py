@@ -22,8 +22,11 @@ def _routes(model_type: str) -> bool:
 
 
 def test_verdicts_follow_the_installed_transformers(tmp_path):
-    verdicts = {v.model_type: v for v in census(["llama", "bert", "t5", "clip", "bloom", "albert", "vit_mae"])}
-    for served in ("llama", "bert", "t5", "clip", "vit_mae"):
+    # one of each kind: decoder, encoder, encoder-decoder, two towers, vision, speech (mel and raw
+    # audio), vision-language; and two refusals
+    sample = ["llama", "bert", "t5", "clip", "vit_mae", "whisper", "wav2vec2", "llava", "bloom", "albert"]
+    verdicts = {v.model_type: v for v in census(sample)}
+    for served in ("llama", "bert", "t5", "clip", "vit_mae", "whisper", "wav2vec2", "llava"):
         assert verdicts[served].verdict == "served", verdicts[served]
         assert verdicts[served].outputs == 0.0 and verdicts[served].weights <= 1e-5
     # BLOOM computes its attention in the module in some releases: refused there, with attach's line

@@ -23,7 +23,7 @@ from torch import nn
 from ..inspect.compute.analyzer import AttentionStatistics
 from ..inspect.compute.batches import as_analysis_batch
 from .backend import attach
-from .seq2seq import decoder_start
+from .seq2seq import _is_seq2seq, decoder_start
 
 __all__ = ["DECODER_INPUT", "analyze_transformers"]
 
@@ -54,7 +54,7 @@ def analyze_transformers(
         :class:`~attnlab.inspect.AttentionStatistics` (no rollout: it needs every map).
     """
     hf_model = getattr(model, "model", model)
-    start = decoder_start(hf_model) if getattr(hf_model.config, "is_encoder_decoder", False) else None
+    start = decoder_start(hf_model) if _is_seq2seq(hf_model) else None
     examples = tokens = 0
     with torch.no_grad(), attach(
         hf_model, layers="all", statistics=True, head_mask=head_mask, sparsity_threshold=sparsity_threshold,

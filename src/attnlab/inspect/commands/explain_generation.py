@@ -262,7 +262,7 @@ def explain_generation(
         found = attribute_generation(model, full, P, methods, foil_ids=foils, neutral_id=neutral, steps=first)
         integrated = None
         if found.delta is not None:
-            def run(points: int, found=found, full=full, P=P, foils=foils) -> tuple:
+            def run(points: int) -> tuple:  # called at once, in this iteration
                 again = found if points == first else attribute_generation(
                     model, full, P, [IG], foil_ids=foils, neutral_id=neutral, steps=points)
                 return again, again.scores[IG], again.delta

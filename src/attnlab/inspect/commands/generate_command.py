@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if resolved.tokenizer.token_to_id("<|im_start|>") is None:
             raise ValueError(f"--chat wraps the prompt in ChatML, but {args.model}'s tokenizer has no <|im_start|>")
         prompt = chat_prompt(prompt)
-    if getattr(getattr(resolved.model, "config", None), "is_encoder_decoder", False):
+    if resolved.is_encoder_decoder:
         return _run_seq2seq(args, resolved, prompt)
     _check_length(resolved, prompt, args)
     generation = generate_text(

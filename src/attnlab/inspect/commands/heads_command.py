@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.model, dtype=args.dtype)
     resolved.refuse_encoder_decoder("heads finds the roles of a decoder-only language model's heads",
                                     "attnlab analyze --data gives its per-head statistics")
-    if not is_causal_model(resolved.model) or getattr(resolved.model, "config", None) is None:
+    if not is_causal_model(resolved.model):
         raise ValueError(f"heads needs a decoder (a causal language model: GPT-2, the Llama family, smollm2); "
                          f"{args.model} is an encoder: attnlab analyze --data gives its per-head statistics")
     print(dtype_line(resolved))

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
     from .inspect_pair import write_pair_inspection
 
-    if not getattr(getattr(resolved.model, "config", None), "is_encoder_decoder", False):
+    if not resolved.is_encoder_decoder:
         raise ValueError(f"--source/--target need an encoder-decoder model (T5, BART, Marian); {args.model} is not "
                          f"one: give --text")
     inspection = write_pair_inspection(resolved.model, resolved.tokenizer, args.source, args.out,

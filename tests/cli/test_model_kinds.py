@@ -88,6 +88,9 @@ def _one_line_error(argv: list, capsys) -> str:
     (["generate", "--model", "{other_tokenizer}", "--prompt", "w70 w2", "--max-new-tokens", "2", "--report",
       "{out}"], "its tokenizer and its model differ"),
     (["inspect", "--model", "{other_tokenizer}", "--text", "w1 w70", "--out", "{out}"], "vocabulary of 40"),
+    # a transformers decoder had no context check: it set out to generate them all
+    (["generate", "--model", "{qwen3}", "--prompt", "w1", "--max-new-tokens", "1000000000"],
+     "context of 64 positions; ask for at most 63"),
     # damaged transformers directories: SafetensorError, transformers' RuntimeError
     (["generate", "--model", "{truncated}", "--prompt", "w1", "--max-new-tokens", "1"], "damaged or truncated"),
     (["inspect", "--model", "{mismatched}", "--text", "w1", "--out", "{out}"],

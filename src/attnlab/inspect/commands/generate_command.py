@@ -86,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
 def _check_length(resolved, prompt: str, args: argparse.Namespace) -> None:
     """Refuse, before generating, more positions than the model has or a report too big to hold."""
     from ..._checks import check_memory
+    from .explain_generation import context_limit
 
     config = getattr(resolved.model, "config", None)
-    context = getattr(config, "max_len", None)
+    context = context_limit(resolved.model)  # transformers' decoders too: max_position_embeddings
     prompt_length = len(resolved.tokenizer.encode(prompt).ids)
     total = prompt_length + args.max_new_tokens
     if context is not None and prompt_length >= context:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -154,8 +155,9 @@ def follow_umask(path: Union[str, Path]) -> None:
 def check_output_dir(path: Union[str, Path], option: str = "--out", contents: str = "the results") -> Path:
     """Check, before any work, that ``path`` can be made (or used) as an output directory.
 
-    Nothing is created: the path is either a directory already, or its nearest existing
-    ancestor is a directory this process may write into.
+    Nothing is left behind: the path is either a directory already, or its nearest existing
+    ancestor is a directory this process may write into, which a directory made and removed
+    there at once shows.
 
     Args:
         path: the output directory.
@@ -180,9 +182,14 @@ def check_output_dir(path: Union[str, Path], option: str = "--out", contents: st
     if not existing.is_dir():
         raise ValueError(f"{option} {path} lies under the file {existing}, so no directory can be made there; "
                          f"choose another {option}")
+    where = "into it" if existing == path else f"into {existing}, where it would be made"
     if not os.access(existing, os.W_OK | os.X_OK):
-        where = "into it" if existing == path else f"into {existing}, where it would be made"
         raise ValueError(f"{option} {path}: this user may not write {where}; choose another {option}")
+    try:  # permissions are not the whole story (root, /proc, a read-only mount): try, and leave nothing
+        os.rmdir(tempfile.mkdtemp(prefix=".attnlab-check-", dir=existing))
+    except OSError as error:
+        raise ValueError(f"{option} {path}: nothing can be written {where} ({error.strerror}); "
+                         f"choose another {option}") from None
     return path
 
 

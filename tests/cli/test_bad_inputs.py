@@ -233,6 +233,20 @@ def test_an_output_under_a_read_only_directory_is_refused(files, tmp_path, capsy
     assert code == 2 and len(lines) == 1 and "may not write" in lines[0]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_where_nothing_can_be_made_is_refused_before_any_work(files, capsys, monkeypatch):
+    """/proc passes the permission check for root, yet no directory can be made there: the
+    command computed everything, then failed with a bare '[Errno 2] ... /proc/why'."""
+    from attnlab.inspect.commands import explain_text
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("explained before the output directory was checked")
+
+    monkeypatch.setattr(explain_text, "explain", no_work)
+    code, lines, _ = _run(["explain", "--model", str(files["model"]), "--text", "hi", "--out", "/proc/why"], capsys)
+    assert code == 2 and len(lines) == 1 and "nothing can be written into /proc" in lines[0]
+
+
 def test_every_command_answers_bad_input_with_one_line_and_exit_2(files, capsys):
     failures = []
     for argv, expected in _cases(files):

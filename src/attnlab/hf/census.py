@@ -9,7 +9,8 @@ from uniform, and gives each one verdict:
 
 * ``served``: under :func:`~attnlab.hf.attach` with no layer chosen the outputs equal
   transformers' ``sdpa`` (``eager`` where the model has no sdpa), every layer's weights under
-  ``attach(layers="all")`` equal ``eager``'s, and every config has its implementation back
+  ``attach(layers="all")`` equal ``eager``'s, a head masked through ``attach(head_mask=)``
+  equals sdpa with that head's output zeroed, and every config has its implementation back
   after the block;
 * ``differs``: served, but a check above failed (a defect: the numbers say which);
 * ``refused``: ``attach`` refuses it, with the one line a user gets;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import math
 import platform
@@ -58,6 +60,7 @@ _SIZES = {
     "vocab_size": VOCAB, "image_size": IMAGE, "patch_size": 8,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     "initializer_range": 0.2, "max_position_embeddings": 64, "embedding_size": 32,
+    "rotary_dim": 4, "num_frames": 2, "out_hidden_size": 32, "mm_tokens_per_image": 4,
 }
 # Per-architecture overrides, only where the rule cannot work (each says why).
 _OVERRIDES: dict[str, dict[str, Any]] = {}
@@ -79,6 +82,8 @@ class Verdict:
         reason: why it was refused or not built, or which check failed.
         outputs: largest difference of the outputs against the reference.
         weights: largest difference of the weights against eager's.
+        head_mask: largest difference of the outputs with one head masked against the reference
+            with that head's output zeroed (``None``: not checked, where the reference is eager).
         layers: attention layers served (attnlab's names).
         reference: ``sdpa`` or ``eager``.
         seconds: time spent on it.
@@ -90,6 +95,7 @@ class Verdict:
     reason: str = ""
     outputs: Optional[float] = None
     weights: Optional[float] = None
+    head_mask: Optional[float] = None
     layers: list[str] = field(default_factory=list)
     reference: str = ""
     seconds: float = 0.0
@@ -113,10 +119,31 @@ def shrink(config: Any, overrides: Optional[dict] = None) -> Any:
             setattr(config, name, [v if v < VOCAB else 1 for v in value if isinstance(v, int)])
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = (list(config.layer_types) * 2)[:_layers(config)] or config.layer_types
+    _derived_sizes(config)
     for name, value in list(config.__dict__.items()):
         if isinstance(value, PretrainedConfig):
             shrink(value, overrides)
     return config
+
+
+def _derived_sizes(config: Any) -> None:
+    """Sizes a config's ``__init__`` derives from others, derived again from the shrunk ones."""
+    sizes = config.__dict__
+    if isinstance(sizes.get("qk_rope_head_dim"), int):  # multi-head latent attention: rotary on the rope part,
+        if isinstance(sizes.get("num_key_value_heads"), int):  # keys and values for every head (no grouping)
+            config.num_key_value_heads = config.num_attention_heads
+        if "head_dim" in sizes:
+            config.head_dim = config.qk_rope_head_dim
+        if "qk_head_dim" in sizes:
+            config.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+    if isinstance(sizes.get("num_heads"), (list, tuple)):  # Swin's heads per stage: each stage's width must divide
+        config.num_heads = type(config.num_heads)([2] * len(config.num_heads))
+    if isinstance(sizes.get("image_grid_pinpoints"), list):  # LLaVA-NeXT's tiles: one tile of the shrunk image
+        config.image_grid_pinpoints = [[IMAGE, IMAGE]]
+    rope = sizes.get("rope_parameters")
+    if isinstance(rope, dict) and ("mrope_section" in rope or "mrope_section" in getattr(
+            type(config), "ignore_keys_at_rope_validation", ())):
+        rope["mrope_section"] = [2, 1, 1]  # sections of a head's rotary half (head_dim 8: 4) for time, height, width
 
 
 def _special_token(name: str) -> int:
@@ -132,31 +159,35 @@ def _layers(config: Any) -> int:
                  if isinstance(getattr(config, name, None), int)), 2)
 
 
-def _inputs(model: nn.Module, config: Any) -> dict[str, Tensor]:
-    """Inputs of the model's main kind (token ids, pixels or audio features), ``B = 2``."""
+def _inputs(model: nn.Module, config: Any) -> list[dict[str, Tensor]]:
+    """Inputs of the model's main kind (token ids, pixels or audio features), ``B = 2``: the
+    forms it may take, in the order tried (:func:`_runnable` keeps the first that runs)."""
     generator = torch.Generator().manual_seed(0)
     main = getattr(model, "main_input_name", "input_ids")
     text_config = getattr(config, "text_config", None) or config
     vocab = getattr(text_config, "vocab_size", None) or VOCAB
-    inputs: dict[str, Tensor] = {}
     if main == "input_ids":
-        inputs["input_ids"] = torch.randint(3, max(vocab, 4), (B, T), generator=generator)
-        inputs["attention_mask"] = torch.ones(B, T, dtype=torch.long)
-    elif main == "pixel_values":
+        ids = torch.randint(3, max(vocab, 4), (B, T), generator=generator)
+        forms = [{"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long)}]
+    elif main in ("pixel_values", "pixel_values_videos"):
         vision = getattr(config, "vision_config", None) or config
         channels = getattr(vision, "num_channels", 3)
         size = getattr(vision, "image_size", IMAGE)
         size = size if isinstance(size, int) else IMAGE
-        inputs["pixel_values"] = torch.randn(B, channels, size, size, generator=generator)
+        pixels = torch.randn(B, channels, size, size, generator=generator)
+        frames = getattr(vision, "num_frames", None)
+        video = {main: pixels[:, None].expand(B, frames, channels, size, size).contiguous()} if frames else None
+        forms = [form for form in (video, {main: pixels}) if form is not None]  # a video model: frames first
     elif main == "input_values":  # raw audio (wav2vec 2.0, HuBERT): a tenth of a second at 16 kHz
-        inputs["input_values"] = torch.randn(B, 1600, generator=generator)
-    elif main == "input_features" and hasattr(config, "num_mel_bins"):
-        frames = 2 * getattr(config, "max_source_positions", FRAMES // 2)
-        inputs["input_features"] = torch.randn(B, config.num_mel_bins, frames, generator=generator)
+        audio = torch.randn(B, 1600, generator=generator)
+        forms = [{"input_values": audio}, {"input_values": audio[:, None]}]  # or one channel: [B, 1, samples]
+    elif main == "input_features":
+        forms = _audio_features(config, generator)
     else:
         raise _NotBuilt(f"its main input {main!r} is not one the census makes (token ids, pixels, audio features)")
-    if getattr(config, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(3, max(vocab, 4), (B, T // 2), generator=generator)
+    for inputs in forms:
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = torch.randint(3, max(vocab, 4), (B, T // 2), generator=generator)
     vision = getattr(config, "vision_config", None)
     if main == "input_ids" and vision is not None:
         size = getattr(vision, "image_size", IMAGE)
@@ -165,27 +196,101 @@ def _inputs(model: nn.Module, config: Any) -> dict[str, Tensor]:
         image_token = next((getattr(config, name) for name in ("image_token_id", "image_token_index")
                             if isinstance(getattr(config, name, None), int)), None)
         if image_token is not None:  # a vision-language model: as many image tokens as image features
-            inputs.update(_image_tokens(model, pixels, image_token, inputs["input_ids"], vocab))
-        else:  # two towers (CLIP, SigLIP): a text and its image
-            inputs["pixel_values"] = pixels
-    return inputs
+            forms[0].update(_image_tokens(model, vision, pixels, image_token, forms[0]["input_ids"], vocab))
+        else:  # two towers (CLIP, SigLIP): a text and its image (X-CLIP: its video)
+            frames = getattr(vision, "num_frames", None)
+            forms[0]["pixel_values"] = pixels[:, None].expand(B, frames, *pixels.shape[1:]) if frames else pixels
+    return forms
+
+
+def _audio_features(config: Any, generator: torch.Generator) -> list[dict[str, Tensor]]:
+    """Spectrogram features: ``[B, bins, frames]`` (Whisper) or ``[B, frames, bins]`` (Speech2Text,
+    Parakeet), with the bins found in the config or its audio, encoder or speech sub-config."""
+    owners = [config] + [getattr(config, name) for name in ("audio_config", "encoder_config", "speech_config")
+                         if getattr(config, name, None) is not None]
+    bins = next((getattr(owner, name) for owner in owners for name in ("num_mel_bins", "feature_size",
+                                                                          "feature_projection_input_dim")
+                 if isinstance(getattr(owner, name, None), int)), None)
+    if bins is None and isinstance(getattr(config, "input_feat_per_channel", None), int):  # Speech2Text
+        bins = config.input_feat_per_channel * getattr(config, "input_channels", 1)
+    if bins is None:
+        raise _NotBuilt("its main input 'input_features' has a size the census does not find in its config")
+    short = torch.randn(B, bins, 4 * FRAMES, generator=generator)
+    forms = []
+    for features in (short, _whisper_length(config, bins, generator)):
+        if features is None:
+            continue
+        frames, across = features.shape[-1], features.transpose(1, 2).contiguous()
+        mask = torch.ones(B, frames, dtype=torch.long)
+        forms += [{"input_features": features}, {"input_features": across},
+                  {"input_features": features, "input_features_mask": mask},
+                  {"input_features": across, "input_features_mask": mask},
+                  {"input_features": across, "attention_mask": mask}]
+    return forms
+
+
+def _whisper_length(config: Any, bins: int, generator: torch.Generator) -> Optional[Tensor]:
+    """Whisper's encoder takes exactly twice its positions in frames (3000: 30 s); tried after
+    the short form, and only where that stays small."""
+    positions = getattr(config, "max_source_positions", None)
+    if not isinstance(positions, int) or 2 * positions > 3000:
+        return None
+    return torch.randn(B, bins, 2 * positions, generator=generator)
 
 
 class _NotBuilt(Exception):
     pass
 
 
-def _image_tokens(model: nn.Module, pixels: Tensor, image_token: int, text: Tensor, vocab: int) -> dict:
-    """A LLaVA-style model's inputs: each text after as many image tokens as its image has
-    features (what ``get_image_features`` returns), and the pixels."""
+def _runnable(model: nn.Module, forms: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The first form of the inputs the model runs on; the first form's error when none does."""
+    first: Optional[Exception] = None
+    for inputs in forms:
+        try:
+            _run(model, inputs)
+            return inputs
+        except Exception as error:  # noqa: BLE001  the next form, or this architecture's verdict
+            first = first or error
+    raise _NotBuilt(f"its forward failed: {type(first).__name__}: {_first_line(first)}")
+
+
+def _image_forms(vision: Any, pixels: Tensor) -> list[dict[str, Tensor]]:
+    """The forms a vision-language model's images come in: ``[B, C, H, W]``; one image per text
+    (``[B, 1, C, H, W]``: Idefics, SmolVLM); sizes beside (LLaVA-NeXT); or flattened patches on a
+    grid (Qwen2-VL: ``[B * t * h * w, C * t_patch * patch²]`` and ``image_grid_thw``)."""
+    size = pixels.shape[-1]
+    sizes = torch.tensor([[size, size]] * B)
+    tiles = torch.stack([pixels, pixels.flip(-1)], dim=1)  # LLaVA-NeXT: the whole image and one tile
+    forms = [{"pixel_values": pixels}, {"pixel_values": pixels[:, None]},
+             {"pixel_values": tiles, "image_sizes": sizes}, {"pixel_values": pixels, "image_sizes": sizes}]
+    patch = getattr(vision, "patch_size", 14)
+    patch = patch if isinstance(patch, int) else 14
+    merge = getattr(vision, "spatial_merge_size", 1) or 1
+    temporal = getattr(vision, "temporal_patch_size", 1) or 1
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    side = 2 * merge  # four image tokens per image once merged
+    grid = torch.tensor([[1, side, side]] * B)
+    flat = torch.randn(B * side * side, channels * temporal * patch * patch, generator=torch.Generator().manual_seed(2))
+    forms.append({"pixel_values": flat, "image_grid_thw": grid})
+    return forms
+
+
+def _image_tokens(model: nn.Module, vision: Any, pixels: Tensor, image_token: int, text: Tensor, vocab: int) -> dict:
+    """A vision-language model's inputs: each text after as many image tokens as its image has
+    features (what ``get_image_features`` returns for the first form of the image it takes)."""
     if image_token >= vocab:
         raise _NotBuilt(f"its image token {image_token} lies past the shrunk vocabulary of {vocab}")
-    try:
-        with torch.no_grad():
-            features = model.get_image_features(pixel_values=pixels)
-    except Exception as error:  # noqa: BLE001  a tower that needs more than pixels
+    first: Optional[Exception] = None
+    for form in _image_forms(vision, pixels):
+        try:
+            with torch.no_grad():
+                features = model.get_image_features(**form)
+            break
+        except Exception as error:  # noqa: BLE001  the next form, or a tower that needs more
+            first = first or error
+    else:
         raise _NotBuilt(f"a vision-language model whose image features need more than pixels "
-                        f"({type(error).__name__}: {_first_line(error)})") from None
+                        f"({type(first).__name__}: {_first_line(first)})")
     features = getattr(features, "pooler_output", features)
     if isinstance(features, (tuple, list)):
         count = sum(int(part.shape[-2]) if part.dim() > 1 else 1 for part in features) // B
@@ -195,7 +300,12 @@ def _image_tokens(model: nn.Module, pixels: Tensor, image_token: int, text: Tens
         raise _NotBuilt("a vision-language model whose image features the census cannot count")
     text = torch.randint(3, VOCAB - 3, text.shape, generator=torch.Generator().manual_seed(0))  # no special id
     ids = torch.cat([torch.full((B, count), image_token), text], dim=1)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **form}
+    accepted = inspect.signature(model.forward).parameters
+    for name in ("mm_token_type_ids", "token_type_ids"):  # 1 on image tokens, as the processors give
+        if name in accepted:  # (Gemma 3 lets an image's tokens see each other; Qwen2-VL places them on its grid)
+            inputs[name] = (ids == image_token).long()
+    return inputs
 
 
 def _floating(output: Any) -> list[Tensor]:
@@ -262,8 +372,10 @@ def _try(model_type: str) -> Verdict:
         config = shrink(CONFIG_MAPPING[model_type](), _OVERRIDES.get(model_type))
         torch.manual_seed(0)
         model = model_class(config).eval()
-        inputs = _inputs(model, config)
-        inputs.update(_EXTRA_INPUTS.get(model_type, lambda _: {})(inputs))
+        forms = _inputs(model, config)
+        for inputs in forms:
+            inputs.update(_EXTRA_INPUTS.get(model_type, lambda _: {})(inputs))
+        inputs = _runnable(model, forms)
     except _NotBuilt as why:
         verdict.reason = str(why)
         return verdict
@@ -304,18 +416,71 @@ def _try(model_type: str) -> Verdict:
     pairs = [(a, b) for key in theirs for a, b in zip(ours.get(key, ()), theirs[key])
              if isinstance(a, Tensor) and isinstance(b, Tensor)]
     verdict.weights = _largest(pairs) if pairs else None
-    problems = []
+    try:
+        verdict.head_mask = _head_mask_difference(model, inputs, sites, reference)
+    except Exception as error:  # noqa: BLE001  a head mask that breaks the forward is a defect
+        verdict.head_mask = math.inf
+        verdict.reason = f"with a head masked its forward failed: {type(error).__name__}: {_first_line(error)}"
+    problems = [verdict.reason] if verdict.reason else []
     if verdict.outputs > TOLERANCE:
         problems.append(f"outputs differ from {reference}'s by {verdict.outputs:.2g}")
     if verdict.weights is None:
         problems.append("no weights came back with output_attentions=True")
     elif verdict.weights > TOLERANCE:
         problems.append(f"weights differ from eager's by {verdict.weights:.2g}")
+    if verdict.head_mask is not None and verdict.head_mask > TOLERANCE:
+        problems.append(f"with a head masked, outputs differ from the head's output zeroed by {verdict.head_mask:.2g}")
     if not restored:
         problems.append("a config kept attnlab's implementation after the block")
     verdict.verdict = "differs" if problems else "served"
     verdict.reason = "; ".join(problems)
     return verdict
+
+
+_ZEROED = "attnlab_census_zeroed_head"
+
+
+def _head_mask_difference(model: nn.Module, inputs: dict, sites: list, reference: str, *,
+                          masked: int = 1) -> Optional[float]:
+    """``attach(head_mask=...)`` on head 2 of the last self-attention layer against the model
+    run through transformers' own ``sdpa`` with that head's output zeroed before the output
+    projection (a function registered beside sdpa that zeroes it), or ``None`` where the
+    reference is eager (the eager function is each modeling file's own)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from .backend import _configs_of, attach
+
+    site = next((site for site in reversed(sites) if not site.cross and (site.heads or 0) >= 2), None)
+    if reference != "sdpa" or site is None:
+        return None
+    sdpa, head = ALL_ATTENTION_FUNCTIONS["sdpa"], 1
+
+    def zeroed(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any, **kwargs: Any):
+        output, weights = sdpa(module, query, key, value, attention_mask, **kwargs)  # output [B, T, H, D]
+        if module is site.module:
+            output = output.clone()
+            output[:, :, head] = 0
+        return output, weights
+
+    AttentionInterface.register(_ZEROED, zeroed)
+    AttentionMaskInterface.register(_ZEROED, sdpa_mask)
+    configs = _configs_of(model)
+    previous = [(config, config._attn_implementation_internal) for config in configs]
+    try:
+        model.set_attn_implementation(_ZEROED)
+        for config in configs:
+            config._attn_implementation_internal = _ZEROED
+        want = _run(model, inputs)
+    finally:
+        for config, implementation in previous:
+            config._attn_implementation_internal = implementation
+    with attach(model, head_mask={site.name: [masked]}):  # the head zeroed (another one only to see it fail)
+        got = _run(model, inputs)
+    if len(_floating(got)) != len(_floating(want)):
+        return math.inf
+    return _largest(zip(_floating(got), _floating(want)))
 
 
 def _first_line(error: BaseException) -> str:
@@ -378,19 +543,22 @@ def write_table(verdicts: list[Verdict], path: Path) -> None:
         "4 heads, 2 key-value heads, width 32, vocabulary 99, 32x32 images; `initializer_range` 0.2), run on "
         f"{B} sequences of {T} tokens (or images, or audio features). *served*: outputs under `attach(model)` "
         f"equal the reference's (`sdpa`, or `eager` where transformers has no sdpa), every layer's weights under "
-        f"`attach(model, layers=\"all\")` equal `eager`'s (tolerance {TOLERANCE:g}), and every config has its "
+        f"`attach(model, layers=\"all\")` equal `eager`'s (tolerance {TOLERANCE:g}), with head 2 of the last "
+        "self-attention layer masked the outputs equal the reference run with that head's output zeroed before "
+        "the output projection (*head mask*; checked where the reference is sdpa), and every config has its "
         "implementation back after the block. *refused*: `attach`'s one line. *not built*: why there was no "
-        "model to try. The hand-picked cases of `tests/parity/test_hf_backend_parity.py` check head masks and "
-        "padded batches besides.",
+        "model to try. The hand-picked cases of `tests/parity/test_hf_backend_parity.py` check padded batches "
+        "besides.",
         "",
-        "| model type | class | verdict | outputs | weights | attention layers | reason |",
-        "|---|---|---|---|---|---|---|",
+        "| model type | class | verdict | outputs | weights | head mask | attention layers | reason |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for verdict in verdicts:
         layers = f"{len(verdict.layers)}" if verdict.layers else ""
         reason = verdict.reason.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {verdict.model_type} | `{verdict.model_class}` | {verdict.verdict} | "
-                     f"{_figure(verdict.outputs)} | {_figure(verdict.weights)} | {layers} | {reason} |")
+                     f"{_figure(verdict.outputs)} | {_figure(verdict.weights)} | {_figure(verdict.head_mask)} | "
+                     f"{layers} | {reason} |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

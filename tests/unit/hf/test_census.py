@@ -29,6 +29,7 @@ def test_verdicts_follow_the_installed_transformers(tmp_path):
     for served in ("llama", "bert", "t5", "clip", "vit_mae", "whisper", "wav2vec2", "llava"):
         assert verdicts[served].verdict == "served", verdicts[served]
         assert verdicts[served].outputs == 0.0 and verdicts[served].weights <= 1e-5
+        assert verdicts[served].head_mask is None or verdicts[served].head_mask <= 1e-5
     # BLOOM computes its attention in the module in some releases: refused there, with attach's line
     assert verdicts["bloom"].verdict == ("served" if _routes("bloom") else "refused")
     if verdicts["bloom"].verdict == "refused":
@@ -64,3 +65,28 @@ def test_an_unknown_model_type_is_refused_in_one_line():
     with pytest.raises(ValueError, match="unknown model type 'lama'"):
         census(["lama"])
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_inputs_of_every_form_the_rule_reaches():
+    """Forms beyond one text or one image: frames of a video (VideoMAE), one image per text
+    (SmolVLM), flattened patches on a grid (the Qwen2-VL language tower's multimodal rotary
+    sections), features laid frames first (Speech2Text), latent attention (DeepSeek-V3)."""
+    sample = ["videomae", "smolvlm", "qwen2_vl_text", "speech_to_text", "deepseek_v3"]
+    verdicts = census(sample)
+    assert [v.verdict for v in verdicts] == ["served"] * len(sample), verdicts
+
+
+def test_the_head_mask_check_can_fail():
+    """The census's head mask reference zeroes head 2's output; attach masking head 1 instead
+    is caught, and the right head gives the reference exactly."""
+    from attnlab.hf._sites import attention_sites
+    from attnlab.hf.census import _head_mask_difference, _inputs, shrink
+
+    config = shrink(transformers.LlamaConfig())
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(config).eval()
+    inputs = _inputs(model, config)[0]
+    sites = attention_sites(model)
+    assert _head_mask_difference(model, inputs, sites, "sdpa") <= 1e-6
+    assert _head_mask_difference(model, inputs, sites, "sdpa", masked=0) > 1e-3
+    assert _head_mask_difference(model, inputs, sites, "eager") is None

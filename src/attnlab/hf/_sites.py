@@ -5,7 +5,7 @@ function up in transformers' ``ALL_ATTENTION_FUNCTIONS`` (every model of transfo
 5.x written in the functional style). Names count layers from 1 in module order:
 ``layer_1, layer_2, ...`` for a model with one stack of self-attention; where a model
 has several (an encoder and a decoder, a text and a vision tower) each stack's names
-carry its role (``encoder.layer_1``, ``decoder.layer_1``, ``vision.layer_1``), and
+carry its role (``encoder.layer_1``, ``decoder.layer_1``, ``vision.layer_1``, ``language.layer_1``), and
 cross-attention is always named apart (``cross.layer_1``).
 """
 
@@ -22,7 +22,7 @@ __all__ = ["AttentionSite", "attention_sites", "unrouted_attention"]
 
 _CROSS = re.compile(r"cross|encdec|encoder_attn", re.IGNORECASE)
 # Role words looked for in a stack's path, most specific first.
-_ROLES = ("text", "vision", "audio", "image", "encoder", "decoder")
+_ROLES = ("text", "vision", "audio", "image", "encoder", "decoder", "language")
 
 
 @dataclass(frozen=True)

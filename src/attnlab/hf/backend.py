@@ -47,9 +47,11 @@ class _Route:
         self.head_scale: Optional[Tensor] = None  # [H] multipliers of each head's output
         self.patch: Optional[tuple[Tensor, Tensor]] = None  # ([H] bool heads, [B, T, H, D] values)
         self.record_output = False
+        self.chunks, self.offset = 0, 0  # calls and query rows so far in this run of the module
 
-    def count_call(self) -> None:
-        """Refuse a module called twice in one forward: its layers cannot be told apart."""
+    def enter(self, module: nn.Module, args: tuple) -> None:
+        """The module's forward begins. Refuse a module run twice in one forward: its layers
+        cannot be told apart (ALBERT's shared layer)."""
         calls = self.session._calls
         if self.site.module in calls:
             raise UnsupportedAttention(
@@ -59,6 +61,13 @@ class _Route:
                                                   if "albert" in type(self.site.module).__name__.lower() else "")
             )
         calls.add(self.site.module)
+        self.chunks, self.offset = 0, 0
+
+    def count_call(self) -> None:
+        """One call of the attention function. Several in one run of the module's forward are
+        chunks of one sequence, each attending within itself (Qwen2-VL's vision tower attends to
+        each image apart): their weights are laid block-diagonally, their outputs in order."""
+        self.chunks += 1
 
     def exact(self, asked: bool) -> bool:
         if self.session.statistics_mode:
@@ -79,12 +88,19 @@ class _Route:
 
     def edit_output(self, output: Tensor) -> Tensor:
         """Head masks and patches on ``[B, T, H, D]`` (each head's output before mixing)."""
+        rows, offset = output.shape[1], self.offset
+        self.offset += rows
         if self.record_output:
-            self.session.head_outputs[self.site.name] = output.detach().clone()
+            kept = output.detach().clone()
+            earlier = self.session.head_outputs.get(self.site.name)
+            self.session.head_outputs[self.site.name] = (
+                torch.cat([earlier, kept], dim=1) if self.chunks > 1 and earlier is not None else kept)
         if self.head_scale is not None:
             output = output * self.head_scale.to(output.dtype)[:, None]
         if self.patch is not None:
             heads, values = self.patch
+            if values.dim() == output.dim() and values.shape[1] > rows:  # a chunk: its rows of the source run
+                values = values[:, offset: offset + rows]
             if values.shape != output.shape:
                 raise ValueError(
                     f"{self.site.name}: the patched run's attention output is {tuple(output.shape)} but the "
@@ -94,12 +110,24 @@ class _Route:
         return output
 
     def returned_weights(self, weights: Optional[Tensor], asked: bool) -> Optional[Tensor]:
-        if weights is not None and self.chosen:
-            kept = weights if self.session.heads is None else weights[:, self.session.heads]
-            self.session._record(self.site, kept if self.session.grad else kept.detach())
-        elif weights is not None and asked:
-            self.session._record(self.site, weights if self.session.grad else weights.detach())
+        if weights is not None and (self.chosen or asked):
+            kept = weights if self.session.heads is None or not self.chosen else weights[:, self.session.heads]
+            kept = kept if self.session.grad else kept.detach()
+            earlier = self.session._weights.get(self.site.name)
+            if self.chunks > 1 and earlier is not None:
+                kept = _block_diagonal(earlier, kept)
+            self.session._record(self.site, kept)
         return weights if asked else None
+
+
+def _block_diagonal(first: Tensor, second: Tensor) -> Tensor:
+    """``[..., T1 + T2, S1 + S2]``: two chunks' weights, each over its own keys, zeros between."""
+    T1, S1 = first.shape[-2:]
+    T2, S2 = second.shape[-2:]
+    joined = first.new_zeros(*first.shape[:-2], T1 + T2, S1 + S2)
+    joined[..., :T1, :S1] = first
+    joined[..., T1:, S1:] = second
+    return joined
 
 
 def _configs_of(model: nn.Module) -> list[Any]:
@@ -385,7 +413,8 @@ def attach(
         for config in configs:  # sub-configs that set_attn_implementation leaves alone
             config._attn_implementation_internal = BACKEND_NAME
         for site in sites:
-            _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
+            route = _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
+            handles.append(site.module.register_forward_pre_hook(route.enter))
         handles.append(model.register_forward_pre_hook(session._remember_call, with_kwargs=True))
         for submodule in model.modules():  # a submodel called on its own starts a pass too
             if submodule is not model and hasattr(submodule, "set_attn_implementation"):

@@ -129,7 +129,8 @@ def shrink(config: Any, overrides: Optional[dict] = None) -> Any:
 def _derived_sizes(config: Any) -> None:
     """Sizes a config's ``__init__`` derives from others, derived again from the shrunk ones."""
     sizes = config.__dict__
-    if isinstance(sizes.get("qk_rope_head_dim"), int):  # multi-head latent attention: rotary on the rope part,
+    if isinstance(sizes.get("qk_rope_head_dim"), int) and isinstance(sizes.get("qk_nope_head_dim"), int):
+        # multi-head latent attention: rotary on the rope part,
         if isinstance(sizes.get("num_key_value_heads"), int):  # keys and values for every head (no grouping)
             config.num_key_value_heads = config.num_attention_heads
         if "head_dim" in sizes:
@@ -340,6 +341,8 @@ def _largest(pairs: Iterable[tuple[Tensor, Tensor]]) -> float:
         if got.shape != want.shape:
             return math.inf
         difference = (got.double() - want.double()).abs()
+        # a query row with no key: eager's softmax gives NaN, attnlab's zeros (as documented)
+        difference = torch.where(want.isnan() & (got == 0), torch.zeros_like(difference), difference)
         worst = max(worst, float(torch.nan_to_num(difference, nan=math.inf).max()) if difference.numel() else 0.0)
     return worst
 
@@ -372,6 +375,17 @@ def _try(model_type: str) -> Verdict:
         config = shrink(CONFIG_MAPPING[model_type](), _OVERRIDES.get(model_type))
         torch.manual_seed(0)
         model = model_class(config).eval()
+    except Exception as error:  # noqa: BLE001  any failure to build is this architecture's verdict
+        verdict.reason = f"building it failed: {type(error).__name__}: {_first_line(error)}"
+        return verdict
+    try:  # a refusal is the model's, whatever its inputs
+        sites = attention_sites(model)
+        with attach(model):
+            pass
+    except ValueError as refusal:
+        verdict.verdict, verdict.reason = "refused", _first_line(refusal)
+        return verdict
+    try:
         forms = _inputs(model, config)
         for inputs in forms:
             inputs.update(_EXTRA_INPUTS.get(model_type, lambda _: {})(inputs))
@@ -379,15 +393,8 @@ def _try(model_type: str) -> Verdict:
     except _NotBuilt as why:
         verdict.reason = str(why)
         return verdict
-    except Exception as error:  # noqa: BLE001  any failure to build is this architecture's verdict
-        verdict.reason = f"building it failed: {type(error).__name__}: {_first_line(error)}"
-        return verdict
-    try:
-        sites = attention_sites(model)
-        with attach(model):
-            pass
-    except ValueError as refusal:
-        verdict.verdict, verdict.reason = "refused", _first_line(refusal)
+    except Exception as error:  # noqa: BLE001  inputs the census cannot make for it
+        verdict.reason = f"making its inputs failed: {type(error).__name__}: {_first_line(error)}"
         return verdict
     verdict.layers = [site.name for site in sites]
     reference = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
@@ -426,6 +433,9 @@ def _try(model_type: str) -> Verdict:
         problems.append(f"outputs differ from {reference}'s by {verdict.outputs:.2g}")
     if verdict.weights is None:
         problems.append("no weights came back with output_attentions=True")
+    elif verdict.weights > TOLERANCE and any(bool(b.isnan().any()) for _, b in pairs):
+        problems.append("eager's own weights are NaN (transformers' eager path on this model), attnlab's are not: "
+                        "the weights cannot be checked against eager")
     elif verdict.weights > TOLERANCE:
         problems.append(f"weights differ from eager's by {verdict.weights:.2g}")
     if verdict.head_mask is not None and verdict.head_mask > TOLERANCE:

@@ -42,8 +42,15 @@ def _check_inputs(args: argparse.Namespace) -> str:
         raise ValueError("--image-size, --head-fusion and --discard-ratio apply to --image only")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
-    if args.audio is None and args.max_new_tokens is not None:
-        raise ValueError("--max-new-tokens applies to --audio (a transcript generated from the clip)")
+    if args.prompt is not None and args.image is None:
+        raise ValueError("--prompt goes with --image (a vision-language model's prompt about the picture); "
+                         "for a text alone give --text")
+    if args.prompt is not None and (args.image_size is not None or args.discard_ratio != 0.9
+                                    or args.head_fusion != "max"):
+        raise ValueError("--image-size, --head-fusion and --discard-ratio apply to --image without --prompt")
+    if args.audio is None and args.prompt is None and args.max_new_tokens is not None:
+        raise ValueError("--max-new-tokens applies to --audio (a transcript generated from the clip) and to "
+                         "--image with --prompt")
     return {"--text": "text", "--source": "pair", "--image": "image", "--audio": "audio"}[given[0]]
 
 
@@ -61,9 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a PCM WAV clip for a speech model directory (Whisper): the cross-attention of the "
                              "transcript over the clip's time, both self-attentions")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="with --audio and no --target: tokens of the greedy transcript (default 20)")
+                        help="with --audio and no --target: tokens of the greedy transcript (default 20); with "
+                             "--image and --prompt: tokens generated (default 8)")
     parser.add_argument("--image", default=None,
                         help="a PNG or JPEG for a vision transformer directory (ViT, DeiT, DINOv2, CLIP)")
+    parser.add_argument("--prompt", default=None,
+                        help="with --image on a vision-language model directory (LLaVA, Idefics 3, SmolVLM): the "
+                             "prompt, in the model's chat format (<image> marks where the image goes, else first); "
+                             "draws what each generated token looked at in the picture")
     parser.add_argument("--image-size", type=_size, default=None, metavar="HxW",
                         help="with --image: resize to HxW pixels (default the model's size; other sizes "
                              "interpolate the position embeddings)")
@@ -73,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --image: share of each layer's smallest fused weights the rollout drops")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
-        "--layer", type=int, default=None, help="1-based layer of the single-head picture (default: last)"
+        "--layer", type=int, default=None,
+        help="1-based layer of the single-head picture (default: last); with --image and --prompt: the language "
+             "model's layer to show (default the mean of all)"
     )
     parser.add_argument("--head", type=int, default=1, help="1-based head of the single-head picture")
     parser.add_argument(
@@ -114,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if args.head < 1:
         raise ValueError(f"--head counts from 1 (head 1 is the first), got --head {args.head}")
     check_output_dir(args.out, "--out", "the pictures and report.html")
+    if kind == "image" and args.prompt is not None:
+        return _run_vision_language(args)
     if kind == "image":
         return _run_image(args)
     if kind == "audio":
@@ -186,6 +202,30 @@ def _run_image(args: argparse.Namespace) -> int:
     for path in inspection.figures:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")
+    return 0
+
+
+def _run_vision_language(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ...hf.vision import load_image
+    from .inspect_vision_language import open_vision_language_model, write_vision_language_inspection
+
+    new_tokens = 8 if args.max_new_tokens is None else args.max_new_tokens
+    if new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {new_tokens}")
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the question or instruction about the picture")
+    image = load_image(args.image, argument="--image")
+    model, tokenizer, preprocessing, settings = open_vision_language_model(args.model, dtype=args.dtype)
+    layers = None if args.layer is None else [args.layer]
+    inspection = write_vision_language_inspection(
+        model, tokenizer, image, args.prompt, args.out, max_new_tokens=new_tokens, layers=layers,
+        preprocessing=preprocessing, settings=settings, model_name=args.model, image_name=Path(args.image).name)
+    print(f"{inspection.image_tokens} image tokens on {len(inspection.tiles)} tile(s) "
+          f"({', '.join(inspection.tiles)}); generated: {''.join(inspection.tokens)!r}")
+    for path in inspection.figures:
+        print(f"wrote {path}")
     return 0
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["plot_patch_overlay"]
+__all__ = ["plot_patch_overlay", "plot_word_overlays"]
 
 
 def _upsample(grid: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -76,6 +76,61 @@ def plot_patch_overlay(
             axis.set_title(f"{name} (all zero)" if empty else name, fontsize=8)
     if title:
         figure.suptitle(textwrap.fill(title, width=max(28, 34 * columns)), fontsize=9)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_word_overlays(
+    picture: np.ndarray,
+    words: Sequence[str],
+    maps: Sequence[dict[str, np.ndarray]],
+    path: Union[str, Path],
+    *,
+    shares: Optional[Sequence[float]] = None,
+    title: Optional[str] = None,
+) -> Path:
+    """What each generated word looked at: one row per word, one panel per kind of map.
+
+    Args:
+        picture: ``[height, width, 3]`` in ``[0, 1]``: the picture the model saw.
+        words: the generated tokens, one row each.
+        maps: per word, ``{kind: [gh, gw]}`` maps over the whole picture (``tiles``: every tile's
+            grid in its place; ``whole image``), each panel scaled to its own maximum.
+        path: the PNG written.
+        shares: per word, the share of its attention on the image, shown beside the word.
+        title: the figure's title.
+    """
+    picture = np.asarray(picture, dtype=np.float32)
+    if len(words) != len(maps) or not words:
+        raise ValueError(f"one map per word: {len(words)} words, {len(maps)} maps")
+    kinds = list(maps[0])
+    height, width = picture.shape[:2]
+    panel = 2.4
+    figure = Figure(figsize=(panel * len(kinds) * max(1.0, width / height) + 1.2,
+                             panel * len(words) + 0.5 * bool(title)))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(words), len(kinds), squeeze=False)
+    for row, (word, kinds_maps) in enumerate(zip(words, maps)):
+        for column, kind in enumerate(kinds):
+            axis = axes[row][column]
+            axis.set_xticks([])
+            axis.set_yticks([])
+            grid = np.asarray(kinds_maps[kind], dtype=np.float32)
+            top = float(grid.max()) if float(grid.max()) > 0 else 1.0
+            axis.imshow(picture)
+            axis.imshow(_upsample(grid, height, width), cmap="inferno", alpha=0.6, vmin=0, vmax=top)
+            if row == 0:
+                axis.set_title(kind, fontsize=8)
+            if column == 0:
+                label = repr(word)[1:-1] if word.strip() else repr(word)
+                if shares is not None:
+                    label += f"\n{shares[row]:.0%} on image"
+                axis.set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
+    if title:
+        figure.suptitle(textwrap.fill(title, width=max(40, 40 * len(kinds))), fontsize=9)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,84 @@
+"""``attnlab inspect --image X --prompt P`` on a vision-language model: what each generated word
+looked at in the picture (``words_on_image.png``, ``vision_language.json``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = ["VisionLanguageInspection", "open_vision_language_model", "write_vision_language_inspection"]
+
+
+@dataclass
+class VisionLanguageInspection:
+    """What :func:`write_vision_language_inspection` wrote.
+
+    Attributes:
+        tokens: the generated tokens.
+        tiles: the tiles' names, in the order their image tokens come.
+        image_tokens: how many image tokens the prompt held.
+        figures: the PNG and the JSON written.
+    """
+
+    tokens: list[str]
+    tiles: list[str]
+    image_tokens: int
+    figures: list[Path]
+
+
+def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any, Any, Optional[dict]]:
+    """The model, its tokenizer, LLaVA's image preprocessing (``None`` otherwise) and a tiled
+    family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
+    from ...checkpoints.encoders.loading import load_tokenizer
+    from ...hf.image_preprocessing import FILE_NAME, read_image_preprocessing
+    from ...hf.opening import is_transformers_only, open_transformers
+    from ...hf.vision_language import FAMILIES, is_vision_language
+
+    if not Path(directory).is_dir() or not is_transformers_only(directory):
+        raise ValueError(f"--prompt with --image takes a transformers vision-language model directory "
+                         f"({', '.join(FAMILIES)}); {directory} is not one")
+    model = open_transformers(directory, dtype=dtype)
+    if not is_vision_language(model):
+        raise ValueError(f"--prompt with --image needs a vision-language model ({', '.join(FAMILIES)}); "
+                         f"{directory} is a {model.config.model_type} model: drop --prompt to draw its image "
+                         f"attention")
+    tokenizer = load_tokenizer(directory)
+    if model.config.model_type == "llava":
+        return model, tokenizer, read_image_preprocessing(directory), None
+    path = Path(directory) / FILE_NAME
+    settings = None
+    if path.is_file():
+        try:
+            settings = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error})") from None
+    return model, tokenizer, None, settings
+
+
+def write_vision_language_inspection(model: Any, tokenizer: Any, image: Any, prompt: str, out: str, *,
+                                     max_new_tokens: int = 8, layers: Optional[Sequence[int]] = None,
+                                     preprocessing: Any = None, settings: Optional[dict] = None,
+                                     model_name: str = "model", image_name: str = "image") -> VisionLanguageInspection:
+    """Generate greedily from ``image`` and ``prompt``; draw and write each new token's
+    attention over the picture (mean over heads and the layers asked for)."""
+    from ...hf.vision_language import generated_word_attention, vision_language_inputs, word_attention_json
+    from ..draw.image_overlay import plot_word_overlays
+
+    prepared = vision_language_inputs(model, tokenizer, image, prompt, preprocessing=preprocessing,
+                                      processor_settings=settings)
+    words = generated_word_attention(model, tokenizer, prepared, max_new_tokens=max_new_tokens, layers=layers)
+    tokens = prepared.image_tokens
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    which = "all layers" if layers is None else ", ".join(words.layers)
+    figure = plot_word_overlays(
+        tokens.picture, words.tokens, [tokens.picture_maps(row) for row in words.image],
+        out_dir / "words_on_image.png", shares=words.image_share.tolist(),
+        title=f"{model_name}: what each generated token looked at in {image_name} (mean over heads, {which})",
+    )
+    document = word_attention_json(words, tokens, out_dir / "vision_language.json", model=model_name,
+                                   image=image_name, prompt=prompt)
+    return VisionLanguageInspection(words.tokens, [tile.name for tile in tokens.tiles], len(tokens.positions),
+                                    [figure, document])

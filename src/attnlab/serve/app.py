@@ -184,6 +184,7 @@ def create_app(session: ModelSession, *, token: Optional[str] = None, local_only
 
     routes = [
         Route("/", page), Route("/assets/{name}", static),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon; browsers ask
         Route("/api/info", api(info)),
         Route("/api/view", api(view), methods=["POST"]), Route("/api/map", api(head_map), methods=["POST"]),
         Route("/api/step", api(step), methods=["POST"]), Route("/api/explain", api(explain), methods=["POST"]),

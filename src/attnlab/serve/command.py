@@ -12,6 +12,7 @@ import argparse
 import errno
 import ipaddress
 import secrets
+import signal
 import socket
 
 from ..inspect.commands.resolve import MODEL_HELP, add_dtype_argument
@@ -88,10 +89,26 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(session, token=token, local_only=local)
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     address = f"http://{'[' + shown + ']' if ':' in shown else shown}:{args.port}/"
-    print(f"serving on {address}{f'?token={token}' if token else ''}  (Ctrl-C stops)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host.strip("[]"), port=args.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))
-    server.run()  # returns after Ctrl-C or SIGTERM, once the requests in flight are answered
+    ready = f"serving on {address}{f'?token={token}' if token else ''}  (Ctrl-C stops)"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # the socket listens: the address printed can be opened now
+                print(ready, flush=True)
+
+    server = Server(uvicorn.Config(app, host=args.host.strip("[]"), port=args.port, log_level="warning",
+                                   access_log=False, timeout_graceful_shutdown=5))
+    # uvicorn stops on Ctrl-C or SIGTERM, answers the requests in flight, then raises the signal
+    # again for the handlers that were there before it: these, which end the command with 0.
+    stops: list[int] = []
+    previous = {number: signal.signal(number, lambda received, frame: stops.append(received))
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     if not server.started:
         raise ValueError(f"the server could not start on {args.host}:{args.port} (see the line above)")
     print("stopped", flush=True)

@@ -30,7 +30,7 @@ def test_type_click_a_head_switch_it_off_and_see_the_prediction_change(chromium,
     assert page.locator("#head-grid .cell").count() == 8
 
     page.click('#head-grid .cell[data-head="1:2"]')  # a click shows the head's map
-    page.wait_for_function("document.getElementById('map-title').textContent.includes('layer 1, head 2')")
+    page.wait_for_selector("#map-title:has-text('layer 1, head 2')")  # selectors: the page's CSP forbids eval
     assert page.locator("#map").evaluate("c => c.width") == 12 * 24
 
     page.click('#head-grid .cell[data-head="2:1"]', modifiers=["Shift"])  # shift-click switches it off
@@ -56,7 +56,8 @@ def test_type_click_a_head_switch_it_off_and_see_the_prediction_change(chromium,
     page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
 
     page.click("#all-on")
-    page.wait_for_function("document.querySelectorAll('#head-grid .cell.off').length === 0")
+    page.wait_for_selector("#off-list:empty", state="attached")
+    assert page.locator("#head-grid .cell.off").count() == 0
     assert problems == []
     assert all(url.startswith(server.url) for url in requests)  # nothing fetched from elsewhere
     page.close()

@@ -167,18 +167,19 @@ class TextExplorer:
     def _statistics(self, captured: _Captured, input_ids: Tensor) -> dict[str, list[list[Optional[float]]]]:
         """``{statistic: [L][H]}`` (``None`` where a head has no counted row)."""
         maps = {name: weights.float()[None] for name, weights in captured.maps.items()}  # [1, H, T, S]
-        mask = torch.ones_like(input_ids, dtype=torch.bool)
-        statistics = HeadStatistics(token_groups=self._groups)
-        for name, weights in maps.items():
-            statistics.update(name, weights, mask, mask, input_ids=input_ids)
-        means = statistics.means()
-        tables = {stat: [means[name][stat] for name in self.layers] for stat in next(iter(means.values()))}
-        if self.kind == "decoder":
+        if self.kind == "decoder":  # the statistics that fit causal maps (each row's allowed prefix), and roles
             causal = causal_statistics(maps)
-            tables.update({stat: [causal[stat][name] for name in self.layers] for stat in causal})
+            tables = {stat: [causal[stat][name] for name in self.layers] for stat in causal}
             roles = head_role_scores(maps, input_ids)
             for role in ("previous-token", "induction", "duplicate-token", "first-token"):
                 tables[role] = [[None if value != value else value for value in row] for row in roles[role].tolist()]
+        else:
+            mask = torch.ones_like(input_ids, dtype=torch.bool)
+            statistics = HeadStatistics(token_groups=self._groups)
+            for name, weights in maps.items():
+                statistics.update(name, weights, mask, mask, input_ids=input_ids)
+            means = statistics.means()
+            tables = {stat: [means[name][stat] for name in self.layers] for stat in next(iter(means.values()))}
         return {stat: [[None if value is None else round(float(value), 5) for value in row] for row in rows]
                 for stat, rows in tables.items()}
 

@@ -34,6 +34,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "word alignments (Pharaoh i-j) from an encoder-decoder's cross-attention or hidden states; AER against gold"),
     "image-attention": ("attnlab.inspect.commands.image_attention_command",
                         "draw a digits-text model's text-to-patch attention over the images; score it against the ink"),
+    "serve": ("attnlab.serve.command",
+              "a live explorer in the browser: maps, statistics, heads switched off or patched, step-by-step generation"),
 }
 
 

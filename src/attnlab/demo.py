@@ -9,6 +9,7 @@ minutes on two CPU cores.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
           f"checkpoints/best/, checkpoints/last/")
     print(f"load it with: attnlab.load({str(args.out)!r})")
     print(f"attention report of the first example (open it in a browser): {_write_report(args.out)}")
+    print(f"explore the model live (type a text, click heads, switch them off, see the prediction move): "
+          f"attnlab serve --model {shlex.quote(str(args.out))}")
     return 0
 
 

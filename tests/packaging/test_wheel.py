@@ -62,6 +62,8 @@ def test_the_wheel_holds_the_sources_and_assets_attnlab_reads_at_run_time(instal
                    "attnlab/attention/sparse/_block_window_native.cpp", "attnlab/cli.py"):
         assert needed in names, f"{needed} is missing from the wheel"
     assert any(name.startswith("attnlab/inspect/draw/assets/") and name.endswith(".js") for name in names)
+    for page in ("index.html", "serve.js", "serve.css"):  # attnlab serve's page
+        assert f"attnlab/serve/assets/{page}" in names, f"attnlab/serve/assets/{page} is missing from the wheel"
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
 
 

@@ -247,6 +247,8 @@ def test_no_module_of_the_library_uses_pyplot() -> None:
     ("attnlab.train", ("attnlab.inspect",)),
     ("attnlab.inspect.compute", ("attnlab.inspect.draw", "attnlab.inspect.commands", "attnlab.train")),
     ("attnlab.inspect.draw", ("attnlab.inspect.commands", "attnlab.train")),
+    ("attnlab.inspect", ("attnlab.serve",)),
+    ("attnlab.hf", ("attnlab.serve",)),
 ])
 def test_lower_packages_never_import_upper_ones(lower: str, upper: tuple[str, ...]) -> None:
     """The layering docs/design.md draws under "What may import what"."""

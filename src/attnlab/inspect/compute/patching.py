@@ -10,6 +10,8 @@ of the target run. A head's output is its slice ``[h * D, (h + 1) * D)`` of the
 attention's output-projection input (the heads concatenated, before they are mixed);
 a layer's output is what the encoder layer hands to the next one (the residual
 stream). Everything runs through hooks removed in ``finally``; the model in eval mode.
+The logit read is a classifier's class logit, or a causal language model's next-token logit
+at the last position (attnlab's decoders: their heads meet at ``o_proj``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .attribution_target import encoder_of, logits_of, resolve_target
+from .attribution_target import encoder_of, is_causal_model, logits_of, resolve_target
 from .capture import find_attention_modules
 
 __all__ = ["PatchResult", "patch_heads", "patch_layers", "head_patching_sweep", "layer_patching_sweep"]
@@ -56,7 +58,7 @@ class PatchResult:
 
 
 def _heads_of(module: nn.Module, name: str) -> tuple[nn.Module, int, int]:
-    projection = getattr(module, "out_proj", None)
+    projection = getattr(module, "out_proj", None) or getattr(module, "o_proj", None)
     heads, width = getattr(module, "num_heads", None), getattr(module, "head_dim", None)
     if not isinstance(projection, nn.Module) or not isinstance(heads, int) or not isinstance(width, int):
         raise TypeError(
@@ -66,7 +68,11 @@ def _heads_of(module: nn.Module, name: str) -> tuple[nn.Module, int, int]:
 
 
 def _run(model: nn.Module, input_ids: Tensor) -> Tensor:
-    return logits_of(model(input_ids, mask=torch.ones_like(input_ids, dtype=torch.bool)))
+    output = model(input_ids, mask=torch.ones_like(input_ids, dtype=torch.bool))
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor) and logits.dim() == 3 and is_causal_model(model):
+        return logits[:, -1]  # [B, V]: the next token after the text
+    return logits_of(output)
 
 
 @contextlib.contextmanager
@@ -154,7 +160,7 @@ def patch_heads(
     """Patch the outputs of chosen heads from the source run into the target run.
 
     Args:
-        model: a classifier on attnlab attention.
+        model: a classifier or a decoder (next-token logit) on attnlab attention.
         source_ids: ``[B, T]`` ids whose activations are patched in.
         target_ids: ``[B, T]`` ids of the run that is changed.
         heads: ``{"layer_2": [0, 3]}``: 0-based heads per layer name.

@@ -93,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"results in {args.out}/: test_report.json, metrics.jsonl, config.json, tokenizer.json, "
           f"checkpoints/best/, checkpoints/last/")
     print(f"load it with: attnlab.load({str(args.out)!r})")
-    print(f"attention report of the first example (open it in a browser): {_write_report(args.out)}")
+    report = _write_report(args.out)
     print(f"explore the model live (type a text, click heads, switch them off, see the prediction move): "
           f"attnlab serve --model {shlex.quote(str(args.out))}")
+    print(f"attention report of the first example (open it in a browser): {report}")
     return 0
 
 

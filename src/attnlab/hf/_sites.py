@@ -75,7 +75,7 @@ def _stack_of(path: str) -> str:
 
 
 def _role(stack: str) -> str:
-    lowered = stack.lower()
+    lowered = stack.lower().replace("visual", "vision")  # Qwen2-VL's tower is model.visual
     return next((role for role in _ROLES if role in lowered), stack or "model")
 
 

@@ -459,3 +459,63 @@ def test_an_encoder_decoders_statistics_read_the_text_as_its_own_target():
         expected.update(f"cross.layer_{index + 1}", weights, shifted_mask.bool(), mask.bool())
     for layer, values in expected.means().items():
         assert statistics.statistics["entropy"][layer] == pytest.approx(values["entropy"], abs=1e-5), layer
+
+
+def test_attention_called_in_chunks_is_served_block_diagonal(monkeypatch):
+    """Qwen2-VL's vision tower calls the attention function once per image inside one run of
+    each attention module. attnlab lays the chunks' weights block-diagonally (each image over
+    its own patches): equal to eager's weights of each call, caught as they are computed; a head
+    mask on a chunked layer equals the head's output zeroed in every chunk."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    from attnlab.hf.census import _image_forms, shrink
+
+    config = shrink(transformers.Qwen2VLConfig())
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLModel(config).eval()
+    form = _image_forms(config.vision_config, torch.zeros(2, 3, 32, 32))[-1]  # two images of 4 x 4 patches
+    caught = []
+    eager = modeling_qwen2_vl.eager_attention_forward
+
+    def catching(module, *args, **kwargs):
+        output, weights = eager(module, *args, **kwargs)
+        caught.append((module, weights))
+        return output, weights
+
+    monkeypatch.setattr(modeling_qwen2_vl, "eager_attention_forward", catching)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = model.get_image_features(**form).pooler_output
+    sites = [site for site in hf.attention_sites(model) if site.name.startswith("vision.")]
+    with torch.no_grad(), hf.attach(model, layers=[site.name for site in sites]) as seen:
+        got = model.get_image_features(**form).pooler_output
+    for first, second in zip(got, want):
+        assert torch.allclose(first, second, atol=1e-5)
+    for site in sites:
+        chunks = [weights for module, weights in caught if module is site.module]
+        assert len(chunks) == 2 and chunks[0].shape[-1] == 16
+        recorded = seen.attentions[site.name]
+        assert recorded.shape == (1, site.heads, 32, 32)
+        assert torch.allclose(recorded, _block_diagonal_heads(chunks), atol=1e-6)
+    # a head switched off in the first vision layer: zero in every chunk
+    head, site = 1, sites[0]
+
+    def zeroed_head(module, *args, **kwargs):
+        output, weights = eager(module, *args, **kwargs)  # [1, T, H, D]
+        if module is site.module:
+            output = output.clone()
+            output[:, :, head] = 0
+        return output, weights
+
+    monkeypatch.setattr(modeling_qwen2_vl, "eager_attention_forward", zeroed_head)
+    with torch.no_grad():
+        want = model.get_image_features(**form).pooler_output
+    with torch.no_grad(), hf.attach(model, head_mask={site.name: [head]}):
+        got = model.get_image_features(**form).pooler_output
+    for first, second in zip(got, want):
+        assert torch.allclose(first, second, atol=1e-5)
+
+
+def _block_diagonal_heads(chunks):
+    heads = chunks[0].shape[1]
+    return torch.stack([torch.block_diag(*[c[0, h] for c in chunks]) for h in range(heads)])[None]

@@ -90,11 +90,11 @@ lock:
 # of every package (`test-latest`). These resolve at run time, on purpose: they are how a
 # new release's break is found before users find it. Neither is part of `make test`. torch
 # stays the machine's CPU build at both ends (the newest release the bound admits is a CUDA
-# build of several GB).
+# build of several GB). `test-latest` also runs the whole census (tests/unit/hf/test_census.py).
 test-oldest: $(CHROMIUM)
 	$(MAKE) ends END=oldest RESOLUTION=lowest-direct
 test-latest: $(CHROMIUM)
-	$(MAKE) ends END=latest RESOLUTION=highest
+	$(MAKE) ends END=latest RESOLUTION=highest WHOLE_CENSUS=1
 
 ENV_DIR = .venv-$(END)
 ends:
@@ -110,7 +110,7 @@ ends:
 	$(call kernels,$(ENV_DIR)/bin/python)
 	grep -iE "^(torch|transformers|tokenizers|safetensors|numpy|matplotlib|huggingface-hub|gguf|scipy|captum)==" \
 		$(ENV_DIR)/requirements.txt
-	$(ENV_DIR)/bin/python -m pytest tests
+	ATTNLAB_WHOLE_CENSUS=$(WHOLE_CENSUS) $(ENV_DIR)/bin/python -m pytest tests
 
 clean:
 	rm -rf $(VENV) .venv-oldest .venv-latest build src/*.egg-info .pytest_cache

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -122,7 +123,11 @@ def exact_attention(
     value = value[:, :, None].expand(B, K, groups, S, value.shape[-1]).reshape(B, H, S, -1)
     scaling = 1.0 / math.sqrt(D) if scaling is None else scaling
     if attention_mask is not None and attention_mask.dtype != torch.bool:
+        # eager's masks write "may not attend" as the dtype's lowest value: read as -inf, so that
+        # a row with no admissible key is found (zeros, not a uniform row)
+        floor = torch.finfo(attention_mask.dtype).min / 2
         attention_mask = attention_mask.float()
+        attention_mask = attention_mask.masked_fill(attention_mask <= floor, float("-inf"))
     # A causal map with no other mask is computed in blocks of rows against the keys up to
     # the block's last row only: the part above the diagonal, about half the products and
     # passes, is never computed (eager computes it and masks it away).
@@ -327,14 +332,38 @@ def attnlab_attention_forward(
     return output, weights
 
 
+# Configs of models transformers' sdpa does not serve: they get eager's masks (below).
+_EAGER_MASKS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def use_eager_masks(model: nn.Module, configs: list) -> None:
+    """Give ``configs`` eager's masks when ``model`` is one transformers' sdpa does not serve:
+    such a model may rely on masks sdpa's builder leaves out (NLLB-MoE's decoder attention says
+    ``is_causal=False``) or extend them with additive terms (DeepSeek-V4's compressed keys)."""
+    if not getattr(model, "_supports_sdpa", True):
+        for config in configs:
+            _EAGER_MASKS[id(config)] = config
+
+
+def attnlab_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
+    """``sdpa``'s mask builder; eager's for the configs :func:`use_eager_masks` marked."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    if config is not None and _EAGER_MASKS.get(id(config)) is config:
+        kwargs.pop("allow_is_causal_skip", None)
+        return eager_mask(*args, config=config, **kwargs)
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
 def register() -> None:
     """Register the function and its mask builder with transformers (idempotent).
 
     The mask builder is ``sdpa``'s: boolean masks, and no mask where ``is_causal`` says
-    it all, so the fused path receives exactly what ``sdpa`` receives.
+    it all, so the fused path receives exactly what ``sdpa`` receives (but for models sdpa
+    does not serve: :func:`use_eager_masks`).
     """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(BACKEND_NAME, attnlab_attention_forward)
-    AttentionMaskInterface.register(BACKEND_NAME, sdpa_mask)
+    AttentionMaskInterface.register(BACKEND_NAME, attnlab_mask)

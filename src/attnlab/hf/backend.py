@@ -28,7 +28,7 @@ from ..inspect.compute.capture import is_served, serve_as_attention
 from ..inspect.compute.causal_statistics import CausalStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..outputs import LayerAttentions
-from ._kernel import BACKEND_NAME, UnsupportedAttention, register
+from ._kernel import BACKEND_NAME, UnsupportedAttention, use_eager_masks, register
 from ._routes import _ROUTES, route_of
 from ._sites import AttentionSite, attention_sites, unrouted_attention
 
@@ -302,28 +302,34 @@ class AttachedModel:
         if head_mask is None:
             return None
         counts = [site.heads for site in self.sites]
-        if any(count is None for count in counts):
-            missing = next(site for site in self.sites if site.heads is None)
-            raise ValueError(f"{missing.path} does not say its number of heads; its heads cannot be masked")
-        L, H = len(counts), max(counts)
+
+        def refuse(site: AttentionSite) -> None:
+            raise ValueError(f"{site.path} does not say its number of heads; its heads cannot be masked")
+
+        L, H = len(counts), max((count for count in counts if count), default=0)
         if isinstance(head_mask, Tensor):
+            if None in counts:
+                refuse(self.sites[counts.index(None)])
             if tuple(head_mask.shape) != (L, H):
                 raise ValueError(f"head_mask must be [L, H] = [{L}, {H}] (layers {', '.join(s.name for s in self.sites)}), "
                                  f"got {tuple(head_mask.shape)}")
             mask = head_mask
-        else:
+        else:  # only the layers named need their number of heads
             mask = torch.ones(L, H)
             names = [site.name for site in self.sites]
             for layer, removed in head_mask.items():
                 if layer not in names:
                     raise ValueError(f"head_mask: no attention layer {layer!r}; this model has {', '.join(names)}")
                 row = names.index(layer)
+                if counts[row] is None:
+                    refuse(self.sites[row])
                 for head in removed:
                     if isinstance(head, bool) or not 0 <= int(head) < counts[row]:
                         raise ValueError(f"head_mask: {layer} has {counts[row]} heads (0-based), got {head!r}")
                     mask[row, int(head)] = 0.0
         for row, site in enumerate(self.sites):
-            _ROUTES[site.module].head_scale = mask[row, : site.heads]
+            if site.heads is not None:
+                _ROUTES[site.module].head_scale = mask[row, : site.heads]
         return mask
 
     def __repr__(self) -> str:
@@ -405,6 +411,7 @@ def attach(
     )
     register()
     configs = _configs_of(model)
+    use_eager_masks(model, configs)
     previous = [(config, config._attn_implementation_internal) for config in configs]
     newly_served = {site.module: site.heads for site in sites if not is_served(site.module)}
     handles = []

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
-from ._kernel import BACKEND_NAME, register
+from ._kernel import BACKEND_NAME, use_eager_masks, register
+from .backend import _configs_of
 from ._sites import attention_sites, unrouted_attention
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class TransformersModel(nn.Module):
                 f"attnlab cannot show its weights"
             )
         register()
+        use_eager_masks(model, _configs_of(model))
         model.set_attn_implementation(BACKEND_NAME)
         self.model, self.name = model, name
         self.config = model.config

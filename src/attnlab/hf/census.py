@@ -99,6 +99,8 @@ class Verdict:
         head_mask: largest difference of the outputs with one head masked against the reference
             with that head's output zeroed (``None``: not checked, where the reference is eager).
         layers: attention layers served (attnlab's names).
+        kind: ``decoder``, ``encoder``, ``encoder-decoder``, ``vision``, ``speech``,
+            ``vision-language`` or ``two towers`` (empty where no model was built).
         reference: ``sdpa`` or ``eager``.
         seconds: time spent on it.
     """
@@ -111,6 +113,7 @@ class Verdict:
     weights: Optional[float] = None
     head_mask: Optional[float] = None
     layers: list[str] = field(default_factory=list)
+    kind: str = ""
     reference: str = ""
     seconds: float = 0.0
 
@@ -399,6 +402,7 @@ def _try(model_type: str) -> Verdict:
         config = shrink(CONFIG_MAPPING[model_type](), _OVERRIDES.get(model_type))
         torch.manual_seed(0)
         model = model_class(config).eval()
+        verdict.kind = _kind(model, config)
     except Exception as error:  # noqa: BLE001  any failure to build is this architecture's verdict
         verdict.reason = f"building it failed: {type(error).__name__}: {_first_line(error)}"
         return verdict
@@ -518,6 +522,29 @@ def _head_mask_difference(model: nn.Module, inputs: dict, sites: list, reference
     return _largest(zip(_floating(got), _floating(want)))
 
 
+def _kind(model: nn.Module, config: Any) -> str:
+    """What kind of model it is, from its main input, its config and its attention modules."""
+    main = getattr(model, "main_input_name", "input_ids")
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if main in ("input_values", "input_features") or getattr(config, "audio_config", None) is not None:
+        return "speech"
+    if main in ("pixel_values", "pixel_values_videos"):
+        return "vision"
+    if getattr(config, "vision_config", None) is not None:
+        image_token = any(isinstance(getattr(config, name, None), int) for name in ("image_token_id", "image_token_index"))
+        return "vision-language" if image_token else "two towers"
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    causal = any(getattr(module, "is_causal", False) is True for module in model.modules())
+    name = getattr(config, "model_type", None)  # a causal language model that is not BERT's kind with an LM head
+    language_model = name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and name not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return "decoder" if causal or language_model or getattr(config, "is_decoder", False) else "encoder"
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:200]
@@ -558,6 +585,20 @@ def _figure(value: Optional[float]) -> str:
     return "0" if value == 0 else f"{value:.1e}"
 
 
+KINDS = ("decoder", "encoder", "encoder-decoder", "vision", "speech", "vision-language", "two towers", "")
+VERDICTS = ("served", "differs", "refused", "not built")
+
+
+def _by_kind(verdicts: list[Verdict]) -> list[str]:
+    """The totals as a markdown table: one row per kind of model, one column per verdict."""
+    lines = ["| kind | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    for kind in KINDS:
+        counts = [sum(v.kind == kind and v.verdict == verdict for v in verdicts) for verdict in VERDICTS]
+        if any(counts):
+            lines.append(f"| {kind or 'no model built'} | " + " | ".join(map(str, counts)) + " |")
+    return lines
+
+
 def write_table(verdicts: list[Verdict], path: Path) -> None:
     """``docs/hf_backend_architectures.md``: the counts, then one row per architecture."""
     import transformers
@@ -587,13 +628,15 @@ def write_table(verdicts: list[Verdict], path: Path) -> None:
         "model to try. The hand-picked cases of `tests/parity/test_hf_backend_parity.py` check padded batches "
         "besides.",
         "",
-        "| model type | class | verdict | outputs | weights | head mask | attention layers | reason |",
-        "|---|---|---|---|---|---|---|---|",
+        *_by_kind(verdicts),
+        "",
+        "| model type | class | kind | verdict | outputs | weights | head mask | attention layers | reason |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for verdict in verdicts:
         layers = f"{len(verdict.layers)}" if verdict.layers else ""
         reason = verdict.reason.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {verdict.model_type} | `{verdict.model_class}` | {verdict.verdict} | "
+        lines.append(f"| {verdict.model_type} | `{verdict.model_class}` | {verdict.kind} | {verdict.verdict} | "
                      f"{_figure(verdict.outputs)} | {_figure(verdict.weights)} | {_figure(verdict.head_mask)} | "
                      f"{layers} | {reason} |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -350,7 +350,8 @@ def generated_word_attention(model: nn.Module, tokenizer: Any, prepared: VisionL
         raise ValueError(f"{type(inner).__name__}: no language-model attention layer found")
     chosen = sites if layers is None else [sites[layer - 1] for layer in layers if 1 <= layer <= len(sites)]
     if layers is not None and len(chosen) != len(layers):
-        raise ValueError(f"the language model has {len(sites)} layers (1..{len(sites)}), got {list(layers)}")
+        wrong = next(layer for layer in layers if not 1 <= layer <= len(sites))
+        raise ValueError(f"layer {wrong} does not exist: the language model has {len(sites)} layers (1..{len(sites)})")
     inputs = prepared.inputs
     prompt_length = inputs["input_ids"].shape[1]
     eos = getattr(getattr(inner, "generation_config", None), "eos_token_id", None)

@@ -30,6 +30,9 @@ def test_verdicts_follow_the_installed_transformers(tmp_path):
         assert verdicts[served].verdict == "served", verdicts[served]
         assert verdicts[served].outputs == 0.0 and verdicts[served].weights <= 1e-5
         assert verdicts[served].head_mask is None or verdicts[served].head_mask <= 1e-5
+    kinds = {"llama": "decoder", "bert": "encoder", "t5": "encoder-decoder", "clip": "two towers", "vit_mae": "vision",
+             "wav2vec2": "speech", "llava": "vision-language", "bloom": "decoder"}
+    assert {name: verdicts[name].kind for name in kinds} == kinds
     # BLOOM computes its attention in the module in some releases: refused there, with attach's line
     assert verdicts["bloom"].verdict == ("served" if _routes("bloom") else "refused")
     if verdicts["bloom"].verdict == "refused":

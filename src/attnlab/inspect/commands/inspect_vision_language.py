@@ -75,10 +75,19 @@ def write_vision_language_inspection(model: Any, tokenizer: Any, image: Any, pro
     which = "all layers" if layers is None else ", ".join(words.layers)
     figure = plot_word_overlays(
         tokens.picture, words.tokens, [tokens.picture_maps(row) for row in words.image],
-        out_dir / "words_on_image.png", shares=words.image_share.tolist(),
+        out_dir / "words_on_image.png", shares=words.image_share.tolist(), tiles=_tile_grid(tokens.tiles),
         title=f"{model_name}: what each generated token looked at in {image_name} (mean over heads, {which})",
     )
     document = word_attention_json(words, tokens, out_dir / "vision_language.json", model=model_name,
                                    image=image_name, prompt=prompt)
     return VisionLanguageInspection(words.tokens, [tile.name for tile in tokens.tiles], len(tokens.positions),
                                     [figure, document])
+
+
+def _tile_grid(tiles: list) -> Optional[tuple[int, int]]:
+    """``(rows, columns)`` of the cut tiles (``None`` when the picture was not cut)."""
+    cut = [tile for tile in tiles if tile.name != "whole image"]
+    if not cut:
+        return None
+    return max(tile.box[2] for tile in cut) // (cut[0].box[2] - cut[0].box[0]), \
+        max(tile.box[3] for tile in cut) // (cut[0].box[3] - cut[0].box[1])

@@ -91,6 +91,7 @@ def plot_word_overlays(
     *,
     shares: Optional[Sequence[float]] = None,
     title: Optional[str] = None,
+    tiles: Optional[tuple[int, int]] = None,
 ) -> Path:
     """What each generated word looked at: one row per word, one panel per kind of map.
 
@@ -102,6 +103,8 @@ def plot_word_overlays(
         path: the PNG written.
         shares: per word, the share of its attention on the image, shown beside the word.
         title: the figure's title.
+        tiles: ``(rows, columns)`` of the tiles the picture was cut into, outlined on the
+            ``tiles`` panels.
     """
     picture = np.asarray(picture, dtype=np.float32)
     if len(words) != len(maps) or not words:
@@ -122,6 +125,11 @@ def plot_word_overlays(
             top = float(grid.max()) if float(grid.max()) > 0 else 1.0
             axis.imshow(picture)
             axis.imshow(_upsample(grid, height, width), cmap="inferno", alpha=0.6, vmin=0, vmax=top)
+            if kind == "tiles" and tiles is not None:
+                for line in range(1, tiles[0]):
+                    axis.axhline(line * height / tiles[0] - 0.5, color="cyan", linewidth=0.8)
+                for line in range(1, tiles[1]):
+                    axis.axvline(line * width / tiles[1] - 0.5, color="cyan", linewidth=0.8)
             if row == 0:
                 axis.set_title(kind, fontsize=8)
             if column == 0:

@@ -40,7 +40,7 @@ def test_verdicts_follow_the_installed_transformers(tmp_path):
     assert verdicts["albert"].verdict == "refused" and "runs more than once" in verdicts["albert"].reason
     write_table(list(verdicts.values()), tmp_path / "table.md")
     table = (tmp_path / "table.md").read_text()
-    assert f"transformers {transformers.__version__}" in table and "| llama | `LlamaModel` | served |" in table
+    assert f"transformers {transformers.__version__}" in table and "| llama | `LlamaModel` | decoder | served |" in table
 
 
 def test_an_encoder_whose_attention_sets_no_is_causal_is_served_bidirectional():

@@ -121,6 +121,22 @@ def test_explain_gives_the_librarys_scores(classifier_server) -> None:
     assert answer["tokens"] == reference.tokens
     np.testing.assert_allclose(answer["scores"], reference.scores["grad-attention"], rtol=1e-5, atol=1e-7)
     assert "explained class" in answer["explained"]
+    # with heads off, the scores are those of the model with those heads masked
+    method = "integrated-gradients"
+    status, answer = server.request("api/explain", {"text": "the film was great fun", "method": method,
+                                                    "off": ["1:2"]})
+    assert status == 200, answer
+    assert answer["off"] == ["1:2"] and "1 head(s) off" in answer["explained"]
+    model, tokenizer = session.explorer.model, session.explorer.tokenizer
+    with mask_heads(model, {"layer_1": [1]}):
+        masked = explain(model, tokenizer, "the film was great fun", [method])
+    np.testing.assert_allclose(answer["scores"], masked.scores[method], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(masked.scores[method], explain(model, tokenizer, "the film was great fun",
+                                                          [method]).scores[method])
+    # grad-attention reads gradients through the weights a head mask cuts from the output: refused, said why
+    status, answer = server.request("api/explain", {"text": "the film was great fun", "method": "grad-attention",
+                                                    "off": ["1:2"]})
+    assert status == 422 and "does not explain the model with heads off" in answer["error"]
 
 
 def test_patch_gives_the_library_patchings_logits(classifier_server) -> None:

@@ -10,7 +10,7 @@ counted from 1, as ``--mask-heads 2:1``):
 ``POST /api/view``       ``{text, off}``: tokens, statistics grid, prediction
 ``POST /api/map``        ``{text, off, layer, head, rows}``: one head's map (whole, rows or pooled)
 ``POST /api/step``       ``{text, generated, off}``: the next token and what the last one attended to
-``POST /api/explain``    ``{text, method}``: per-token scores
+``POST /api/explain``    ``{text, method, off}``: per-token scores (of the model with those heads off)
 ``POST /api/patch``      ``{text, source, heads}``: the heads patched from the source's run
 ``POST /api/image``      the PNG or JPEG bytes (``?off=2:1,3:4``): overlays, rollout, labels
 =======================  ===============================================================
@@ -144,7 +144,8 @@ def create_app(session: ModelSession, *, token: Optional[str] = None, local_only
         body = await body_of(request)
         text = text_field(body, "text", limits)
         method = choice_field(body, "method", explorer.methods() or ["raw"])
-        return await session.run(explorer.explain, text, method)
+        off = heads_field(body, "off", explorer.heads)
+        return await session.run(explorer.explain, text, method, off)
 
     async def patch(request: Request) -> Any:
         text_only()

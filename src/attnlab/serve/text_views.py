@@ -241,8 +241,24 @@ class TextExplorer:
                 "tokens": [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids],
                 "position": len(ids) - 1, "attended": pack_weights(rows), "shape": list(rows.shape)}
 
-    def explain(self, text: str, method: str) -> dict[str, Any]:
-        """Per-token scores of ``text`` by ``method``: for the predicted class, or the greedy next token."""
+    def explain(self, text: str, method: str, off: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+        """Per-token scores of ``text`` by ``method``: for the predicted class, or the greedy next
+        token, of the model with heads ``off`` switched off (the library's head mask)."""
+        masked = mask_heads(self.model, self._switched_off(off)) if off else contextlib.nullcontext()
+        try:
+            with masked:
+                found = self._explain(text, method)
+        except ValueError as error:
+            if not off:
+                raise
+            raise RequestError(422, f"{method} does not explain the model with heads off ({error}); switch the "
+                                    f"heads on, or choose another method") from None
+        if off:
+            found["explained"] += f", with {len(off)} head(s) off"
+        found["off"] = [f"{layer}:{head}" for layer, head in off]
+        return found
+
+    def _explain(self, text: str, method: str) -> dict[str, Any]:
         if method not in self.methods():
             raise RequestError(422, f"method {method!r} does not serve {self.name} ({self.kind}); choose one of "
                                     f"{', '.join(self.methods())}")

@@ -307,7 +307,8 @@
   }
 
   async function explain() {
-    const answer = await call("api/explain", { text: state.text || $("text").value, method: $("method").value });
+    const answer = await call("api/explain", { text: state.text || $("text").value, method: $("method").value,
+                                               off: offList() });
     $("explained").textContent = answer.method + ": " + answer.explained;
     const strip = $("explanation");
     strip.textContent = "";

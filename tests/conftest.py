@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,23 @@ settings.load_profile("attnlab")
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+CHROMIUM_PATH = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's headless chromium through playwright (skipped where it is not installed)."""
+    if not CHROMIUM_PATH.exists():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+    with playwright_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM_PATH), args=arguments)
+        yield launched
+        launched.close()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

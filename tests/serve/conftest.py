@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -28,7 +27,6 @@ from attnlab.serve.session import ModelSession  # noqa: E402
 from attnlab.serve.text_views import TextExplorer  # noqa: E402
 
 WORDS = ("the a cat dog sat on mat film movie was is great bad fun boring and but not very plot . ,").split()
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def word_tokenizer() -> AttnlabTokenizer:
@@ -109,16 +107,3 @@ def classifier_server():
     yield server, session
     server.stop()
 
-
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's headless chromium through playwright (skipped where it is not installed)."""
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=arguments)
-        yield launched
-        launched.close()

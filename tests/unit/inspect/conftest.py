@@ -67,23 +67,6 @@ def tiny_run(tmp_path: Path) -> Path:
     return save_tiny_run(tmp_path / "run")
 
 
-CHROMIUM_PATH = Path("/usr/bin/chromium")
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's headless chromium through playwright (skipped where it is not installed)."""
-    if not CHROMIUM_PATH.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    arguments = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM_PATH), args=arguments)
-        yield launched
-        launched.close()
-
-
 @pytest.fixture(scope="module")
 def browser(chromium):
     """The same headless chromium, under the name the page tests use."""

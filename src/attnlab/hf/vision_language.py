@@ -11,6 +11,11 @@ tokens becomes a map over the image:
 * **LLaVA** (``llava``): the picture resized (and cropped) to the tower's ``image_size``; one
   token per patch, row-major on a ``image_size / patch_size`` grid (the class token dropped,
   ``vision_feature_select_strategy="default"``; with ``"full"`` it comes first and is no cell).
+* **Qwen2-VL and Qwen2.5-VL** (``qwen2_vl``, ``qwen2_5_vl``): the picture resized so that each
+  side is a multiple of ``patch_size * merge_size`` and its area lies within the processor's
+  bounds (``smart_resize``); each token merges ``merge_size x merge_size`` patches, row-major on a
+  ``height / (patch_size * merge_size)`` by ``width / (...)`` grid, between ``<|vision_start|>``
+  and ``<|vision_end|>``; ``image_grid_thw`` and ``mm_token_type_ids`` as the processor gives them.
 * **Idefics 3 and SmolVLM** (``idefics3``, ``smolvlm``): the picture resized so that its longer
   side is the processor's ``size["longest_edge"]``, each side then rounded up to whole tiles of
   ``max_image_size``, and cut into ``rows x columns`` tiles, followed by the whole picture
@@ -44,7 +49,8 @@ __all__ = ["ImageTokens", "Tile", "VisionLanguageInputs", "WordAttention", "gene
 
 _TILED = ("idefics3", "smolvlm")
 _SINGLE = ("llava",)
-FAMILIES = _SINGLE + _TILED
+_GRID = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = _SINGLE + _TILED + _GRID
 
 
 @dataclass(frozen=True)
@@ -147,14 +153,17 @@ def vision_language_inputs(model: nn.Module, tokenizer: Any, image: Any, prompt:
     """The inputs of ``model`` for an RGB ``PIL.Image`` and a prompt.
 
     Args:
-        model: a LLaVA, Idefics 3 or SmolVLM model (transformers' ``...ForConditionalGeneration``).
+        model: a LLaVA, Idefics 3, SmolVLM, Qwen2-VL or Qwen2.5-VL model (transformers'
+            ``...ForConditionalGeneration``).
         tokenizer: the model's ``tokenizers.Tokenizer``.
         image: an RGB ``PIL.Image``.
         prompt: the text, in the model's chat format; ``<image>`` marks where the image goes.
         preprocessing: LLaVA's :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`
             (``None``: resized to the tower's size, mean and std 0.5).
-        processor_settings: Idefics 3's ``preprocessor_config.json`` (``size``,
-            ``max_image_size``, ``do_image_splitting``, ``image_mean``, ``image_std``).
+        processor_settings: the ``preprocessor_config.json`` of Idefics 3 (``size``,
+            ``max_image_size``, ``do_image_splitting``, ``image_mean``, ``image_std``) or Qwen2-VL
+            (``patch_size``, ``merge_size``, ``temporal_patch_size``, ``size`` or
+            ``min_pixels`` / ``max_pixels``, ``image_mean``, ``image_std``).
 
     Raises:
         ValueError: a model of another family, or a tokenizer without the tokens it needs.
@@ -163,6 +172,8 @@ def vision_language_inputs(model: nn.Module, tokenizer: Any, image: Any, prompt:
     vision = config.vision_config
     if config.model_type in _SINGLE:
         return _llava_inputs(config, vision, tokenizer, image, prompt, preprocessing)
+    if config.model_type in _GRID:
+        return _grid_inputs(config, vision, tokenizer, image, prompt, processor_settings or {})
     return _tiled_inputs(config, vision, tokenizer, image, prompt, processor_settings or {})
 
 
@@ -209,6 +220,67 @@ def _llava_inputs(config: Any, vision: Any, tokenizer: Any, image: Any, prompt: 
                          [Tile("whole image", (0, 0, size, size), (side, side))], steps.displayable(pixels))
     ids_tensor = torch.tensor([ids])
     inputs = {"input_ids": ids_tensor, "attention_mask": torch.ones_like(ids_tensor), "pixel_values": pixels}
+    return VisionLanguageInputs(inputs, tokens)
+
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def _smart_size(height: int, width: int, factor: int, least: int, most: int) -> tuple[int, int]:
+    """Qwen2-VL's ``smart_resize``: each side a multiple of ``factor``, the area within
+    ``[least, most]`` pixels, the aspect ratio kept as closely as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"the picture's aspect ratio {max(height, width) / min(height, width):.0f} is past 200, "
+                         f"which Qwen2-VL's processor refuses")
+    tall, wide = round(height / factor) * factor, round(width / factor) * factor
+    if tall * wide > most:
+        beta = math.sqrt(height * width / most)
+        tall = max(factor, math.floor(height / beta / factor) * factor)
+        wide = max(factor, math.floor(width / beta / factor) * factor)
+    elif tall * wide < least:
+        beta = math.sqrt(least / (height * width))
+        tall, wide = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return tall, wide
+
+
+def _grid_inputs(config: Any, vision: Any, tokenizer: Any, image: Any, prompt: str,
+                 settings: dict) -> VisionLanguageInputs:
+    patch = int(settings.get("patch_size", vision.patch_size))
+    merge = int(settings.get("merge_size", vision.spatial_merge_size))
+    temporal = int(settings.get("temporal_patch_size", vision.temporal_patch_size))
+    size = settings.get("size") or {}
+    least = int(settings.get("min_pixels", size.get("shortest_edge", 56 * 56)))
+    most = int(settings.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280)))
+    mean = np.asarray(settings.get("image_mean", _CLIP_MEAN), dtype=np.float32)
+    std = np.asarray(settings.get("image_std", _CLIP_STD), dtype=np.float32)
+    rgb = image.convert("RGB")
+    height, width = _smart_size(rgb.height, rgb.width, patch * merge, least, most)
+    resized = np.asarray(rgb.resize((width, height), resample=int(settings.get("resample", 3))), dtype=np.float32)
+    normalised = ((resized * np.float32(settings.get("rescale_factor", 1 / 255)) - mean) / std).transpose(2, 0, 1)
+    rows, columns = height // patch, width // patch
+    patches = normalised.reshape(3, rows // merge, merge, patch, columns // merge, merge, patch)
+    patches = patches.transpose(1, 4, 2, 5, 0, 3, 6)  # merged windows row-major, then the patches inside each
+    patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], temporal, patch, patch))
+    pixels = torch.from_numpy(np.ascontiguousarray(patches).reshape(rows * columns, 3 * temporal * patch * patch))
+    side_rows, side_columns = rows // merge, columns // merge
+    count = side_rows * side_columns
+    image_token = _image_token(config)
+    block = [image_token] * count
+    start_token, end_token = tokenizer.token_to_id("<|vision_start|>"), tokenizer.token_to_id("<|vision_end|>")
+    marked = image_token in tokenizer.encode(prompt).ids
+    if not marked and start_token is not None and end_token is not None:
+        block = [start_token] + block + [end_token]
+    ids, start = _prompt_ids(tokenizer, prompt, block, image_token)
+    start += 0 if marked or start_token is None or end_token is None else 1
+    cells = torch.arange(count)
+    tokens = ImageTokens(torch.arange(start, start + count), torch.zeros(count, dtype=torch.long),
+                         cells // side_columns, cells % side_columns,
+                         [Tile("whole image", (0, 0, height, width), (side_rows, side_columns))], resized / 255.0)
+    ids_tensor = torch.tensor([ids])
+    inputs = {"input_ids": ids_tensor, "attention_mask": torch.ones_like(ids_tensor), "pixel_values": pixels,
+              "image_grid_thw": torch.tensor([[1, rows, columns]]),
+              "mm_token_type_ids": (ids_tensor == image_token).long()}
     return VisionLanguageInputs(inputs, tokens)
 
 
@@ -363,6 +435,11 @@ def generated_word_attention(model: nn.Module, tokenizer: Any, prepared: VisionL
         raise ValueError("the model generated no token")
     ids = sequence[:, :-1]
     forward = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for name, value in inputs.items():  # per-token inputs (Qwen2-VL's mm_token_type_ids): text for new tokens
+        if name not in forward or name in ("input_ids", "attention_mask") or value.dim() != 2:
+            continue
+        if value.shape == (1, prompt_length):
+            forward[name] = torch.cat([value, value.new_zeros(1, ids.shape[1] - prompt_length)], dim=1)
     with torch.no_grad(), attach(inner, layers=[site.name for site in chosen]) as seen:
         inner(**forward)
     rows = torch.arange(prompt_length - 1, prompt_length - 1 + len(new))

@@ -21,7 +21,8 @@ from attnlab.hf.vision_language import (  # noqa: E402
 )
 
 WORDS = ["<pad>", "<s>", "</s>", "a", "cat", "on", "the", "mat", "what", "is", "here", "User:", "Assistant:"]
-SPECIAL = ["<image>", "<fake_token_around_image>", "<global-img>"] + [
+SPECIAL = ["<image>", "<fake_token_around_image>", "<global-img>", "<|image_pad|>", "<|vision_start|>",
+           "<|vision_end|>"] + [
     f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5)]
 
 
@@ -58,6 +59,19 @@ def _idefics3(tokenizer: Tokenizer):
     return transformers.Idefics3ForConditionalGeneration(config).eval()
 
 
+def _qwen2_vl(tokenizer: Tokenizer, config_class: str = "Qwen2VLConfig"):
+    from attnlab.hf.census import shrink
+
+    config = shrink(getattr(transformers, config_class)())
+    config.image_token_id = tokenizer.token_to_id("<|image_pad|>")
+    config.vision_start_token_id = tokenizer.token_to_id("<|vision_start|>")
+    config.text_config.vocab_size = config.vocab_size = tokenizer.get_vocab_size()
+    torch.manual_seed(0)
+    return getattr(transformers, config_class.replace("Config", "ForConditionalGeneration"))(config).eval()
+
+
+GRID_SETTINGS = {"patch_size": 8, "merge_size": 2, "temporal_patch_size": 2,
+                 "size": {"shortest_edge": 32 * 32, "longest_edge": 64 * 64}}
 SETTINGS = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}, "do_image_splitting": True,
             "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 1}
 
@@ -110,25 +124,60 @@ def test_idefics3_tokens_lie_on_their_tiles_by_hand():
     np.testing.assert_array_equal(maps["whole image"], [[8, 9], [10, 11]])
 
 
-@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_qwen2_vl_inputs_equal_its_processor_and_lie_on_the_merged_grid():
+    """Flattened patches and grid as transformers' Qwen2-VL image processor makes them (its
+    Pillow backend), and the prompt's image token repeated once per merged window, as
+    ``Qwen2VLProcessor`` repeats it; each token one 2 x 2 window of 8-pixel patches, row-major
+    (by hand: a 40 x 90 picture is resized to 32 x 96, sides rounded to 16 pixels, a 2 x 6 grid of
+    tokens)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _tokenizer()
+    model = _qwen2_vl(tokenizer)
+    images = Qwen2VLImageProcessorPil(**GRID_SETTINGS)
+    prompt = "User: <|vision_start|><|image_pad|><|vision_end|> what is here"
+    for height, width in ((40, 90), (90, 40), (20, 20)):
+        picture = _picture(height, width)
+        want = images(images=[picture], return_tensors="pt")
+        got = vision_language_inputs(model, tokenizer, picture, prompt, processor_settings=GRID_SETTINGS)
+        assert got.inputs["image_grid_thw"].tolist() == want["image_grid_thw"].tolist()
+        assert torch.allclose(got.inputs["pixel_values"], want["pixel_values"].float(), atol=1e-4)
+        count = int(want["image_grid_thw"].prod()) // 4
+        expanded = prompt.replace("<|image_pad|>", "<|image_pad|>" * count)
+        assert got.inputs["input_ids"][0].tolist() == tokenizer.encode(expanded).ids
+        image = tokenizer.token_to_id("<|image_pad|>")
+        assert got.inputs["mm_token_type_ids"].tolist() == (got.inputs["input_ids"] == image).long().tolist()
+    tokens = vision_language_inputs(model, tokenizer, _picture(40, 90), "what is here",
+                                    processor_settings=GRID_SETTINGS).image_tokens
+    assert tokens.picture.shape == (32, 96, 3) and tokens.tiles[0].grid == (2, 6)
+    assert tokens.positions.tolist() == list(range(1, 13))  # after <|vision_start|>
+    assert tokens.row.tolist() == [0] * 6 + [1] * 6 and tokens.column.tolist() == list(range(6)) * 2
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3", "qwen2_vl", "qwen2_5_vl"])
 def test_each_generated_word_looked_at_the_rows_of_its_forward(family):
     """The map of each new token is the mean over heads (and layers) of the language model's
     row that predicted it, at the image tokens' columns: computed by hand from eager's weights."""
     tokenizer = _tokenizer()
-    model = _llava(tokenizer) if family == "llava" else _idefics3(tokenizer)
-    prepared = vision_language_inputs(model, tokenizer, _picture(30, 60), "<s> <image> what is here",
-                                      processor_settings=SETTINGS)
+    model = {"llava": _llava, "idefics3": _idefics3, "qwen2_vl": _qwen2_vl,
+             "qwen2_5_vl": lambda tokens: _qwen2_vl(tokens, "Qwen2_5_VLConfig")}[family](tokenizer)
+    grid = family.startswith("qwen")
+    prepared = vision_language_inputs(model, tokenizer, _picture(30, 60),
+                                      f"<s> {'<|image_pad|>' if grid else '<image>'} what is here",
+                                      processor_settings=GRID_SETTINGS if grid else SETTINGS)
     words = generated_word_attention(model, tokenizer, prepared, max_new_tokens=3)
     assert len(words.tokens) == 3 and words.image.shape == (3, len(prepared.image_tokens.positions))
     prompt = prepared.inputs["input_ids"].shape[1]
     ids = torch.cat([prepared.inputs["input_ids"], torch.tensor([words.ids[:-1]])], dim=1)
     model.set_attn_implementation("eager")
     with torch.no_grad():
-        eager = model(**{**prepared.inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)},
-                      output_attentions=True)
+        extended = {**prepared.inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if "mm_token_type_ids" in extended:  # the new tokens are text
+            extended["mm_token_type_ids"] = torch.nn.functional.pad(extended["mm_token_type_ids"], (0, 2))
+        eager = model(**extended, output_attentions=True)
         greedy = model.generate(**prepared.inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert words.ids == greedy[0, prompt:].tolist()
-    language = eager.attentions[-2:] if family == "llava" else eager.attentions  # LLaVA's language model: 2 layers
+    language = eager.attentions[-2:] if family == "llava" else eager.attentions  # the language model's 2 layers
     rows = torch.arange(prompt - 1, prompt + 2)
     want = torch.stack([layer[0].mean(0)[rows] for layer in language]).mean(0)[:, prepared.image_tokens.positions]
     assert torch.allclose(words.image, want, atol=1e-6)
@@ -154,36 +203,38 @@ def test_llava_tokens_are_the_patch_grid():
 
 def _directory(tmp_path, family: str):
     tokenizer = _tokenizer()
-    model = _llava(tokenizer) if family == "llava" else _idefics3(tokenizer)
+    model = {"llava": _llava, "idefics3": _idefics3, "qwen2_vl": _qwen2_vl}[family](tokenizer)
     directory = tmp_path / family
     model.save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
-    if family == "idefics3":
-        (directory / "preprocessor_config.json").write_text(json.dumps(SETTINGS))
+    if family != "llava":
+        settings = SETTINGS if family == "idefics3" else GRID_SETTINGS
+        (directory / "preprocessor_config.json").write_text(json.dumps(settings))
     return directory, model, tokenizer
 
 
-@pytest.mark.parametrize("family", ["llava", "idefics3"])
+@pytest.mark.parametrize("family", ["llava", "idefics3", "qwen2_vl"])
 def test_inspect_with_image_and_prompt_writes_each_word_on_the_picture(tmp_path, family, capsys):
     from attnlab.cli import main
 
     directory, model, tokenizer = _directory(tmp_path, family)
     _picture(300, 600).save(tmp_path / "picture.png")
-    prompt = "User: <image> what is here Assistant:"
+    prompt = "User: <|image_pad|> what is here" if family == "qwen2_vl" else "User: <image> what is here Assistant:"
     assert main(["inspect", "--model", str(directory), "--image", str(tmp_path / "picture.png"), "--prompt", prompt,
                  "--out", str(tmp_path / "out"), "--max-new-tokens", "2"]) == 0
     printed = capsys.readouterr().out
     assert "image tokens on" in printed and "words_on_image.png" in printed
     document = json.loads((tmp_path / "out" / "vision_language.json").read_text())
+    settings = {"llava": None, "idefics3": SETTINGS, "qwen2_vl": GRID_SETTINGS}[family]
     prepared = vision_language_inputs(model, tokenizer, Image.open(tmp_path / "picture.png"), prompt,
-                                      processor_settings=SETTINGS if family == "idefics3" else None)
+                                      processor_settings=settings)
     words = generated_word_attention(model, tokenizer, prepared, max_new_tokens=2)
     assert [entry["token"] for entry in document["generated"]] == words.tokens
     assert [entry["image_share"] for entry in document["generated"]] == pytest.approx(words.image_share.tolist(),
                                                                                      abs=1e-6)
     assert document["image_tokens"] == len(prepared.image_tokens.positions)
     assert [tile["name"] for tile in document["tiles"]] == (
-        ["whole image"] if family == "llava" else ["tile 1,1", "tile 1,2", "whole image"])
+        ["tile 1,1", "tile 1,2", "whole image"] if family == "idefics3" else ["whole image"])
     assert (tmp_path / "out" / "words_on_image.png").stat().st_size > 0
 
 

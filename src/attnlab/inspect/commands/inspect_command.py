@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default=None,
                         help="a PNG or JPEG for a vision transformer directory (ViT, DeiT, DINOv2, CLIP)")
     parser.add_argument("--prompt", default=None,
-                        help="with --image on a vision-language model directory (LLaVA, Idefics 3, SmolVLM): the "
+                        help="with --image on a vision-language model directory (LLaVA, Idefics 3, SmolVLM, Qwen2-VL): the "
                              "prompt, in the model's chat format (<image> marks where the image goes, else first); "
                              "draws what each generated token looked at in the picture")
     parser.add_argument("--image-size", type=_size, default=None, metavar="HxW",

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import inspect
 import io
 import math
+import os
 import platform
 import sys
 import time
@@ -647,6 +649,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
     parser.add_argument("--only", nargs="+", default=None, help="these model types only (e.g. llama bert)")
     args = parser.parse_args(argv)
+    if args.out is not None:  # checked before minutes of work, not after
+        folder = args.out.parent
+        if args.out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+            parser.error(f"--out {args.out}: " + ("a directory, not a file" if args.out.is_dir() else
+                                                   f"no writable folder {folder}"))
+    if args.only is not None:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        unknown = [name for name in args.only if name not in CONFIG_MAPPING_NAMES]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], CONFIG_MAPPING_NAMES, n=3)
+            parser.error(f"--only: transformers has no model type {unknown[0]!r}"
+                         + (f" (did you mean {', '.join(close)}?)" if close else ""))
     verdicts = census(args.only, progress=True)
     counts = {kind: sum(v.verdict == kind for v in verdicts) for kind in ("served", "differs", "refused", "not built")}
     print(", ".join(f"{count} {kind}" for kind, count in counts.items()))

@@ -117,3 +117,16 @@ def test_the_whole_census(tmp_path):
                if v.verdict == "differs" and v.model_type not in KNOWN_DIFFERENCES]
     assert served >= 300 and not unknown, (served, unknown)
     assert all(v.reason for v in verdicts if v.verdict in ("refused", "not built"))
+
+
+def test_the_command_checks_its_arguments_before_the_work(tmp_path, capsys):
+    from attnlab.hf.census import main
+
+    for argv, message in ((["--only", "lama"], "no model type 'lama' (did you mean llama"),
+                          (["--only", "llama", "--out", str(tmp_path / "missing" / "c.md")], "no writable folder"),
+                          (["--only", "llama", "--out", str(tmp_path)], "a directory, not a file")):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert main(["--only", "llama", "--out", str(tmp_path / "c.md")]) == 0
+    assert "| llama | `LlamaModel` | decoder | served |" in (tmp_path / "c.md").read_text()

@@ -263,3 +263,23 @@ def test_prompt_with_image_refuses_what_it_cannot_do(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) != 0
     assert "is not one" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_image_on_a_vision_language_model_says_what_to_give(tmp_path, capsys):
+    """Without --prompt, a laid-out family is told to give one; a vision-language family attnlab
+    does not lay out (PaliGemma) is told so, with or without --prompt; nothing is written."""
+    from attnlab.cli import main
+    from attnlab.hf.census import shrink
+
+    directory, _, _ = _directory(tmp_path, "llava")
+    picture = tmp_path / "picture.png"
+    _picture(40, 40).save(picture)
+    paligemma = tmp_path / "paligemma"
+    transformers.PaliGemmaForConditionalGeneration(shrink(transformers.PaliGemmaConfig())).save_pretrained(paligemma)
+    assert main(["inspect", "--model", str(directory), "--image", str(picture), "--out", str(tmp_path / "o")]) != 0
+    assert "is a vision-language model (llava): give --prompt" in capsys.readouterr().err
+    for extra in ([], ["--prompt", "what"]):
+        assert main(["inspect", "--model", str(paligemma), "--image", str(picture), "--out", str(tmp_path / "o"),
+                     *extra]) != 0
+        assert "(paligemma); attnlab lays out the image tokens of llava" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

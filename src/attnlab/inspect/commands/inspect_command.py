@@ -188,8 +188,14 @@ def _run_image(args: argparse.Namespace) -> int:
     from ...hf.vision import load_image
     from .resolve import open_vision_model
     from .inspect_image import write_image_inspection
+    from .inspect_vision_language import refuse_unlaid_vision_language, vision_language_type
 
     image = load_image(args.image, argument="--image")
+    language = vision_language_type(args.model)
+    if language is not None:
+        refuse_unlaid_vision_language(args.model, language)
+        raise ValueError(f"{args.model} is a vision-language model ({language}): give --prompt with the question "
+                         f"about the picture, and attnlab draws what each generated token looked at in it")
     model, preprocessing = open_vision_model(
         args.model, flag="--image", dtype=args.dtype, resized=bool(args.image_size),
         takes="vision model directory (ViT, DeiT, DINOv2, CLIP: config.json + safetensors)")

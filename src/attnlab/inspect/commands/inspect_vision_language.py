@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["VisionLanguageInspection", "open_vision_language_model", "write_vision_language_inspection"]
+__all__ = ["VisionLanguageInspection", "open_vision_language_model", "refuse_unlaid_vision_language",
+           "vision_language_type",
+           "write_vision_language_inspection"]
 
 
 @dataclass
@@ -28,6 +30,29 @@ class VisionLanguageInspection:
     figures: list[Path]
 
 
+def vision_language_type(directory: str) -> Optional[str]:
+    """The ``model_type`` of the vision-language model in ``directory`` (a text and a vision
+    config with an image token), or ``None`` (another model, or no readable config.json)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "vision_config" not in config or "text_config" not in config:
+        return None
+    if not any(key in config for key in ("image_token_id", "image_token_index")):
+        return None
+    return str(config.get("model_type", "vision-language"))
+
+
+def refuse_unlaid_vision_language(directory: str, model_type: str) -> None:
+    """One line for a vision-language model of a family whose image tokens attnlab does not lay out."""
+    from ...hf.vision_language import FAMILIES
+
+    if model_type not in FAMILIES:
+        raise ValueError(f"{directory} is a vision-language model ({model_type}); attnlab lays out the image tokens "
+                         f"of {', '.join(FAMILIES)} only, so it cannot draw this one's words over the picture")
+
+
 def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any, Any, Optional[dict]]:
     """The model, its tokenizer, LLaVA's image preprocessing (``None`` otherwise) and a tiled
     family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
@@ -36,6 +61,9 @@ def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any,
     from ...hf.opening import is_transformers_only, open_transformers
     from ...hf.vision_language import FAMILIES, is_vision_language
 
+    language = vision_language_type(directory)
+    if language is not None:
+        refuse_unlaid_vision_language(directory, language)
     if not Path(directory).is_dir() or not is_transformers_only(directory):
         raise ValueError(f"--prompt with --image takes a transformers vision-language model directory "
                          f"({', '.join(FAMILIES)}); {directory} is not one")

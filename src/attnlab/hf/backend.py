@@ -17,7 +17,6 @@ signature, so it looks its instructions up there (nothing is stored on the modul
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch

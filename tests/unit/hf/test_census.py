@@ -83,12 +83,13 @@ def test_the_head_mask_check_can_fail():
     """The census's head mask reference zeroes head 2's output; attach masking head 1 instead
     is caught, and the right head gives the reference exactly."""
     from attnlab.hf._sites import attention_sites
-    from attnlab.hf.census import _head_mask_difference, _inputs, shrink
+    from attnlab.hf.census import _head_mask_difference
+    from attnlab.hf.census_models import model_inputs, shrink
 
     config = shrink(transformers.LlamaConfig())
     torch.manual_seed(0)
     model = transformers.LlamaModel(config).eval()
-    inputs = _inputs(model, config)[0]
+    inputs = model_inputs(model, config)[0]
     sites = attention_sites(model)
     assert _head_mask_difference(model, inputs, sites, "sdpa") <= 1e-6
     assert _head_mask_difference(model, inputs, sites, "sdpa", masked=0) > 1e-3

@@ -468,7 +468,7 @@ def test_attention_called_in_chunks_is_served_block_diagonal(monkeypatch):
     mask on a chunked layer equals the head's output zeroed in every chunk."""
     from transformers.models.qwen2_vl import modeling_qwen2_vl
 
-    from attnlab.hf.census import _image_forms, shrink
+    from attnlab.hf.census_models import _image_forms, shrink
 
     config = shrink(transformers.Qwen2VLConfig())
     torch.manual_seed(0)

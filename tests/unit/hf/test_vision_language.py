@@ -40,7 +40,7 @@ def _picture(height: int, width: int) -> "Image.Image":
 
 
 def _llava(tokenizer: Tokenizer):
-    from attnlab.hf.census import shrink
+    from attnlab.hf.census_models import shrink
 
     config = shrink(transformers.LlavaConfig())
     config.image_token_index = tokenizer.token_to_id("<image>")
@@ -50,7 +50,7 @@ def _llava(tokenizer: Tokenizer):
 
 
 def _idefics3(tokenizer: Tokenizer):
-    from attnlab.hf.census import shrink
+    from attnlab.hf.census_models import shrink
 
     config = shrink(transformers.Idefics3Config())
     config.image_token_id = tokenizer.token_to_id("<image>")
@@ -60,7 +60,7 @@ def _idefics3(tokenizer: Tokenizer):
 
 
 def _qwen2_vl(tokenizer: Tokenizer, config_class: str = "Qwen2VLConfig"):
-    from attnlab.hf.census import shrink
+    from attnlab.hf.census_models import shrink
 
     config = shrink(getattr(transformers, config_class)())
     config.image_token_id = tokenizer.token_to_id("<|image_pad|>")
@@ -240,7 +240,7 @@ def test_inspect_with_image_and_prompt_writes_each_word_on_the_picture(tmp_path,
 
 def test_prompt_with_image_refuses_what_it_cannot_do(tmp_path, capsys):
     from attnlab.cli import main
-    from attnlab.hf.census import shrink
+    from attnlab.hf.census_models import shrink
 
     directory, _, _ = _directory(tmp_path, "llava")
     picture = tmp_path / "picture.png"
@@ -269,7 +269,7 @@ def test_image_on_a_vision_language_model_says_what_to_give(tmp_path, capsys):
     """Without --prompt, a laid-out family is told to give one; a vision-language family attnlab
     does not lay out (PaliGemma) is told so, with or without --prompt; nothing is written."""
     from attnlab.cli import main
-    from attnlab.hf.census import shrink
+    from attnlab.hf.census_models import shrink
 
     directory, _, _ = _directory(tmp_path, "llava")
     picture = tmp_path / "picture.png"

@@ -104,7 +104,8 @@ def exact_attention(
         causal: apply a causal mask (``s <= t``, top-left as ``is_causal`` in torch).
         softcap: scores become ``softcap * tanh(scores / softcap)`` (Gemma 2).
         position_bias: additive ``[B|1, H, T, S]`` (T5).
-        sinks: ``[H]`` logits of a virtual key that takes mass but gives no value (GPT-OSS).
+        sinks: ``[H]`` logits of a virtual key that takes mass but gives no value (GPT-OSS), or
+            ``[B, H, T, 1]``: one per query row (Inkling 2, computed from the hidden states).
         rows_per_block: query rows per block (all at once when ``None``).
         keep_weights: return the weights (else ``None`` comes back in their place).
         on_block: called with each block's weights ``[B, H, t, s]`` (``s <= S``: a causal
@@ -210,7 +211,9 @@ def exact_attention(
         if has_empty:
             scores.masked_fill_(empty, 0.0)
         if sinks is not None:
-            sink = sinks.reshape(1, H, 1, 1).to(scores.dtype).expand(B, H, t, 1)
+            # one logit per head (GPT-OSS), or per head and query row (Inkling 2: [B, H, T, 1])
+            sink = sinks.reshape(1, H, 1, 1) if sinks.dim() == 1 else _query_rows(sinks, rows)
+            sink = sink.to(scores.dtype).expand(B, H, t, 1)
             combined = torch.cat([scores, sink], dim=-1)
             combined = combined - combined.max(dim=-1, keepdim=True).values
             weights = F.softmax(combined, dim=-1)[..., :-1]
@@ -282,6 +285,7 @@ def attnlab_attention_forward(
     softcap: Optional[float] = None,
     position_bias: Optional[Tensor] = None,
     s_aux: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """transformers' attention signature; see the module docstring.
@@ -298,6 +302,11 @@ def attnlab_attention_forward(
     if kwargs.pop("average_attn_weights", False):
         raise UnsupportedAttention(f"{type(module).__name__}: attnlab's backend gives per-head weights only")
     _unsupported_keywords(module, kwargs)
+    if sinks is not None:  # the same virtual key under another name (per query row where it is [B, H, T, 1])
+        if s_aux is not None:
+            raise UnsupportedAttention(f"{type(module).__name__} passed both s_aux and sinks to its attention "
+                                       f"function; attnlab's backend takes one")
+        s_aux = sinks
     route = route_of(module)
     asked = bool(kwargs.get("output_attentions")) or bool(need_weights)
     if route is not None:

@@ -131,3 +131,10 @@ def test_the_command_checks_its_arguments_before_the_work(tmp_path, capsys):
         assert stopped.value.code == 2 and message in capsys.readouterr().err
     assert main(["--only", "llama", "--out", str(tmp_path / "c.md")]) == 0
     assert "| llama | `LlamaModel` | decoder | served |" in (tmp_path / "c.md").read_text()
+
+
+def test_sinks_per_query_row_are_served():
+    """Inkling 2 passes ``sinks=`` of one logit per head and query row ([B, H, T, 1], computed
+    from the hidden states) where GPT-OSS passes ``s_aux`` per head; both equal eager."""
+    verdicts = census(["inkling2_text", "gpt_oss"])
+    assert [(v.verdict, v.weights) for v in verdicts] == [("served", 0.0), ("served", 0.0)], verdicts

@@ -48,6 +48,7 @@ from .census_models import (
     NotBuilt,
     first_line,
     model_inputs,
+    real_settings,
     run,
     runnable,
     shrink,
@@ -162,7 +163,7 @@ def _try(model_type: str) -> Verdict:
                        f"is not one of its names)")
     verdict = Verdict(model_type, "not built", model_class=model_class.__name__)
     try:
-        config = shrink(CONFIG_MAPPING[model_type](), OVERRIDES.get(model_type))
+        config = real_settings(shrink(CONFIG_MAPPING[model_type](), OVERRIDES.get(model_type)), model_type)
         torch.manual_seed(0)
         model = model_class(config).eval()
         verdict.kind = _kind(model, config)
@@ -376,7 +377,8 @@ def write_table(verdicts: list[Verdict], path: Path) -> None:
         f"module at all), {counts['not built']} not built.",
         "",
         "Each is a tiny random model built from its own config class (every size shrunk by one rule: 2 layers, "
-        "4 heads, 2 key-value heads, width 32, vocabulary 99, 32x32 images; `initializer_range` 0.2), run on "
+        "4 heads, 2 key-value heads, width 32, vocabulary 99, 32x32 images; `initializer_range` 0.2; set as the "
+        "real checkpoints have it where the class's default differs, `census_models.REAL_SETTINGS`), run on "
         f"{B} sequences of {T} tokens (or images, or audio features). *served*: outputs under `attach(model)` "
         f"equal the reference's (`sdpa`, or `eager` where transformers has no sdpa), every layer's weights under "
         f"`attach(model, layers=\"all\")` equal `eager`'s (tolerance {TOLERANCE:g}), with head 2 of the last "

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EXTRA_INPUTS", "OVERRIDES", "NotBuilt", "model_inputs", "runnable", "shrink"]
+__all__ = ["EXTRA_INPUTS", "OVERRIDES", "REAL_SETTINGS", "NotBuilt", "model_inputs", "runnable", "shrink"]
 
 VOCAB, B, T, IMAGE, FRAMES = 99, 2, 8, 32, 16
 
@@ -41,11 +41,29 @@ _SIZES = {
 }
 # Per-architecture overrides, only where the rule cannot work (each says why).
 OVERRIDES: dict[str, dict[str, Any]] = {}
+# Settings an architecture's real checkpoints have where its config class's defaults differ
+# (each says why): the census tries the model users open.
+REAL_SETTINGS: dict[str, dict[str, Any]] = {
+    # Gemma 3's checkpoints have no SigLIP pooling head (vision_use_head false); the class's
+    # default builds one (an nn.MultiheadAttention, which attnlab refuses) that they never run
+    "gemma3": {"vision_config.vision_use_head": False},
+}
 # Inputs beyond the main one, where a forward is random without them.
 EXTRA_INPUTS = {
     # ViTMAE shuffles and masks patches by a noise it draws at every call unless it is given one
     "vit_mae": lambda inputs: {"noise": torch.rand(B, (IMAGE // 8) ** 2, generator=torch.Generator().manual_seed(1))},
 }
+
+
+def real_settings(config: Any, model_type: str) -> Any:
+    """``config`` with :data:`REAL_SETTINGS`'s values for ``model_type`` (``"vision_config.x"``: a sub-config's)."""
+    for dotted, value in REAL_SETTINGS.get(model_type, {}).items():
+        *path, name = dotted.split(".")
+        owner = config
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, value)
+    return config
 
 
 def shrink(config: Any, overrides: Optional[dict] = None) -> Any:

@@ -138,3 +138,11 @@ def test_sinks_per_query_row_are_served():
     from the hidden states) where GPT-OSS passes ``s_aux`` per head; both equal eager."""
     verdicts = census(["inkling2_text", "gpt_oss"])
     assert [(v.verdict, v.weights) for v in verdicts] == [("served", 0.0), ("served", 0.0)], verdicts
+
+
+def test_gemma3_is_tried_as_its_checkpoints_are_built():
+    """Gemma 3's config class builds a SigLIP pooling head (an nn.MultiheadAttention, which
+    attach refuses) that its checkpoints do not have (vision_use_head false): the census tries
+    the real layout, served, with the image tokens' token types as the processor gives them."""
+    verdict, = census(["gemma3"])
+    assert verdict.verdict == "served" and verdict.kind == "vision-language", verdict

@@ -142,6 +142,23 @@ def _configs_of(model: nn.Module) -> list[Any]:
     return list(seen.values())
 
 
+@contextlib.contextmanager
+def implementation(model: nn.Module, name: str) -> Iterator[list[Any]]:
+    """Every config of ``model`` reads attention implementation ``name`` inside the block (the
+    sub-configs ``set_attn_implementation`` leaves alone too); each gets its own back after.
+    Yields the configs."""
+    configs = _configs_of(model)
+    previous = [(config, config._attn_implementation_internal) for config in configs]
+    try:
+        model.set_attn_implementation(name)
+        for config in configs:
+            config._attn_implementation_internal = name
+        yield configs
+    finally:
+        for config, own in previous:
+            config._attn_implementation_internal = own
+
+
 def _select_layers(sites: Sequence[AttentionSite], layers: Any) -> Optional[set[str]]:
     """Names chosen by ``layers``: ``None`` (only when output_attentions asks), ``"all"``,
     ints (layer numbers counted from 1, in every stack) or names."""
@@ -409,31 +426,25 @@ def attach(
         {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups},
     )
     register()
-    configs = _configs_of(model)
-    use_eager_masks(model, configs)
-    previous = [(config, config._attn_implementation_internal) for config in configs]
     newly_served = {site.module: site.heads for site in sites if not is_served(site.module)}
     handles = []
-    try:
-        model.set_attn_implementation(BACKEND_NAME)
-        for config in configs:  # sub-configs that set_attn_implementation leaves alone
-            config._attn_implementation_internal = BACKEND_NAME
-        for site in sites:
-            route = _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
-            handles.append(site.module.register_forward_pre_hook(route.enter))
-        handles.append(model.register_forward_pre_hook(session._remember_call, with_kwargs=True))
-        for submodule in model.modules():  # a submodel called on its own starts a pass too
-            if submodule is not model and hasattr(submodule, "set_attn_implementation"):
-                handles.append(submodule.register_forward_pre_hook(session._new_forward, with_kwargs=True))
-        session.set_head_mask(head_mask)
-        serve_as_attention(newly_served)
-        yield session
-    finally:
-        for handle in handles:
-            handle.remove()
-        for site in sites:
-            _ROUTES.pop(site.module, None)
-        serve_as_attention(newly_served, serve=False)  # a TransformersModel's modules stay served
-        for config, implementation in previous:
-            config._attn_implementation_internal = implementation
+    with implementation(model, BACKEND_NAME) as configs:
+        use_eager_masks(model, configs)
+        try:
+            for site in sites:
+                route = _ROUTES[site.module] = _Route(session, site, chosen is not None and site.name in chosen)
+                handles.append(site.module.register_forward_pre_hook(route.enter))
+            handles.append(model.register_forward_pre_hook(session._remember_call, with_kwargs=True))
+            for submodule in model.modules():  # a submodel called on its own starts a pass too
+                if submodule is not model and hasattr(submodule, "set_attn_implementation"):
+                    handles.append(submodule.register_forward_pre_hook(session._new_forward, with_kwargs=True))
+            session.set_head_mask(head_mask)
+            serve_as_attention(newly_served)
+            yield session
+        finally:
+            for handle in handles:
+                handle.remove()
+            for site in sites:
+                _ROUTES.pop(site.module, None)
+            serve_as_attention(newly_served, serve=False)  # a TransformersModel's modules stay served
 

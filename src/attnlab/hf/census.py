@@ -253,7 +253,7 @@ def _head_mask_difference(model: nn.Module, inputs: dict, sites: list, reference
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from .backend import _configs_of, attach
+    from .backend import attach, implementation
 
     site = next((site for site in reversed(sites) if not site.cross and (site.heads or 0) >= 2), None)
     if reference != "sdpa" or site is None:
@@ -269,16 +269,8 @@ def _head_mask_difference(model: nn.Module, inputs: dict, sites: list, reference
 
     AttentionInterface.register(_ZEROED, zeroed)
     AttentionMaskInterface.register(_ZEROED, sdpa_mask)
-    configs = _configs_of(model)
-    previous = [(config, config._attn_implementation_internal) for config in configs]
-    try:
-        model.set_attn_implementation(_ZEROED)
-        for config in configs:
-            config._attn_implementation_internal = _ZEROED
+    with implementation(model, _ZEROED):
         want = run(model, inputs)
-    finally:
-        for config, implementation in previous:
-            config._attn_implementation_internal = implementation
     with attach(model, head_mask={site.name: [masked]}):  # the head zeroed (another one only to see it fail)
         got = run(model, inputs)
     if len(_floating(got)) != len(_floating(want)):

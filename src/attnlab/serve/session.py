@@ -10,7 +10,6 @@ overlap. A queue longer than ``limits.max_waiting`` gets 503 at once instead of 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -65,14 +64,6 @@ class ModelSession:
             self._waiting -= 1
 
 
-def _config_of(spec: str) -> Optional[dict]:
-    try:
-        config = json.loads((Path(spec) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
 def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLimits] = None) -> ModelSession:
     """Open the model ``spec`` names (what ``attnlab.load`` opens, a transformers directory, or a
     vision transformer directory) and its explorer.
@@ -81,10 +72,10 @@ def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLim
         FileNotFoundError, ValueError: ``spec`` opens no model the explorer can show (the
             message says why, as every command's ``--model`` does).
     """
-    from ..inspect.commands.resolve import open_vision_model, resolve_model
+    from ..inspect.commands.resolve import directory_config, open_vision_model, resolve_model
 
     limits = limits or ServeLimits()
-    if Path(spec).is_dir() and is_image_model(_config_of(spec)):
+    if Path(spec).is_dir() and is_image_model(directory_config(spec)):
         model, preprocessing = open_vision_model(spec, flag="--model", dtype=dtype,
                                                  takes="vision model directory (ViT, DeiT, DINOv2)")
         return ModelSession(ImageExplorer(model, preprocessing, spec, limits), limits)

@@ -33,11 +33,10 @@ class VisionLanguageInspection:
 def vision_language_type(directory: str) -> Optional[str]:
     """The ``model_type`` of the vision-language model in ``directory`` (a text and a vision
     config with an image token), or ``None`` (another model, or no readable config.json)."""
-    try:
-        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or "vision_config" not in config or "text_config" not in config:
+    from .resolve import directory_config
+
+    config = directory_config(directory)
+    if config is None or "vision_config" not in config or "text_config" not in config:
         return None
     if not any(key in config for key in ("image_token_id", "image_token_index")):
         return None

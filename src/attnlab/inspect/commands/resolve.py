@@ -106,16 +106,23 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     return ResolvedModel(loaded.model, loaded.tokenizer, spec, source, dtype)
 
 
+def directory_config(spec: str) -> Optional[dict]:
+    """``spec/config.json`` as a dict, or ``None`` (no such file, not JSON, not an object):
+    a glance at what a directory holds; the loader says what is wrong with it."""
+    from ..._files import read_json
+
+    try:
+        config = read_json(Path(spec) / "config.json")
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def _refuse_other_modalities(spec: str) -> None:
     """One line for a speech or image model given to a command that reads text (transformers'
     own error, or a traceback, came instead): which option reads what the model takes."""
-    import json
-
-    try:
-        config = json.loads((Path(spec) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if not isinstance(config, dict):
+    config = directory_config(spec)
+    if config is None:
         return
     name = (config.get("architectures") or [config.get("model_type", "model")])[0]
     if "num_mel_bins" in config:

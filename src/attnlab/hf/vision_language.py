@@ -34,7 +34,6 @@ token, the attention of the position that predicted it over the image tokens.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from .._files import write_json
 
 __all__ = ["ImageTokens", "Tile", "VisionLanguageInputs", "WordAttention", "generated_word_attention",
            "is_vision_language", "vision_language_inputs"]
@@ -138,13 +139,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.model if isinstance(model, TransformersModel) else model
 
 
-def _family(model: nn.Module) -> tuple[nn.Module, Any]:
-    inner = _unwrap(model)
-    config = inner.config
+def _family_config(model: nn.Module) -> Any:
+    config = _unwrap(model).config
     if config.model_type not in FAMILIES:
         raise ValueError(f"a {config.model_type} model is not a vision-language model attnlab lays images out for "
                          f"(it does: {', '.join(FAMILIES)})")
-    return inner, config
+    return config
 
 
 def vision_language_inputs(model: nn.Module, tokenizer: Any, image: Any, prompt: str, *,
@@ -168,7 +168,7 @@ def vision_language_inputs(model: nn.Module, tokenizer: Any, image: Any, prompt:
     Raises:
         ValueError: a model of another family, or a tokenizer without the tokens it needs.
     """
-    inner, config = _family(model)
+    config = _family_config(model)
     vision = config.vision_config
     if config.model_type in _SINGLE:
         return _llava_inputs(config, vision, tokenizer, image, prompt, preprocessing)
@@ -182,18 +182,22 @@ def _image_token(config: Any) -> int:
                 if isinstance(getattr(config, name, None), int))
 
 
-def _prompt_ids(tokenizer: Any, prompt: str, block: list[int], image_token: int) -> tuple[list[int], int]:
-    """The prompt's ids with ``block`` where ``<image>`` stood (else after the leading special
-    tokens), and where the block starts."""
-    ids = tokenizer.encode(prompt).ids
+def _prompt_ids(tokenizer: Any, prompt: str, block: list[int], image_token: int,
+                markers: tuple[Optional[int], Optional[int]] = (None, None)) -> tuple[list[int], int]:
+    """The prompt's ids with ``block`` where ``<image>`` stood, else after the leading special
+    tokens (between ``markers``, Qwen2-VL's ``<|vision_start|>`` and ``<|vision_end|>``, where the
+    tokenizer has both), and where the block starts."""
+    encoding = tokenizer.encode(prompt)
+    ids = encoding.ids
     marks = [index for index, token in enumerate(ids) if token == image_token]
     if len(marks) > 1:
         raise ValueError(f"the prompt marks {len(marks)} images (<image>); attnlab lays out one image per prompt")
     if marks:
         start = marks[0]
         return ids[:start] + block + ids[start + 1:], start
-    encoding = tokenizer.encode(prompt)
     start = next((index for index, special in enumerate(encoding.special_tokens_mask) if not special), len(ids))
+    if None not in markers:
+        return ids[:start] + [markers[0]] + block + [markers[1]] + ids[start:], start + 1
     return ids[:start] + block + ids[start:], start
 
 
@@ -266,13 +270,8 @@ def _grid_inputs(config: Any, vision: Any, tokenizer: Any, image: Any, prompt: s
     side_rows, side_columns = rows // merge, columns // merge
     count = side_rows * side_columns
     image_token = _image_token(config)
-    block = [image_token] * count
-    start_token, end_token = tokenizer.token_to_id("<|vision_start|>"), tokenizer.token_to_id("<|vision_end|>")
-    marked = image_token in tokenizer.encode(prompt).ids
-    if not marked and start_token is not None and end_token is not None:
-        block = [start_token] + block + [end_token]
-    ids, start = _prompt_ids(tokenizer, prompt, block, image_token)
-    start += 0 if marked or start_token is None or end_token is None else 1
+    markers = tokenizer.token_to_id("<|vision_start|>"), tokenizer.token_to_id("<|vision_end|>")
+    ids, start = _prompt_ids(tokenizer, prompt, [image_token] * count, image_token, markers)
     cells = torch.arange(count)
     tokens = ImageTokens(torch.arange(start, start + count), torch.zeros(count, dtype=torch.long),
                          cells // side_columns, cells % side_columns,
@@ -471,6 +470,5 @@ def word_attention_json(words: WordAttention, tokens: ImageTokens, path: Union[s
     document = {**header, "layers": words.layers,
                 "tiles": [{"name": tile.name, "box": list(tile.box), "grid": list(tile.grid)} for tile in tokens.tiles],
                 "image_tokens": int(len(tokens.positions)), "generated": entries}
-    path = Path(path)
-    path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
+    write_json(path, document)
+    return Path(path)

@@ -3,7 +3,6 @@ looked at in the picture (``words_on_image.png``, ``vision_language.json``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -55,6 +54,7 @@ def refuse_unlaid_vision_language(directory: str, model_type: str) -> None:
 def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any, Any, Optional[dict]]:
     """The model, its tokenizer, LLaVA's image preprocessing (``None`` otherwise) and a tiled
     family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
+    from ..._files import read_json
     from ...checkpoints.encoders.loading import load_tokenizer
     from ...hf.image_preprocessing import FILE_NAME, read_image_preprocessing
     from ...hf.opening import is_transformers_only, open_transformers
@@ -75,13 +75,7 @@ def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any,
     if model.config.model_type == "llava":
         return model, tokenizer, read_image_preprocessing(directory), None
     path = Path(directory) / FILE_NAME
-    settings = None
-    if path.is_file():
-        try:
-            settings = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not JSON ({error})") from None
-    return model, tokenizer, None, settings
+    return model, tokenizer, None, read_json(path) if path.is_file() else None
 
 
 def write_vision_language_inspection(model: Any, tokenizer: Any, image: Any, prompt: str, out: str, *,

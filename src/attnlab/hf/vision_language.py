@@ -425,6 +425,11 @@ def generated_word_attention(model: nn.Module, tokenizer: Any, prepared: VisionL
         raise ValueError(f"layer {wrong} does not exist: the language model has {len(sites)} layers (1..{len(sites)})")
     inputs = prepared.inputs
     prompt_length = inputs["input_ids"].shape[1]
+    context = getattr(inner.config.get_text_config(), "max_position_embeddings", None)
+    if isinstance(context, int) and prompt_length + max_new_tokens > context:
+        raise ValueError(f"the prompt holds {prompt_length} tokens with the image's, and {max_new_tokens} new tokens "
+                         f"would pass the language model's {context} positions; ask for at most "
+                         f"{max(context - prompt_length, 0)}")
     eos = getattr(getattr(inner, "generation_config", None), "eos_token_id", None)
     with torch.no_grad():
         sequence = inner.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,

@@ -252,6 +252,8 @@ def test_prompt_with_image_refuses_what_it_cannot_do(tmp_path, capsys):
         (["--image", str(picture), "--prompt", "  "], "--prompt is empty"),
         (["--image", str(picture), "--prompt", "what", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["--image", str(picture), "--prompt", "what", "--head-fusion", "mean"], "apply to --image without --prompt"),
+        (["--image", str(picture), "--prompt", "what", "--max-new-tokens", "1000000000"],
+         "would pass the language model's 64 positions"),
     ]
     for extra, message in cases:
         assert main(["inspect", "--model", str(directory), "--out", str(tmp_path / "out"), *extra]) != 0

@@ -42,7 +42,8 @@ from .layers import (
     TransformerEncoderLayer,
 )
 from .models import EncoderClassifier, EncoderForMaskedLM, EncoderOutput, TransformerEncoder, prune_heads
-from .checkpoints.loading import from_pretrained, load
+from .checkpoints.loading import from_pretrained
+from .loading import load
 from .outputs import LayerAttentions, ModelOutput
 from .train.trainer import TransformerTrainer
 

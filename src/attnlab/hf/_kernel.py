@@ -331,14 +331,29 @@ def attnlab_attention_forward(
             softcap=softcap, position_bias=position_bias, sinks=s_aux,
             rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
             keep_weights=exact and (route is None or not route.session.statistics_mode),
-            on_block=route.statistics_block if route is not None and route.session.statistics_mode else None,
+            on_block=_masked_blocks(route.statistics_block, head_mask)
+            if route is not None and route.session.statistics_mode else None,
         )
-    if head_mask is not None:
+    if head_mask is not None:  # as eager's head_mask and attnlab's own modules: on the weights too
         output = output * head_mask.to(output.dtype)[:, None]  # [H, 1] on [B, T, H, D]
+        if weights is not None:
+            weights = weights * head_mask.to(weights.dtype)[:, None, None]  # [H, 1, 1] on [B, H, T, S]
     if route is not None:
         output = route.edit_output(output)
         weights = route.returned_weights(weights, asked)
     return output, weights
+
+
+def _masked_blocks(on_block: Any, head_mask: Optional[Tensor]) -> Any:
+    """``on_block`` given each block of weights times the head mask (a switched-off head's
+    weights are zero, as the weights returned are)."""
+    if head_mask is None:
+        return on_block
+
+    def masked(weights: Tensor, *args: Any) -> None:
+        on_block(weights * head_mask.to(weights.dtype)[:, None, None], *args)
+
+    return masked
 
 
 # Configs of models transformers' sdpa does not serve: they get eager's masks (below).

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import is_served, serve_as_attention
-from ..inspect.compute.causal_statistics import CausalStatistics
-from ..inspect.compute.statistics import HeadStatistics
+from ..inspect.compute.site_statistics import SiteStatistics
 from ..outputs import LayerAttentions
 from ._kernel import BACKEND_NAME, UnsupportedAttention, use_eager_masks, register
 from ._routes import _ROUTES, route_of
@@ -201,9 +200,7 @@ class AttachedModel:
         self.statistics_mode = statistics
         self._weights: dict[str, Tensor] = {}
         self.head_outputs: dict[str, Tensor] = {}
-        self._statistics_options = statistics_options
-        self._head_statistics = HeadStatistics(**statistics_options)
-        self._causal_statistics = CausalStatistics()
+        self.recorder = SiteStatistics(heads=heads, **statistics_options)
         self._padding: dict[str, Optional[Tensor]] = {}
         self._calls: set[nn.Module] = set()  # modules called in the current forward
         self.output_attentions_asked = False  # what the model's own call asked
@@ -227,8 +224,7 @@ class AttachedModel:
     def clear(self) -> None:
         """Forget recorded weights and statistics (the backend stays attached)."""
         self._weights, self.head_outputs = {}, {}
-        self._head_statistics = HeadStatistics(**self._statistics_options)
-        self._causal_statistics = CausalStatistics()
+        self.recorder.clear()
 
     # -- each forward -----------------------------------------------------------------
     def _new_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -278,29 +274,17 @@ class AttachedModel:
         query_mask, key_mask = self._masks_for(site, B, T, S, weights.device)
         ids = self._padding.get("input_ids")
         ids = ids if ids is not None and ids.shape == (B, S) and not site.cross else None
-        kept = weights if self.heads is None else weights[:, self.heads]
-        self._head_statistics.update(
-            site.name, kept.detach(), query_mask[:, start:start + t], key_mask, input_ids=ids, query_start=start
-        )
-        if getattr(site.module, "is_causal", False) and not site.cross:
-            self._causal_statistics.update(site.name, kept.detach(), key_mask, first_query=S - T + start)
+        self.recorder.add(site.name, weights, query_mask[:, start:start + t], key_mask, input_ids=ids, start=start,
+                          rows=T, causal=bool(getattr(site.module, "is_causal", False)) and not site.cross)
 
     def row_counts(self) -> dict[str, list[int]]:
         """``{layer: [query rows counted per head]}`` behind :meth:`statistics`."""
-        return self._head_statistics.row_counts()
+        return self.recorder.row_counts()
 
     def statistics(self) -> dict[str, dict[str, list[Optional[float]]]]:
         """``{layer: {statistic: [one value per head]}}`` over every forward since the block
-        began: the analyzer's statistics (entropy, sparsity, top-k mass, mean distance, ...)
-        and, for causal layers, ``sink_mass`` and ``causal_normalized_entropy`` (entropy over
-        the allowed prefix)."""
-        result = self._head_statistics.means()
-        causal = self._causal_statistics.means()
-        for layer in result:
-            if layer in causal["sink_mass"]:
-                result[layer]["sink_mass"] = causal["sink_mass"][layer]
-                result[layer]["causal_normalized_entropy"] = causal["normalized_entropy"][layer]
-        return result
+        began (:meth:`~attnlab.inspect.compute.site_statistics.SiteStatistics.means`)."""
+        return self.recorder.means()
 
     # -- interventions -----------------------------------------------------------------
     def module_of(self, name: str) -> nn.Module:

@@ -13,21 +13,32 @@ mask=...)``), and attnlab's inspection tools (``capture_attention``, the analyze
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
+from ..inspect.compute.head_mask import mask_heads
+from ..inspect.compute.inspectable import FEATURES, HeadMask, Site
+from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
-from .backend import _configs_of
+from .backend import AttachedModel, _configs_of, attach
+from ._routes import route_of
 from ._sites import attention_sites, unrouted_attention
+from .seq2seq import decoder_start
 
 if TYPE_CHECKING:
     from ..checkpoints.source import Source
 
-__all__ = ["TransformersModel", "open_transformers", "is_transformers_only"]
+__all__ = ["TransformersModel", "as_inspectable", "open_transformers", "is_transformers_only"]
+
+DECODER_INPUT = ("each text itself, shifted right after the decoder start token (teacher forcing): the decoder "
+                 "and cross statistics describe the model reading the text as its own target")
+# The base model's final norm, by the names transformers' families give it.
+_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,10 +64,17 @@ def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
 class TransformersModel(nn.Module):
     """A transformers model served by attnlab's attention function, called as attnlab's models.
 
+    It offers what every model offers to be looked inside
+    (:class:`~attnlab.inspect.compute.inspectable.Inspectable`): its sites, weights recorded
+    on chosen layers, statistics block by block, head interventions, embeddings, the readout
+    and generation, each through attnlab's attention function (:func:`~attnlab.hf.attach`).
+
     Attributes:
         model: the transformers model (``attn_implementation="attnlab"``: the fused kernel
             unless weights are asked for, exact per-head weights when they are).
         name: where it came from.
+        kind: ``"decoder"``, ``"encoder"``, ``"encoder-decoder"``, ``"vision"``, ``"speech"``
+            or ``"vision-language"``.
     """
 
     def __init__(self, model: nn.Module, name: str = "model") -> None:
@@ -76,6 +94,10 @@ class TransformersModel(nn.Module):
         serve_as_attention({site.module: site.heads for site in self.sites})  # for the model's lifetime
         labels = getattr(model.config, "id2label", None) or {}
         self.label_names = [str(labels[index]) for index in sorted(labels)] if len(labels) > 1 else None
+        self.kind = _kind(model.config, self.is_causal)
+        self.architecture = type(model).__name__
+        # what an encoder-decoder's decoder reads when the caller gives it nothing
+        self.decoder_input = DECODER_INPUT if self.kind == "encoder-decoder" else None
 
     @property
     def is_causal(self) -> bool:
@@ -84,11 +106,161 @@ class TransformersModel(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
-    def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
-        return self.model(input_ids=input_ids, attention_mask=None if mask is None else mask.long(), **kwargs)
+    # -- the inspection protocol ---------------------------------------------------------
+    def attention_sites(self) -> list[Site]:
+        return [Site(site.name, site.path, site.module, site.heads, site.cross,
+                     bool(getattr(site.module, "is_causal", False)) and not site.cross) for site in self.sites]
+
+    def unsupported(self, feature: str) -> Optional[str]:
+        name = self.architecture
+        if feature == "intervene":
+            unknown = next((site for site in self.sites if site.heads is None), None)
+            return None if unknown is None else f"{unknown.path} does not say its number of heads"
+        if feature == "input_embeddings":
+            return None if isinstance(self._embedding(), nn.Embedding) else f"{name} has no token embedding"
+        if feature == "readout":
+            return None if self._readout_parts() is not None else (
+                f"{name}: no final norm ({', '.join(_NORM_NAMES)}) and language-model head found; the logit lens "
+                f"needs a decoder-only language model")
+        if feature == "labels":
+            return None if self.label_names else f"{name} is not a classifier with label names"
+        if feature == "generate":
+            if self.kind != "decoder" or not callable(getattr(self.model, "generate", None)):
+                return f"{name} is a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} model; generation with " \
+                       f"attention takes decoder-only language models"
+            return None
+        if feature in FEATURES:
+            return None
+        raise ValueError(f"unknown feature {feature!r}; one of {', '.join(FEATURES)}")
+
+    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False) -> "contextlib.AbstractContextManager[AttachedModel]":
+        """:func:`~attnlab.hf.attach` with exact weights on ``layers`` (default all); the
+        cross-attention layers' weights are in ``.cross_attentions``."""
+        return attach(self.model, layers="all" if layers is None else list(layers), grad=grad)
+
+    @contextlib.contextmanager
+    def statistics(self, *, sparsity_threshold: float = 0.1, top_k: int = 3,
+                   token_groups: Optional[Mapping[str, Iterable[int]]] = None) -> Iterator[SiteStatistics]:
+        """Statistics block by block inside attnlab's attention function: no map is kept."""
+        with attach(self.model, statistics=True, sparsity_threshold=sparsity_threshold, top_k=top_k,
+                    token_groups=token_groups) as seen:
+            yield seen.recorder
+
+    def intervene(self, *, head_mask: HeadMask) -> "contextlib.AbstractContextManager[Tensor]":
+        """Each head's output multiplied by ``head_mask`` before the output projection."""
+        return mask_heads(self, head_mask, modules={site.name: site.module for site in self.sites})
+
+    @contextlib.contextmanager
+    def head_outputs(self, layers: Sequence[str], *,
+                     replace: Optional[Mapping[str, tuple[Tensor, Tensor]]] = None) -> Iterator[dict[str, Tensor]]:
+        """attnlab's attention function records (and replaces) each head's output ``[B, T, H, D]``
+        as it returns it, before the module's output projection."""
+        replace = dict(replace or {})
+        with attach(self.model) as seen:
+            for layer in dict.fromkeys([*layers, *replace]):
+                route = route_of(seen.module_of(layer))
+                route.record_output = True
+                if layer in replace:
+                    chosen, values = replace[layer]
+                    if route.site.heads is not None and chosen.shape != (route.site.heads,):
+                        raise ValueError(f"{layer} has {route.site.heads} heads; got a choice of {chosen.shape[0]}")
+                    route.patch = (chosen, values)
+            yield seen.head_outputs
+
+    def _embedding(self) -> Optional[nn.Module]:
+        try:
+            return self.model.get_input_embeddings()
+        except (NotImplementedError, AttributeError):
+            return None
+
+    def input_embeddings(self) -> nn.Module:
+        embedding = self._embedding()
+        if not isinstance(embedding, nn.Embedding):
+            raise ValueError(f"input_embeddings: {self.unsupported('input_embeddings')}")
+        return embedding
+
+    def _readout_parts(self) -> Optional[tuple[nn.Module, nn.Module]]:
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) and self.kind == "decoder" else None
+        base = getattr(self.model, "base_model", None)
+        norm = next((getattr(base, name) for name in _NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
+                    None)
+        return None if head is None or norm is None else (norm, head)
+
+    def readout(self) -> Callable[[Tensor], Tensor]:
+        """``hidden -> logits``: the base model's final norm, the LM head, and the config's
+        ``final_logit_softcapping`` where it has one (Gemma)."""
+        parts = self._readout_parts()
+        if parts is None:
+            raise ValueError(f"readout: {self.unsupported('readout')}")
+        norm, head = parts
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            return lambda hidden: torch.tanh(head(norm(hidden)) / cap) * cap
+        return lambda hidden: head(norm(hidden))
+
+    def generate(self, input_ids: Tensor, *, attention_mask: Optional[Tensor] = None, max_new_tokens: int = 20,
+                 **options: Any) -> Any:
+        """:func:`attnlab.hf.generate`: transformers' ``generate``, every step's attention
+        recorded. ``options`` are attnlab's (``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``, ``seed``); ``compile`` serves attnlab's own decoders only."""
+        from .generation import generate
+
+        reason = self.unsupported("generate")
+        if reason is not None:
+            raise ValueError(f"generate: {reason}")
+        options = {key: value for key, value in options.items() if value is not None}
+        options.pop("output_attentions", None)  # always recorded
+        if options.pop("compile", False):
+            raise ValueError("--compile applies to attnlab's own decoders, not to models opened through transformers")
+        seed = options.pop("seed", None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        return generate(self.model, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                        **options)
+
+    def forward(self, input_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
+        """``model(input_ids=, attention_mask=)``; an encoder-decoder given no decoder input
+        reads each text as its own target (:attr:`decoder_input`)."""
+        attention_mask = None if mask is None else mask.long()
+        if input_ids is None:  # the model's own keyword inputs (pixel_values, input_features, ...)
+            return self.model(**({"attention_mask": attention_mask} if attention_mask is not None else {}), **kwargs)
+        reads = getattr(self.model, "main_input_name", "input_ids")
+        if reads != "input_ids" and self.kind != "encoder-decoder":
+            raise ValueError(f"{type(self.model).__name__} reads {reads}, not token ids: give it {reads}=... "
+                             f"(attnlab's commands: --image for images, --audio for speech)")
+        if self.decoder_input is not None and "decoder_input_ids" not in kwargs and "labels" not in kwargs:
+            start = torch.full_like(input_ids[:, :1], decoder_start(self.model))
+            kwargs["decoder_input_ids"] = torch.cat([start, input_ids[:, :-1]], 1)
+            if attention_mask is not None:
+                kwargs["decoder_attention_mask"] = torch.cat([torch.ones_like(attention_mask[:, :1]),
+                                                              attention_mask[:, :-1]], 1)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     def __repr__(self) -> str:
         return f"TransformersModel({type(self.model).__name__} from {self.name}, served by attnlab's attention)"
+
+
+def _kind(config: Any, causal: bool) -> str:
+    """What kind of model ``config`` builds (the feature matrix's columns)."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if hasattr(config, "vision_config") and hasattr(config, "text_config"):
+        return "vision-language"
+    if getattr(config, "num_mel_bins", None):
+        return "speech"
+    if causal:
+        return "decoder"
+    if getattr(config, "vocab_size", None) is None and (hasattr(config, "patch_size") or hasattr(config, "image_size")):
+        return "vision"
+    return "encoder"
+
+
+def as_inspectable(model: nn.Module) -> TransformersModel:
+    """A transformers model as :class:`~attnlab.inspect.compute.inspectable.Inspectable`:
+    wrapped in a :class:`TransformersModel`, its attention served by attnlab's function
+    from now on (``model.set_attn_implementation("sdpa")`` gives transformers' back)."""
+    return TransformersModel(model, name=type(model).__name__)
 
 
 def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") -> TransformersModel:

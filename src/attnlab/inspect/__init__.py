@@ -21,6 +21,7 @@ from .compute.analyzer import AttentionAnalyzer, AttentionStatistics, Evaluation
 from .compute.batches import AnalysisBatch, as_analysis_batch
 from .compute.capture import AttentionCapture, capture_attention, find_attention_modules
 from .compute.heads import head_importance, head_mask_from, mask_heads
+from .compute.inspectable import FEATURES, Inspectable, NotOffered, Site, inspectable
 from .compute.attention_flow import attention_flow
 from .compute.attention_scores import raw_attention_scores, rollout_scores
 from .compute.gradient_rollout import attention_gradients, gradient_weighted_rollout
@@ -54,6 +55,11 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "FEATURES",
+    "Inspectable",
+    "NotOffered",
+    "Site",
+    "inspectable",
     "GENERATION_METHODS",
     "GenerationAttributions",
     "GenerationExplanation",

@@ -32,6 +32,7 @@ from ..inspect.compute.causal_statistics import causal_statistics
 from ..inspect.compute.generation_attribution import GENERATION_METHODS
 from ..inspect.compute.head_roles import head_role_scores
 from ..inspect.compute.heads import forward_batch, mask_heads
+from ..inspect.compute.inspectable import NotOffered
 from ..inspect.compute.statistics import HeadStatistics
 from ..inspect.compute.token_attribution import METHODS
 from ..inspect.compute.token_groups import special_token_groups
@@ -301,17 +302,11 @@ class TextExplorer:
 
 
 def _patch_heads(model: nn.Module, source_ids: Tensor, target_ids: Tensor, heads: dict[str, list[int]]) -> Any:
-    from ..hf.opening import TransformersModel
-
-    if isinstance(model, TransformersModel):
-        from ..hf.patching import patch_heads
-
-        return patch_heads(model.model, source_ids, target_ids, heads)
     from ..inspect.compute.patching import patch_heads
 
     try:
         return patch_heads(model, source_ids, target_ids, heads)
-    except TypeError as error:  # a model whose heads the library cannot patch
+    except (TypeError, NotOffered) as error:  # a model whose heads the library cannot patch
         raise RequestError(422, str(error)) from None
 
 

@@ -13,9 +13,8 @@ from torch import nn
 
 from ...data.padding import pad_id_for
 from ...data.text_batches import encode_batches
-from ...hf.analysis import analyze_transformers
-from ...hf.opening import TransformersModel
 from ..compute.analyzer import AttentionAnalyzer, AttentionStatistics
+from ..compute.inspectable import inspectable, require
 from ..compute.token_groups import special_token_groups
 from ..draw.plots import plot_statistic, save_figure
 from ..draw.report import inline_frame, render_summary, stats_tables_html
@@ -47,9 +46,9 @@ class Analysis:
 
 def check_importance_inputs(model: nn.Module, rows: Sequence[tuple[str, Optional[int]]]) -> None:
     """Head importance needs a classifier and a class for every text: say which is missing."""
-    if isinstance(model, TransformersModel):
-        raise ValueError("--importance is not available on models opened through transformers yet")
-    classes = getattr(model, "num_labels", None)
+    view = inspectable(model)
+    require(view, "intervene", "--importance")
+    classes = len(view.label_names) if view.label_names else getattr(model, "num_labels", None)
     if not isinstance(classes, int):
         raise ValueError(f"--importance needs a classifier (class logits and a loss); this "
                          f"{type(model).__name__} has none: leave --importance out")
@@ -106,13 +105,6 @@ def analyze_rows(
             max_attention_cells=max_attention_cells,
         )
 
-    if isinstance(model, TransformersModel):  # opened through transformers: statistics mode
-        statistics = analyze_transformers(
-            model, batches(), pad_id=pad_id, sparsity_threshold=sparsity_threshold, top_k=top_k,
-            token_groups=special_token_groups(tokenizer), head_mask=head_mask,
-        )
-        statistics.settings.update({"batch_size": batch_size, "max_length": max_length, "texts": len(rows)})
-        return statistics
     analyzer = AttentionAnalyzer(
         model,
         pad_id=pad_id,

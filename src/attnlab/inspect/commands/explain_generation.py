@@ -24,6 +24,7 @@ from torch import nn
 from ..._files import write_json
 from ..compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS, attribute_generation,
                                               check_generation_methods)
+from ..compute.inspectable import inspectable
 from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
 from ..compute.logit_lens import logit_lens
 from ..draw.generation_explanation import (generation_explanation_fragment, plot_generation_attribution,
@@ -139,12 +140,7 @@ def _one_token(tokenizer: Any, text: Optional[str], argument: str) -> Optional[i
 
 def _continue(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     """Greedy continuation, cut after the first end-of-text token."""
-    if hasattr(model, "new_cache"):  # attnlab's decoder
-        sequences = model.generate(input_ids, max_new_tokens=max_new_tokens).sequences
-    else:
-        from ...hf.generation import generate
-
-        sequences = generate(getattr(model, "model", model), input_ids, max_new_tokens=max_new_tokens).sequences
+    sequences = inspectable(model).generate(input_ids, max_new_tokens=max_new_tokens).sequences
     new = sequences[0, input_ids.shape[1]:].tolist()
     config = getattr(model, "config", None)
     eos = getattr(config, "eos_id", None) if hasattr(config, "eos_id") else getattr(config, "eos_token_id", None)

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from ..._files import json_dumps
-from ...hf.generation import generate as generate_with_transformers
-from ...hf.opening import TransformersModel
+from ..compute.inspectable import inspectable
 from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
 from ..draw.generation_report import write_generation_report
 from ..draw.report import write_report
@@ -45,17 +44,6 @@ class Generation:
 
 def _token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
     return [tokenizer.decode([token], skip_special_tokens=False) for token in ids]
-
-
-def _transformers_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
-    """attnlab's sampling options as transformers' ``generate`` takes them."""
-    options = {key: value for key, value in sampling.items() if value is not None}
-    if options.pop("compile", False):
-        raise ValueError("--compile applies to attnlab's own decoders, not to models opened through transformers")
-    seed = options.pop("seed", None)
-    if seed is not None:
-        torch.manual_seed(seed)
-    return options
 
 
 def generate_text(
@@ -90,10 +78,10 @@ def generate_text(
     Raises:
         ValueError: the model cannot generate, or the prompt gives no token.
     """
-    served = isinstance(model, TransformersModel)  # opened through transformers
-    if not served and (not callable(getattr(model, "generate", None)) or not hasattr(model, "new_cache")):
-        raise ValueError(f"{model_name} holds {type(model).__name__}, not a decoder: generate needs a GPT-2 or "
-                         f"Llama-family model")
+    view = inspectable(model)
+    if view.unsupported("generate") is not None:
+        raise ValueError(f"{model_name} holds {view.architecture}, not a decoder: generate needs a decoder-only language model "
+                         f"(attnlab's GPT-2 and Llama families, or a transformers *ForCausalLM)")
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
     ids = tokenizer.encode(prompt).ids
@@ -101,11 +89,7 @@ def generate_text(
         raise ValueError(f"the tokenizer produced no token for {prompt!r}")
     input_ids = torch.tensor([ids])
     capture = report_dir is not None
-    if served:
-        generated = generate_with_transformers(model.model, input_ids, max_new_tokens=max_new_tokens,
-                                               **_transformers_sampling(sampling))
-    else:
-        generated = model.generate(input_ids, max_new_tokens=max_new_tokens, output_attentions=capture, **sampling)
+    generated = view.generate(input_ids, max_new_tokens=max_new_tokens, output_attentions=capture, **sampling)
     new_ids = generated.sequences[0, len(ids):].tolist()
     result = Generation(tokenizer.decode(new_ids), _token_texts(tokenizer, ids), _token_texts(tokenizer, new_ids))
     if not capture:

@@ -32,10 +32,8 @@ from torch import Tensor, nn
 from ..._files import write_json
 from ...data.padding import model_pad_id
 from .batches import AnalysisBatch, as_analysis_batch
-from .capture import capture_attention, find_attention_modules
-from .heads import LossFn, default_loss, forward_batch, head_importance, mask_heads
-from .rollout import attention_rollout
-from .causal_statistics import CausalStatistics
+from .heads import LossFn, default_loss, forward_batch, head_importance
+from .inspectable import inspectable
 from .statistics import HeadStatistics
 
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult"]
@@ -157,9 +155,7 @@ class AttentionAnalyzer:
         rollout: bool = True,
         residual_weight: float = 0.5,
     ) -> None:
-        modules = find_attention_modules(model)
-        if not modules:
-            raise ValueError(f"{type(model).__name__} has no attention module to analyse")
+        self.view = inspectable(model)
         self.model = model
         self.pad_id = model_pad_id(model) if pad_id is None else pad_id
         self.sparsity_threshold = sparsity_threshold
@@ -177,7 +173,19 @@ class AttentionAnalyzer:
             "residual_weight": self.residual_weight,
             "pad_id": self.pad_id,
             "alignment_reference": "batch alignment, else |s - t| == 1",
+            **({"decoder_input": self.view.decoder_input} if getattr(self.view, "decoder_input", None) else {}),
         }
+
+    def _rollout_layers(self) -> Optional[list[str]]:
+        """The layers rollout runs through: the self-attention layers of the first stack
+        (the model's only one, an encoder-decoder's encoder), when no cross-attention
+        feeds that stack; else ``None``."""
+        sites = self.view.attention_sites()
+        stack = sites[0].name.rpartition(".")[0]
+        chosen = [site for site in sites if site.name.rpartition(".")[0] == stack]
+        if any(site.cross for site in chosen):
+            return None
+        return [site.name for site in chosen]
 
     def analyze_attention_distribution(
         self,
@@ -188,6 +196,11 @@ class AttentionAnalyzer:
         total: Optional[int] = None,
     ) -> AttentionStatistics:
         """Per-layer, per-head statistics over every batch of ``dataloader``.
+
+        The weights are reduced as the model makes them
+        (:meth:`~attnlab.inspect.compute.inspectable.Inspectable.statistics`): a
+        transformers model's block by block of query rows, attnlab's own layer by layer;
+        the rollout summaries follow the layers the same way.
 
         Args:
             dataloader: an iterable of batches (a tensor of ids, ``(ids, labels)`` as in
@@ -201,95 +214,51 @@ class AttentionAnalyzer:
         Returns:
             :class:`AttentionStatistics`.
         """
-        statistics = HeadStatistics(
-            sparsity_threshold=self.sparsity_threshold, top_k=self.top_k, token_groups=self.token_groups
-        )
-        rollout_sums: dict[str, list[float]] = {}
-        # A decoder's query sees only its prefix: its entropy is normalised by that, not the sequence.
-        causal = CausalStatistics() if callable(getattr(self.model, "new_cache", None)) else None
+        view = self.view
+        rollout_layers = self._rollout_layers() if self.rollout else None
         examples = tokens = 0
-        ablation = mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext()
+        ablation = view.intervene(head_mask=head_mask) if head_mask is not None else contextlib.nullcontext()
         with (
             torch.no_grad(),
-            capture_attention(self.model) as captured,
+            view.statistics(sparsity_threshold=self.sparsity_threshold, top_k=self.top_k,
+                            token_groups=self.token_groups) as recorder,
             ablation,
             _progress(progress, total) as bar,
         ):
+            if rollout_layers:
+                recorder.follow_rollout(rollout_layers, self.residual_weight)
             for batch in dataloader:
                 normalised = as_analysis_batch(batch, self.pad_id)
-                captured.clear()
-                forward_batch(self.model, batch, self.pad_id)
-                self._add_statistics(statistics, captured.attentions, normalised)
-                if causal is not None:
-                    for name, weights in captured.attentions.items():
-                        causal.update(name, weights, normalised.mask)
-                if self.rollout:
-                    self._add_rollout(rollout_sums, captured.attentions, normalised.mask)
+                recorder.alignment = normalised.alignment
+                forward_batch(self.view, batch, self.pad_id)
                 examples += normalised.input_ids.shape[0]
                 tokens += int(normalised.mask.sum())
                 if bar is not None:
                     bar.update(normalised.input_ids.shape[0])
         if examples == 0:
             raise ValueError("dataloader yielded no batch")
-        means = statistics.means()
+        means = recorder.means()
         layers = list(means)
-        names = list(next(iter(means.values())))
-        table = {name: {layer: means[layer][name] for layer in layers} for name in names}
-        if causal is not None:
-            table.update(causal.means())
+        names = list(dict.fromkeys(name for layer in layers for name in means[layer]))
+        table = {name: {layer: means[layer].get(name, [None] * len(means[layer]["entropy"])) for layer in layers}
+                 for name in names}
+        # A causal layer's query sees only its prefix: its entropy is normalised by that, not the sequence.
+        for name, values in recorder.causal_means().items():
+            for layer, per_head in values.items():
+                table.setdefault(name, {layer: [None] * len(means[layer]["entropy"]) for layer in layers})[layer] = per_head
+        rollout = None
+        if self.rollout:
+            rollout = (recorder.rollout_means() or {}) if rollout_layers else {}
         return AttentionStatistics(
             layers=layers,
             num_heads=[len(means[layer]["entropy"]) for layer in layers],
             statistics=table,
-            rows=statistics.row_counts(),
-            rollout=self._rollout_means(rollout_sums) if self.rollout else None,
+            rows=recorder.row_counts(),
+            rollout=rollout,
             examples=examples,
             tokens=tokens,
             settings={**self._settings(), "head_mask": _describe(head_mask)},
         )
-
-    @staticmethod
-    def _add_statistics(
-        statistics: HeadStatistics, attentions: dict[str, Tensor], batch: AnalysisBatch
-    ) -> None:
-        mask = batch.mask
-        shapes = {tuple(weights.shape) for weights in attentions.values()}
-        if len(shapes) == 1:  # every layer alike: all layers in one pass
-            groups = [list(attentions.keys())]
-        else:
-            groups = [[name] for name in attentions.keys()]
-        for names in groups:
-            B, H, T, S = attentions[names[0]].shape
-            key_mask = mask if S == mask.shape[1] else torch.ones(B, S, dtype=torch.bool, device=mask.device)
-            weights = torch.stack([attentions[name] for name in names])  # [L, B, H, T, S]
-            statistics.update(
-                names, weights, mask, key_mask, alignment=batch.alignment, input_ids=batch.input_ids
-            )
-
-    def _add_rollout(self, sums: dict[str, list[float]], attentions: dict[str, Tensor], mask: Tensor) -> None:
-        shapes = {tuple(weights.shape) for weights in attentions.values()}
-        if len(shapes) != 1 or next(iter(shapes))[-1] != next(iter(shapes))[-2]:
-            return  # rollout needs square maps of one shape in every layer
-        rollout = attention_rollout(attentions, mask, residual_weight=self.residual_weight)  # [L, B, T, T]
-        keys = mask[None, :, None, :]  # [1, B, 1, T]
-        rows = mask[None].expand(rollout.shape[0], -1, -1)  # [L, B, T]
-        p = rollout * keys
-        p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
-        entropy = -torch.special.xlogy(p, p).sum(-1)  # [L, B, T]
-        own = torch.diagonal(p, dim1=-2, dim2=-1)  # [L, B, T]
-        count = float(mask.sum())
-        for index, layer in enumerate(attentions):
-            entry = sums.setdefault(layer, [0.0, 0.0, 0.0])
-            entry[0] += float(entropy[index][rows[index]].double().sum())
-            entry[1] += float(own[index][rows[index]].double().sum())
-            entry[2] += count
-
-    @staticmethod
-    def _rollout_means(sums: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-        return {
-            layer: {"entropy": e / n if n else math.nan, "self": s / n if n else math.nan}
-            for layer, (e, s, n) in sums.items()
-        }
 
     def head_importance(
         self, dataloader: Iterable[Any], *, loss_fn: Optional[LossFn] = None, normalize: bool = False
@@ -321,11 +290,11 @@ class AttentionAnalyzer:
         try:
             with (
                 torch.no_grad(),
-                mask_heads(self.model, head_mask) if head_mask is not None else contextlib.nullcontext(),
+                self.view.intervene(head_mask=head_mask) if head_mask is not None else contextlib.nullcontext(),
             ):
                 for batch in dataloader:
                     normalised = as_analysis_batch(batch, self.pad_id)
-                    output = forward_batch(self.model, batch, self.pad_id)
+                    output = forward_batch(self.view, batch, self.pad_id)
                     size = normalised.input_ids.shape[0]
                     total_loss += float(loss_fn(output, batch)) * size
                     logits = getattr(output, "logits", None)

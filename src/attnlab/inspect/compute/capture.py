@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from ...attention.multihead import MultiHeadAttention
+from .inspectable import Inspectable
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
            "is_served", "serve_as_attention"]
@@ -85,6 +86,8 @@ def find_attention_modules(model: nn.Module) -> dict[str, nn.Module]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, Inspectable):  # a model that names its own sites (a transformers model's stacks)
+        return {site.name: site.module for site in model.attention_sites()}
     candidates = [(path, module) for path, module in model.named_modules() if _takes_need_weights(module)]
     paths = [path for path, _ in candidates]
     innermost = [
@@ -129,7 +132,9 @@ class AttentionCapture:
         return f"AttentionCapture({shapes})"
 
 
-def _asker(module: nn.Module):
+def weights_asker(module: nn.Module):
+    """A forward pre-hook that asks ``module`` for its per-head weights (``need_weights``,
+    and ``average_attn_weights=False`` where the module averages by default)."""
     per_head = {"need_weights": True}
     if (
         isinstance(module, MultiHeadAttention)
@@ -162,7 +167,7 @@ def capture_attention(
     *,
     eval_mode: bool = True,
     detach: bool = True,
-    modules: Optional[Sequence[nn.Module]] = None,
+    modules: Optional[Union[Sequence[nn.Module], Mapping[str, nn.Module]]] = None,
 ) -> Iterator[AttentionCapture]:
     """Record per-layer, per-head attention weights of every forward inside the block.
 
@@ -174,7 +179,8 @@ def capture_attention(
             restored afterwards.
         detach: store detached weights (set ``False`` to keep them in the autograd graph).
         modules: capture exactly these modules (named ``layer_1, ...`` in the given
-            order) instead of searching the model.
+            order, or by the keys of a ``{name: module}`` mapping) instead of searching
+            the model.
 
     Yields:
         :class:`AttentionCapture` whose ``attentions`` fill in as the model runs.
@@ -192,7 +198,8 @@ def capture_attention(
         found = find_attention_modules(model)
         paths = module_paths(model)
     else:
-        found = {f"layer_{index + 1}": module for index, module in enumerate(modules)}
+        found = dict(modules) if isinstance(modules, Mapping) else {
+            f"layer_{index + 1}": module for index, module in enumerate(modules)}
         by_identity = {id(module): path for path, module in model.named_modules()}
         paths = {name: by_identity.get(id(module), "?") for name, module in found.items()}
     if not found:
@@ -205,7 +212,7 @@ def capture_attention(
     handles = []
     try:
         for name, module in found.items():
-            handles.append(module.register_forward_pre_hook(_asker(module), with_kwargs=True))
+            handles.append(module.register_forward_pre_hook(weights_asker(module), with_kwargs=True))
             handles.append(module.register_forward_hook(_recorder(capture, name, detach)))
         if eval_mode:
             model.eval()

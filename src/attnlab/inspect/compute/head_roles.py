@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .capture import capture_attention
+from .inspectable import inspectable
 
 __all__ = ["HEAD_ROLES", "HeadRoles", "RepeatedTokensLoss", "role_patterns", "head_role_scores",
            "transformer_lens_score", "repeated_random_tokens", "repeated_tokens_loss", "find_head_roles"]
@@ -208,15 +208,20 @@ def find_head_roles(
     Returns:
         :class:`HeadRoles`.
     """
+    view = inspectable(model)
+    if view.kind != "decoder":
+        raise ValueError(f"head roles (previous-token, duplicate-token, induction, first-token) are read from a "
+                         f"decoder's causal attention; {view.architecture} is a{'n' if view.kind[0] in 'aeiou' else ''} "
+                         f"{view.kind} model")
     repeated = input_ids is None
     if repeated:
         vocab_size = _vocab_size(model)
         input_ids = repeated_random_tokens(vocab_size, length, seed=seed, bos_id=bos_id, exclude=exclude)
     elif not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, T], got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    with torch.no_grad(), capture_attention(model) as captured:
-        output = model(input_ids)
-    maps = [captured.attentions[name] for name in captured.paths]
+    with torch.no_grad(), view.record() as captured:
+        output = view(input_ids)
+    maps = list(captured.attentions.values())
     result = HeadRoles(head_role_scores(maps, input_ids), input_ids)
     if repeated:
         result.repeated_tokens = repeated_tokens_loss(output.logits, input_ids, length)

@@ -1,105 +1,27 @@
-"""Switch heads off, and rank them by importance (Michel, Levy & Neubig, 2019).
+"""Rank heads by importance (Michel, Levy & Neubig, 2019); run a model on one batch.
 
 Dimension letters: ``L`` attention modules (layers), ``H`` heads, ``B`` batch.
 
-Both work through forward pre-hooks on the model's attention modules, which receive a
-``head_mask`` keyword (``[H]``, multiplying each head's output): no model code changes,
-and the hooks are removed in ``finally``.
+Importance is the gradient of the loss with respect to a multiplier on each head's
+output, set through the model's head interventions
+(:meth:`~attnlab.inspect.compute.inspectable.Inspectable.intervene`, :mod:`.head_mask`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .batches import as_analysis_batch
-from .capture import attention_heads, find_attention_modules
+from .head_mask import head_mask_from, mask_heads  # noqa: F401  (their names here since they began here)
+from .inspectable import inspectable, require
 
-__all__ = ["mask_heads", "head_mask_from", "head_importance", "default_loss", "forward_batch"]
+__all__ = ["mask_heads", "head_mask_from", "head_importance", "default_loss", "forward_batch", "language_model_loss"]
 
 LossFn = Callable[[Any, Any], Tensor]
-
-
-def _heads_per_layer(modules: Mapping[str, nn.Module]) -> list[int]:
-    counts = []
-    for name, module in modules.items():
-        heads = attention_heads(module)
-        if heads is None:
-            raise TypeError(
-                f"{name} ({type(module).__name__}) has no int num_heads attribute; cannot mask its heads"
-            )
-        counts.append(heads)
-    return counts
-
-
-def head_mask_from(model: nn.Module, heads: Union[Tensor, Mapping[str, Iterable[int]]]) -> Tensor:
-    """A ``[L, H]`` float mask: 1 keeps a head, 0 removes it.
-
-    Args:
-        model: the model whose attention modules the mask addresses.
-        heads: a ``[L, H]`` tensor (returned as float), or ``{"layer_2": [0, 3]}``: the
-            heads to remove (0-based) in each named layer.
-    """
-    modules = find_attention_modules(model)
-    counts = _heads_per_layer(modules)
-    L, H = len(counts), max(counts)
-    if isinstance(heads, Tensor):
-        if heads.shape != (L, H):
-            raise ValueError(f"head mask must be [L, H] = [{L}, {H}], got {tuple(heads.shape)}")
-        return heads if heads.dtype.is_floating_point else heads.float()
-    mask = torch.ones(L, H)
-    names = list(modules)
-    for layer, removed in heads.items():
-        if layer not in modules:
-            raise ValueError(f"unknown layer {layer!r}; the model has {names}")
-        row = names.index(layer)
-        for head in removed:
-            if not 0 <= int(head) < counts[row]:
-                raise ValueError(f"{layer} has {counts[row]} heads (0-based indices 0..{counts[row] - 1}; "
-                                 f"--mask-heads counts them 1..{counts[row]}), got head index {head} "
-                                 f"(head {int(head) + 1} counted from 1)")
-            mask[row, int(head)] = 0.0
-    return mask
-
-
-@contextlib.contextmanager
-def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[int]]]) -> Iterator[Tensor]:
-    """Multiply each attention head's output by ``head_mask`` inside the block.
-
-    The head-masking switch for ablations: ``with mask_heads(model, {"layer_1": [2]}):``
-    evaluates the model without head 2 of layer 1. A ``head_mask`` the model itself
-    passes is multiplied with this one. A tensor that requires grad keeps its graph,
-    which :func:`head_importance` uses.
-
-    Args:
-        model: model with attention modules taking a ``head_mask`` keyword.
-        head_mask: ``[L, H]`` multipliers, or ``{"layer_k": [heads to remove]}``.
-
-    Yields:
-        the ``[L, H]`` mask in use.
-    """
-    modules = find_attention_modules(model)
-    mask = head_mask_from(model, head_mask)
-    handles = []
-
-    def hook_for(row: Tensor):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            given = kwargs.get("head_mask")
-            return args, {**kwargs, "head_mask": row if given is None else given * row}
-
-        return hook
-
-    try:
-        for (name, module), row, heads in zip(modules.items(), mask, _heads_per_layer(modules)):
-            handles.append(module.register_forward_pre_hook(hook_for(row[:heads]), with_kwargs=True))
-        yield mask
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def forward_batch(model: nn.Module, batch: Any, pad_id: Optional[int] = None) -> Any:
@@ -133,6 +55,30 @@ def default_loss(output: Any, batch: Any) -> Tensor:
     return F.cross_entropy(logits.float(), labels.to(logits.device))
 
 
+def language_model_loss(output: Any, batch: Any, *, shift: bool = True) -> Tensor:
+    """Mean cross-entropy of a language model's logits ``[B, T, V]`` against the batch's own
+    ids over real tokens: position ``t`` predicts id ``t + 1`` (``shift``, a decoder), or id
+    ``t`` (an encoder-decoder whose decoder read the ids shifted right)."""
+    batch = as_analysis_batch(batch)
+    logits = getattr(output, "logits", None)
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        raise ValueError("a language model's loss needs [B, T, V] logits")
+    ids, real = batch.input_ids.to(logits.device), batch.mask.to(logits.device)
+    if shift:
+        logits, ids, real = logits[:, :-1], ids[:, 1:], real[:, 1:]
+    return F.cross_entropy(logits[real].float(), ids[real])
+
+
+def _default_loss_for(kind: str) -> LossFn:
+    """Head importance's default loss: a classifier's cross-entropy against its labels, a
+    language model's against the text itself (Michel et al. scored translation models so)."""
+    if kind == "decoder":
+        return language_model_loss
+    if kind == "encoder-decoder":
+        return lambda output, batch: language_model_loss(output, batch, shift=False)
+    return default_loss
+
+
 def head_importance(
     model: nn.Module,
     dataloader: Iterable[Any],
@@ -151,17 +97,19 @@ def head_importance(
     Args:
         model: a model with attention modules that take ``head_mask``.
         dataloader: batches as in :mod:`attnlab.inspect.compute.batches`.
-        loss_fn: ``loss_fn(output, batch) -> scalar``; default cross-entropy of the
-            logits against the batch's labels.
+        loss_fn: ``loss_fn(output, batch) -> scalar``; default cross-entropy of a
+            classifier's logits against the batch's labels, or of a language model's
+            logits against the text itself (:func:`language_model_loss`).
         pad_id: padding id, when batches carry no mask.
         normalize: divide each layer's scores by their L2 norm (Michel et al., Sec. 4.2).
 
     Returns:
         ``[L, H]`` float tensor.
     """
-    loss_fn = loss_fn or default_loss
-    modules = find_attention_modules(model)
-    counts = _heads_per_layer(modules)
+    view = inspectable(model)
+    require(view, "intervene", "head importance")
+    loss_fn = loss_fn or _default_loss_for(view.kind)
+    counts = [site.heads for site in view.attention_sites()]
     total = torch.zeros(len(counts), max(counts), dtype=torch.float64)
     batches = 0
     dtype = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
@@ -170,8 +118,8 @@ def head_importance(
     try:
         for batch in dataloader:
             xi = torch.ones(len(counts), max(counts), dtype=dtype, requires_grad=True)
-            with mask_heads(model, xi):
-                loss = loss_fn(forward_batch(model, batch, pad_id), batch)
+            with view.intervene(head_mask=xi):
+                loss = loss_fn(forward_batch(view, batch, pad_id), batch)
             (gradient,) = torch.autograd.grad(loss, xi)
             total += gradient.abs().double()
             batches += 1

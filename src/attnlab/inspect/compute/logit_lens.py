@@ -21,10 +21,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from .inspectable import inspectable
+
 __all__ = ["LogitLens", "logit_lens", "lens_readout"]
-
-_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-
 
 @dataclass
 class LogitLens:
@@ -47,23 +46,17 @@ class LogitLens:
 
 
 def lens_readout(model: nn.Module) -> Callable[[Tensor], Tensor]:
-    """``hidden [.., E] -> logits [.., V]``: the model's final norm then its LM head."""
-    norm, head = getattr(model, "norm", None), getattr(model, "lm_head", None)
-    if isinstance(norm, nn.Module) and isinstance(head, nn.Module):  # attnlab's DecoderForCausalLM
-        return lambda hidden: head(norm(hidden))
-    inner = getattr(model, "model", model)  # TransformersModel wraps the transformers model
-    get_head = getattr(inner, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    base = getattr(inner, "base_model", None)
-    norm = next((getattr(base, name) for name in _NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
-                None)
-    if head is None or norm is None:
-        raise TypeError(f"{type(inner).__name__}: no final norm ({', '.join(_NORM_NAMES)}) and LM head found; "
-                        f"the logit lens needs a decoder-only language model")
-    cap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
-    if cap:
-        return lambda hidden: torch.tanh(head(norm(hidden)) / cap) * cap
-    return lambda hidden: head(norm(hidden))
+    """``hidden [.., E] -> logits [.., V]``: the model's final norm then its LM head
+    (:meth:`~attnlab.inspect.compute.inspectable.Inspectable.readout`).
+
+    Raises:
+        TypeError: the model has none (it is not a decoder-only language model).
+    """
+    view = inspectable(model)
+    reason = view.unsupported("readout")
+    if reason is not None:
+        raise TypeError(reason)
+    return view.readout()
 
 
 def logit_lens(

@@ -1,4 +1,4 @@
-"""Activation patching on heads and layers (the method of TransformerLens, for attnlab models).
+"""Activation patching on heads and layers (the method of TransformerLens), for every model.
 
 Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``H`` heads, ``D`` head
 dim, ``L`` layers, ``C`` classes.
@@ -6,25 +6,27 @@ dim, ``L`` layers, ``C`` classes.
 Run a *source* input and a *target* input of the same shape (unpadded: every position
 is read as a real token); in a second run of the
 target, replace chosen activations by the source's and read the change in one logit
-of the target run. A head's output is its slice ``[h * D, (h + 1) * D)`` of the
-attention's output-projection input (the heads concatenated, before they are mixed);
-a layer's output is what the encoder layer hands to the next one (the residual
-stream). Everything runs through hooks removed in ``finally``; the model in eval mode.
-The logit read is a classifier's class logit, or a causal language model's next-token logit
-at the last position (attnlab's decoders: their heads meet at ``o_proj``).
+of the target run. A head's output is its ``[B, T, D]`` slice before the output
+projection mixes the heads, recorded and replaced through the model's
+:meth:`~attnlab.inspect.compute.inspectable.Inspectable.head_outputs` (attnlab's models:
+the output projection's input; transformers models: what attnlab's attention function
+returns), so one implementation serves both doors. A layer's output is what the encoder
+layer hands to the next one (the residual stream). The model runs in eval mode, hooks
+removed in ``finally``. The logit read is a classifier's class logit, or a language
+model's next-token logit at the last position.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from .attribution_target import encoder_of, is_causal_model, logits_of, resolve_target
-from .capture import find_attention_modules
+from .attribution_target import encoder_of, logits_of, resolve_target
+from .inspectable import inspectable, require
 
 __all__ = ["PatchResult", "patch_heads", "patch_layers", "head_patching_sweep", "layer_patching_sweep"]
 
@@ -57,22 +59,25 @@ class PatchResult:
         return self.change / (self.source - self.clean)
 
 
-def _heads_of(module: nn.Module, name: str) -> tuple[nn.Module, int, int]:
-    projection = getattr(module, "out_proj", None) or getattr(module, "o_proj", None)
-    heads, width = getattr(module, "num_heads", None), getattr(module, "head_dim", None)
-    if not isinstance(projection, nn.Module) or not isinstance(heads, int) or not isinstance(width, int):
-        raise TypeError(
-            f"{name} ({type(module).__name__}) has no out_proj, num_heads and head_dim; cannot patch its heads"
-        )
-    return projection, heads, width
+Inputs = Union[Tensor, Mapping[str, Any]]
 
 
-def _run(model: nn.Module, input_ids: Tensor) -> Tensor:
-    output = model(input_ids, mask=torch.ones_like(input_ids, dtype=torch.bool))
+def _run(model: nn.Module, inputs: Inputs) -> Tensor:
+    """The logits read: ``[B, C]`` of a classifier, the last position's ``[B, V]`` of a
+    language model. ``inputs``: ids (every position real), or the model's keyword inputs."""
+    if isinstance(inputs, Tensor):
+        output = model(inputs, mask=torch.ones_like(inputs, dtype=torch.bool))
+    else:
+        output = model(**inputs)
     logits = getattr(output, "logits", None)
-    if isinstance(logits, Tensor) and logits.dim() == 3 and is_causal_model(model):
+    if isinstance(logits, Tensor) and logits.dim() == 3:
         return logits[:, -1]  # [B, V]: the next token after the text
     return logits_of(output)
+
+
+def _shape(inputs: Inputs) -> tuple[int, ...]:
+    ids = inputs if isinstance(inputs, Tensor) else inputs.get("input_ids", inputs.get("pixel_values"))
+    return tuple(ids.shape) if isinstance(ids, Tensor) else ()
 
 
 @contextlib.contextmanager
@@ -87,14 +92,14 @@ def _eval(model: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
-def _check_pair(source_ids: Tensor, target_ids: Tensor) -> None:
-    for name, ids in (("source_ids", source_ids), ("target_ids", target_ids)):
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise ValueError(f"{name} must be a [B, T] tensor of ids")
-    if source_ids.shape != target_ids.shape:
+def _check_pair(source: Inputs, target: Inputs) -> None:
+    for name, inputs in (("source", source), ("target", target)):
+        if isinstance(inputs, Tensor) and inputs.dim() != 2:
+            raise ValueError(f"{name} ids must be a [B, T] tensor of ids")
+    if _shape(source) != _shape(target) or not _shape(source):
         raise ValueError(
-            f"source_ids {tuple(source_ids.shape)} and target_ids {tuple(target_ids.shape)} must have the same "
-            f"shape: patching replaces position by position (pad or cut the texts to one length)"
+            f"source {_shape(source)} and target {_shape(target)} inputs must have the same shape: patching "
+            f"replaces position by position, so both must be of one shape (pad or cut the texts to one length)"
         )
 
 
@@ -151,8 +156,8 @@ def _record_and_patch(model, source_ids, target_ids, sites, label) -> PatchResul
 
 def patch_heads(
     model: nn.Module,
-    source_ids: Tensor,
-    target_ids: Tensor,
+    source_ids: Inputs,
+    target_ids: Inputs,
     heads: Mapping[str, Iterable[int]],
     *,
     label: Optional[Union[int, str]] = None,
@@ -160,34 +165,43 @@ def patch_heads(
     """Patch the outputs of chosen heads from the source run into the target run.
 
     Args:
-        model: a classifier or a decoder (next-token logit) on attnlab attention.
-        source_ids: ``[B, T]`` ids whose activations are patched in.
-        target_ids: ``[B, T]`` ids of the run that is changed.
+        model: a classifier or a language model (next-token logit): attnlab's, or a
+            transformers model (served by attnlab's attention function).
+        source_ids: ``[B, T]`` ids whose activations are patched in (or the model's
+            keyword inputs, ``{"pixel_values": ...}``).
+        target_ids: the inputs of the run that is changed, of the same shape.
         heads: ``{"layer_2": [0, 3]}``: 0-based heads per layer name.
-        label: the class whose logit is read; default the target run's prediction.
+        label: the class (index or label name) or next token whose logit is read;
+            default the target run's prediction.
 
     Returns:
         :class:`PatchResult`.
     """
     _check_pair(source_ids, target_ids)
-    modules = find_attention_modules(model)
-    sites = []
+    view = inspectable(model)
+    require(view, "head_outputs", "head patching")
+    counts = {site.name: site.heads for site in view.attention_sites()}
+    chosen_heads = {}
     for layer, chosen in heads.items():
-        if layer not in modules:
-            raise ValueError(f"unknown layer {layer!r}; the model has {list(modules)}")
-        projection, count, width = _heads_of(modules[layer], layer)
+        if layer not in counts:
+            raise ValueError(f"unknown layer {layer!r}; the model has {list(counts)}")
+        count = counts[layer]
         chosen = sorted({int(h) for h in chosen})
-        if any(not 0 <= h < count for h in chosen):
-            raise ValueError(f"{layer} has {count} heads (0-based indices 0..{count - 1}), got {chosen}")
-        columns = torch.zeros(count * width, dtype=torch.bool)
-        for h in chosen:
-            columns[h * width : (h + 1) * width] = True
-
-        def select(recorded, current, columns=columns):
-            return torch.where(columns.to(current.device), recorded, current)  # [B, T, E]: heads side by side
-
-        sites.append((projection, True, select))
-    return _record_and_patch(model, source_ids, target_ids, sites, label)
+        if count is None or any(not 0 <= h < count for h in chosen):
+            raise ValueError(f"{layer} has {count} heads (0-based indices 0..{(count or 1) - 1}), got {chosen}")
+        selected = torch.zeros(count, dtype=torch.bool)
+        selected[chosen] = True
+        chosen_heads[layer] = selected
+    with _eval(model):
+        clean_logits = _run(view, target_ids)
+        label_index = resolve_target(clean_logits, label, view.label_names)
+        with view.head_outputs(list(chosen_heads)) as recorded:
+            source_logits = _run(view, source_ids)
+        replace = {layer: (selected, recorded[layer]) for layer, selected in chosen_heads.items()}
+        with view.head_outputs([], replace=replace):
+            patched_logits = _run(view, target_ids)
+    pick = lambda logits: logits.gather(1, label_index[:, None])[:, 0].float()  # noqa: E731
+    return PatchResult(int(label_index[0]), pick(clean_logits), pick(source_logits), pick(patched_logits))
 
 
 def patch_layers(
@@ -209,19 +223,19 @@ def patch_layers(
     return _record_and_patch(model, source_ids, target_ids, sites, label)
 
 
-def _sweep_label(model: nn.Module, target_ids: Tensor, label: Optional[Union[int, str]]) -> Union[int, str]:
+def _sweep_label(model: nn.Module, target_ids: Inputs, label: Optional[Union[int, str]]) -> Union[int, str]:
     """The label a sweep explains: the given one, else the target run's prediction (fixed
     once, so that every patched run is read at the same logit)."""
     if label is not None:
         return label
     with _eval(model):
-        return int(_run(model, target_ids).argmax(-1)[0])
+        return int(_run(inspectable(model), target_ids).argmax(-1)[0])
 
 
 def head_patching_sweep(
     model: nn.Module,
-    source_ids: Tensor,
-    target_ids: Tensor,
+    source_ids: Inputs,
+    target_ids: Inputs,
     *,
     label: Optional[Union[int, str]] = None,
     recovered: bool = False,
@@ -234,11 +248,13 @@ def head_patching_sweep(
     Returns:
         ``[L, H]`` (mean over the batch); NaN for heads a layer does not have.
     """
-    modules = find_attention_modules(model)
-    counts = [_heads_of(module, name)[1] for name, module in modules.items()]
+    view = inspectable(model)
+    require(view, "head_outputs", "head patching")
+    sites = view.attention_sites()
+    counts = [site.heads or 0 for site in sites]
     result = torch.full((len(counts), max(counts)), float("nan"))
     label = _sweep_label(model, target_ids, label)
-    for row, (name, count) in enumerate(zip(modules, counts)):
+    for row, (name, count) in enumerate(zip([site.name for site in sites], counts)):
         for head in range(count):
             patched = patch_heads(model, source_ids, target_ids, {name: [head]}, label=label)
             result[row, head] = (patched.recovered if recovered else patched.change).mean()

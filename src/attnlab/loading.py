@@ -1,0 +1,107 @@
+"""``attnlab.load``: one loader for every model attnlab opens, in Python as on the command line.
+
+It sits above both doors. What a path holds is looked at once
+(:func:`~attnlab.checkpoints.source.open_source`), then:
+
+* attnlab's runs and checkpoints, and the HuggingFace checkpoints of the families attnlab
+  re-implements (encoders, GPT-2 / Llama-family decoders, GGUF files, packaged names) open
+  through :func:`attnlab.checkpoints.loading.load`, attnlab's own models;
+* any other HuggingFace directory (Gemma 3, Qwen3, T5, ViT, Whisper, ...) opens through
+  transformers with attnlab's attention function serving it
+  (:func:`attnlab.hf.opening.open_transformers`): the model is a
+  :class:`~attnlab.hf.opening.TransformersModel`, called as attnlab's models are.
+
+Both give ``(model, tokenizer, config)``; both models offer the inspection protocol
+(:mod:`attnlab.inspect.compute.inspectable`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from .checkpoints import loading as _attnlab_formats
+from .checkpoints.attnlab_layout import LoadedModel
+from .checkpoints.source import Source, open_source
+from .checkpoints.tensors import DtypeLike, resolve_dtype
+
+__all__ = ["load"]
+
+# resolve_dtype's answers, as open_transformers names them
+_TRANSFORMERS_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", "auto": "auto"}
+
+
+def load(
+    path_or_name: Union[str, Path, Source],
+    *,
+    device=None,
+    dtype: DtypeLike = None,
+    tokenizer: bool = True,
+    task: str = "auto",
+    strict: bool = True,
+    dropout: Optional[float] = None,
+    attention_dropout: Optional[float] = None,
+) -> LoadedModel:
+    """Open an attnlab run or checkpoint, a HuggingFace directory, a GGUF file or a packaged name.
+
+    Everything :func:`attnlab.checkpoints.loading.load` opens opens the same way (see its
+    arguments); a HuggingFace directory of a ``model_type`` attnlab does not re-implement
+    opens through transformers, served by attnlab's attention function, in ``dtype``
+    (``"float32"`` by default, ``"bfloat16"``, ``"float16"``, ``"auto"``) on ``device``.
+    Its tokenizer is ``tokenizer.json``'s (``None`` when there is none: image and speech
+    models), its config the transformers config.
+
+    Raises:
+        FileNotFoundError: no such path or name, or nothing attnlab knows there.
+        ImportError: a transformers directory, and transformers is not installed.
+        ValueError: an encoder option (``task``, ``strict``, ``dropout``) for a model opened
+            through transformers, a bad ``dtype``, or a directory transformers cannot read.
+
+    Example:
+        >>> model, tokenizer, config = attnlab.load("path/to/qwen3")   # through transformers
+        >>> with model.record(layers=[2]) as seen:
+        ...     model(**tokenizer(["attention"], return_tensors="pt"))
+    """
+    resolved = resolve_dtype(dtype)  # a bad value is refused before anything is read
+    source = path_or_name if isinstance(path_or_name, Source) else open_source(path_or_name)
+    from .hf.opening import is_transformers_only
+
+    if not is_transformers_only(source):
+        return _attnlab_formats.load(source, device=device, dtype=dtype, tokenizer=tokenizer, task=task,
+                                     strict=strict, dropout=dropout, attention_dropout=attention_dropout)
+    given = [f"{key}={value!r}" for key, value in
+             {"task": task, "strict": strict, "dropout": dropout, "attention_dropout": attention_dropout}.items()
+             if value != {"task": "auto", "strict": True}.get(key)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: options of the encoders attnlab re-implements; {source.name} opens "
+                         f"through transformers (model_type {source.config.get('model_type')!r}): leave them out")
+    return _open_with_transformers(source, device=device, dtype=resolved, tokenizer=tokenizer)
+
+
+def _open_with_transformers(source: Source, *, device: Any, dtype: Union[torch.dtype, str],
+                            tokenizer: bool) -> LoadedModel:
+    from .checkpoints.encoders.loading import load_tokenizer
+    from .data.tokenizer import Tokenizer
+    from .hf.opening import open_transformers
+
+    model = open_transformers(source.directory, dtype=_TRANSFORMERS_DTYPES[dtype])
+    if device is not None:
+        model.to(device)
+    backend = None
+    if tokenizer:
+        try:
+            backend = load_tokenizer(source.directory)  # tokenizer.json, padding and truncation off
+        except FileNotFoundError:
+            backend = None  # an image or speech model: no text to tokenize
+    opened = None
+    if backend is not None:
+        limit = getattr(model.config, "max_position_embeddings", None)
+        options: dict[str, Any] = {"model_max_length": limit if isinstance(limit, int) and limit > 0 else None}
+        if model.is_causal:  # a decoder pads on the left, as attnlab's own decoders do
+            pad = next((value for value in (getattr(model.config, "pad_token_id", None),
+                                            getattr(model.config, "eos_token_id", None)) if isinstance(value, int)), None)
+            options.update(padding_side="left", pad_token=None if pad is None else backend.id_to_token(pad))
+        opened = Tokenizer(backend, **options)
+    return LoadedModel(model, opened, model.config)

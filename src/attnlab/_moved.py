@@ -44,14 +44,17 @@ MOVED: dict[str, str] = {
     "attnlab.layers.scaled_rotary": "attnlab.attention.rotary",
     "attnlab.layers.swiglu_ffn": "attnlab.layers.ffn",
     "attnlab.layers.encoder": "attnlab.models.encoder",
+    "attnlab.hf.image_preprocessing": "attnlab.data.images",
 }
 
-# package -> {name it no longer holds: the module that holds it now}
+# package or module -> {name it no longer holds: the module that holds it now}
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "attnlab.layers": {
         "TransformerEncoder": "attnlab.models.encoder",
         "EncoderOutput": "attnlab.models.encoder",
     },
+    "attnlab.hf.vision": {"load_image": "attnlab.data.images"},
+    "attnlab.hf.audio": {"read_wav": "attnlab.data.audio"},
 }
 
 

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_images(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...hf.image_analysis import analyze_images, image_files
-    from ...hf.vision import image_steps, load_image
+    from ...data.images import load_image
+    from ...hf.vision import image_steps
     from .resolve import open_vision_model
     from .analyze_texts import write_statistics
 

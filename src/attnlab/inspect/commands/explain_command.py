@@ -182,7 +182,7 @@ def _run_image(args: argparse.Namespace) -> int:
 
     from ..._files import check_output_dir
     from ...hf.image_explanation import IMAGE_METHODS
-    from ...hf.vision import load_image
+    from ...data.images import load_image
     from .resolve import open_vision_model
     from .explain_image import write_image_explanation
 

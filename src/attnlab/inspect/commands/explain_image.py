@@ -51,7 +51,7 @@ def write_image_explanation(
         methods: among ``grad-attention``, ``rollout``, ``raw``.
         target: class index or label name; default the prediction.
         preprocessing: the model directory's
-            :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`; default ViT's.
+            :class:`~attnlab.data.images.ImagePreprocessing`; default ViT's.
         model_name, image_name: shown on the page.
     """
     from ...hf.image_explanation import explain_image

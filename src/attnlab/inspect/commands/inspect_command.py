@@ -185,7 +185,7 @@ def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
 def _run_image(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...hf.vision import load_image
+    from ...data.images import load_image
     from .resolve import open_vision_model
     from .inspect_image import write_image_inspection
     from .inspect_vision_language import refuse_unlaid_vision_language, vision_language_type
@@ -214,7 +214,7 @@ def _run_image(args: argparse.Namespace) -> int:
 def _run_vision_language(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...hf.vision import load_image
+    from ...data.images import load_image
     from .inspect_vision_language import open_vision_language_model, write_vision_language_inspection
 
     new_tokens = 8 if args.max_new_tokens is None else args.max_new_tokens
@@ -239,7 +239,8 @@ def _run_audio(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ...checkpoints.encoders.loading import load_tokenizer
-    from ...hf.audio import audio_features, read_wav
+    from ...data.audio import read_wav
+    from ...hf.audio import audio_features
     from ...hf.opening import is_transformers_only, open_transformers
     from .inspect_pair import write_pair_inspection
 

@@ -68,7 +68,7 @@ def write_image_inspection(
             other sizes than the model's go through interpolated position embeddings.
         head_fusion, discard_ratio: the rollout's (vit-explain's defaults: ``max``, 0.9).
         model_name, image_name: shown on the page.
-        preprocessing: the model directory's :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`
+        preprocessing: the model directory's :class:`~attnlab.data.images.ImagePreprocessing`
             (``read_image_preprocessing(directory)``); default ViT's (the model's size, mean and std 0.5).
     """
     from ...hf.vision import image_attention, image_steps

@@ -56,7 +56,7 @@ def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any,
     family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
     from ..._files import read_json
     from ...checkpoints.encoders.loading import load_tokenizer
-    from ...hf.image_preprocessing import FILE_NAME, read_image_preprocessing
+    from ...data.images import FILE_NAME, read_image_preprocessing
     from ...hf.opening import is_transformers_only, open_transformers
     from ...hf.vision_language import FAMILIES, is_vision_language
 

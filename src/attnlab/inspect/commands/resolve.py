@@ -180,7 +180,7 @@ def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: 
     Raises:
         ValueError: ``spec`` is not a transformers model directory.
     """
-    from ...hf.image_preprocessing import read_image_preprocessing
+    from ...data.images import read_image_preprocessing
     from ...hf.opening import is_transformers_only, open_transformers
 
     if not Path(spec).is_dir() or not is_transformers_only(spec):

@@ -45,6 +45,17 @@ MOVED: dict[str, str] = {
     "attnlab.layers.swiglu_ffn": "attnlab.layers.ffn",
     "attnlab.layers.encoder": "attnlab.models.encoder",
     "attnlab.hf.image_preprocessing": "attnlab.data.images",
+    "attnlab.inspect.commands.analyze_texts": "attnlab.workflows.analyze_texts",
+    "attnlab.inspect.commands.compare_models": "attnlab.workflows.compare_models",
+    "attnlab.inspect.commands.explain_generation": "attnlab.workflows.explain_generation",
+    "attnlab.inspect.commands.explain_image": "attnlab.workflows.explain_image",
+    "attnlab.inspect.commands.explain_text": "attnlab.workflows.explain_text",
+    "attnlab.inspect.commands.generate_text": "attnlab.workflows.generate_text",
+    "attnlab.inspect.commands.inspect_image": "attnlab.workflows.inspect_image",
+    "attnlab.inspect.commands.inspect_pair": "attnlab.workflows.inspect_pair",
+    "attnlab.inspect.commands.inspect_text": "attnlab.workflows.inspect_text",
+    "attnlab.inspect.commands.inspect_vision_language": "attnlab.workflows.inspect_vision_language",
+    "attnlab.inspect.commands.resolve": "attnlab.workflows.resolve",
 }
 
 # package or module -> {name it no longer holds: the module that holds it now}
@@ -52,6 +63,12 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
     "attnlab.layers": {
         "TransformerEncoder": "attnlab.models.encoder",
         "EncoderOutput": "attnlab.models.encoder",
+    },
+    "attnlab.inspect": {
+        **dict.fromkeys(("Explanation", "explain", "write_explanation"), "attnlab.workflows.explain_text"),
+        **dict.fromkeys(("Comparison", "compare_models", "write_comparison"), "attnlab.workflows.compare_models"),
+        **dict.fromkeys(("GenerationExplanation", "explain_generation", "write_generation_explanations"),
+                        "attnlab.workflows.explain_generation"),
     },
     "attnlab.hf.vision": {"load_image": "attnlab.data.images"},
     "attnlab.hf.audio": {"read_wav": "attnlab.data.audio"},

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_report(run_dir: Path) -> Path:
     """Pictures and the interactive attention report of the first example, in ``run_dir/inspect``."""
-    from .inspect.commands.inspect_text import write_inspection
+    from .workflows.inspect_text import write_inspection
     from .checkpoints import load_model
 
     model, tokenizer, _ = load_model(run_dir)

@@ -15,7 +15,7 @@ import secrets
 import signal
 import socket
 
-from ..inspect.commands.resolve import MODEL_HELP, add_dtype_argument
+from ..workflows.resolve import MODEL_HELP, add_dtype_argument
 
 __all__ = ["add_arguments", "run", "is_loopback"]
 

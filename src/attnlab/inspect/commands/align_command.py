@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .resolve import add_dtype_argument
+from ...workflows.resolve import add_dtype_argument
 
 __all__ = ["add_arguments", "run"]
 
@@ -91,7 +91,7 @@ def _align_with_model(args: argparse.Namespace) -> list:
 
     from ...hf.seq2seq import decoder_start, pair_attention
     from ..compute.word_alignment import attention_alignment, similarity_alignment
-    from .resolve import dtype_line, resolve_model
+    from ...workflows.resolve import dtype_line, resolve_model
 
     pairs = _read_pairs(args.pairs)
     layers = _numbers(args.layers, "--layers") if args.layers else None

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ...workflows.resolve import MODEL_HELP, add_dtype_argument
 
 
 def _heads(value: str) -> tuple[str, list[int]]:
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from ..._files import check_output_dir
     from ...data.texts import load_texts
-    from .analyze_texts import write_analysis
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from ...workflows.analyze_texts import write_analysis
+    from ...workflows.resolve import dtype_line, max_length_for, resolve_model
 
     if (args.data is None) == (args.images is None):
         raise ValueError("give --data (texts) or --images (a folder of pictures), one of them")
@@ -148,8 +148,8 @@ def _run_images(args: argparse.Namespace) -> int:
     from ...hf.image_analysis import analyze_images, image_files
     from ...data.images import load_image
     from ...hf.vision import image_steps
-    from .resolve import open_vision_model
-    from .analyze_texts import write_statistics
+    from ...workflows.resolve import open_vision_model
+    from ...workflows.analyze_texts import write_statistics
 
     text_only = [flag for flag, value in (("--split", args.split), ("--text-column", args.text_column),
                                           ("--max-length", args.max_length), ("--mask-heads", args.mask_heads))

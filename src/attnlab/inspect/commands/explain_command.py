@@ -8,7 +8,7 @@ import argparse
 
 from ..compute.generation_attribution import GENERATION_METHODS
 from ..compute.token_attribution import METHODS
-from .resolve import MODEL_HELP, add_dtype_argument
+from ...workflows.resolve import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--method {bad[0]} explains generated text: use it with --prompt, or choose among "
                          f"{', '.join(METHODS)} for --text")
-    from .explain_text import explain, write_explanation
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from ...workflows.explain_text import explain, write_explanation
+    from ...workflows.resolve import dtype_line, max_length_for, resolve_model
 
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model, dtype=args.dtype)
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_generation(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ..compute.attribution_target import is_causal_model
-    from .explain_generation import explain_generation, lens_table, write_generation_explanations
-    from .resolve import dtype_line, resolve_model
+    from ...workflows.explain_generation import explain_generation, lens_table, write_generation_explanations
+    from ...workflows.resolve import dtype_line, resolve_model
 
     bad = [name for name in args.methods or () if name not in GENERATION_METHODS]
     if bad:
@@ -183,8 +183,8 @@ def _run_image(args: argparse.Namespace) -> int:
     from ..._files import check_output_dir
     from ...hf.image_explanation import IMAGE_METHODS
     from ...data.images import load_image
-    from .resolve import open_vision_model
-    from .explain_image import write_image_explanation
+    from ...workflows.resolve import open_vision_model
+    from ...workflows.explain_image import write_image_explanation
 
     bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
     if bad:

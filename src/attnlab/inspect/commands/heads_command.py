@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ...workflows.resolve import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from ..compute.head_roles import HEAD_ROLES, find_head_roles
     from ..draw.head_roles import plot_head_role
     from ..draw.plots import save_figure
-    from .explain_generation import context_limit
-    from .resolve import dtype_line, resolve_model
+    from ...workflows.explain_generation import context_limit
+    from ...workflows.resolve import dtype_line, resolve_model
 
     if args.prompt is None and args.length < 2:
         raise ValueError(f"--length must be at least 2 (tokens per copy), got {args.length}")

@@ -61,7 +61,7 @@ class ResolvedModel:
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """``--dtype``: the dtype the model's weights are loaded in."""
-    from ...checkpoints.tensors import DTYPE_CHOICES
+    from ..checkpoints.tensors import DTYPE_CHOICES
 
     parser.add_argument(
         "--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES,
@@ -89,12 +89,12 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     path = Path(spec)
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
         raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
-    from ...hf.opening import is_transformers_only
-    from ...checkpoints.tensors import resolve_dtype
+    from ..hf.opening import is_transformers_only
+    from ..checkpoints.tensors import resolve_dtype
 
     resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
-    from ...checkpoints.loading import load
-    from ...checkpoints.source import open_source
+    from ..checkpoints.loading import load
+    from ..checkpoints.source import open_source
 
     found = open_source(spec)  # looked at once: load (or transformers) is handed what was read
     if is_transformers_only(found):
@@ -109,7 +109,7 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
 def directory_config(spec: str) -> Optional[dict]:
     """``spec/config.json`` as a dict, or ``None`` (no such file, not JSON, not an object):
     a glance at what a directory holds; the loader says what is wrong with it."""
-    from ..._files import read_json
+    from .._files import read_json
 
     try:
         config = read_json(Path(spec) / "config.json")
@@ -135,8 +135,8 @@ def _refuse_other_modalities(spec: str) -> None:
 
 
 def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
-    from ...hf.opening import open_transformers
-    from ...checkpoints.encoders.loading import load_tokenizer
+    from ..hf.opening import open_transformers
+    from ..checkpoints.encoders.loading import load_tokenizer
 
     _refuse_other_modalities(spec)
     try:
@@ -180,8 +180,8 @@ def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: 
     Raises:
         ValueError: ``spec`` is not a transformers model directory.
     """
-    from ...data.images import read_image_preprocessing
-    from ...hf.opening import is_transformers_only, open_transformers
+    from ..data.images import read_image_preprocessing
+    from ..hf.opening import is_transformers_only, open_transformers
 
     if not Path(spec).is_dir() or not is_transformers_only(spec):
         raise ValueError(f"{flag} takes a transformers {takes}; {spec} is not one")

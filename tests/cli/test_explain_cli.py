@@ -66,7 +66,7 @@ def trained_run(tmp_path_factory) -> Path:
 
 
 def test_explain_is_registered():
-    assert SUBCOMMANDS["explain"][0] == "attnlab.inspect.commands.explain_command"
+    assert SUBCOMMANDS["explain"][0] == "attnlab.cli.explain"
 
 
 def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, capsys):

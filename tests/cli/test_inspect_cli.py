@@ -53,8 +53,8 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def test_both_subcommands_are_registered():
-    assert SUBCOMMANDS["inspect"][0] == "attnlab.inspect.commands.inspect_command"
-    assert SUBCOMMANDS["analyze"][0] == "attnlab.inspect.commands.analyze_command"
+    assert SUBCOMMANDS["inspect"][0] == "attnlab.cli.inspect"
+    assert SUBCOMMANDS["analyze"][0] == "attnlab.cli.analyze"
 
 
 def test_inspect_writes_pictures_and_report(run_dir, tmp_path, capsys):

@@ -3,11 +3,11 @@
 Dimension letters: ``C`` mel channels, ``F`` feature frames, ``S`` encoder positions, ``G``
 generated tokens.
 
-The WAV file is read with the standard library's ``wave`` (PCM, 8, 16, 24 or 32 bits, any
-number of channels, averaged to mono) and resampled linearly to the rate the feature
-extractor expects. The features come from the model directory's own feature extractor
-(``preprocessor_config.json``, read by transformers' ``AutoFeatureExtractor``): Whisper's
-log-mel spectrogram padded or cut to its window. A directory without that file gets a
+The WAV file is read by :func:`attnlab.data.audio.read_wav` (the standard library's ``wave``:
+PCM, 8, 16, 24 or 32 bits, any number of channels, averaged to mono) and resampled linearly to
+the rate the feature extractor expects. The features come from the model directory's own
+feature extractor (``preprocessor_config.json``, read by transformers' ``AutoFeatureExtractor``):
+Whisper's log-mel spectrogram padded or cut to its window. A directory without that file gets a
 ``WhisperFeatureExtractor`` built from ``config.json`` (``num_mel_bins`` channels, a window of
 ``2 * max_source_positions`` frames of 10 ms at 16 kHz).
 
@@ -17,7 +17,6 @@ covers ``2 * hop_length / sampling_rate`` seconds from ``s`` times that (20 ms f
 
 from __future__ import annotations
 
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -26,48 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AudioFeatures", "audio_features", "greedy_target", "read_wav"]
+from .._moved import moved_names
+from ..data.audio import resample
 
-
-def read_wav(path: Union[str, Path], *, argument: str = "--audio") -> tuple[np.ndarray, int]:
-    """``(samples, rate)``: a PCM WAV file as mono float32 in ``[-1, 1]``.
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not a PCM WAV file the standard library reads.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{argument} {str(path)!r}: no such file")
-    try:
-        with wave.open(str(path), "rb") as reader:
-            channels, width, rate = reader.getnchannels(), reader.getsampwidth(), reader.getframerate()
-            frames = reader.readframes(reader.getnframes())
-    except (wave.Error, EOFError) as error:
-        raise ValueError(f"{argument} {str(path)!r} is not a PCM WAV file ({error})") from None
-    if width == 1:
-        samples = (np.frombuffer(frames, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
-        samples = np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
-    elif width == 3:
-        raw = np.frombuffer(frames, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
-        values = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)
-        samples = (np.where(values >= 1 << 23, values - (1 << 24), values)).astype(np.float32) / float(1 << 23)
-    elif width == 4:
-        samples = np.frombuffer(frames, dtype="<i4").astype(np.float32) / float(1 << 31)
-    else:
-        raise ValueError(f"{argument} {str(path)!r}: {8 * width}-bit samples; attnlab reads 8, 16, 24 or 32-bit PCM")
-    if samples.size == 0:
-        raise ValueError(f"{argument} {str(path)!r} holds no samples")
-    return samples.reshape(-1, channels).mean(1), rate
-
-
-def _resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
-    """Linear interpolation to ``target`` samples a second."""
-    if rate == target:
-        return samples
-    count = max(1, int(round(len(samples) * target / rate)))
-    times = np.arange(count, dtype=np.float64) * rate / target
-    return np.interp(times, np.arange(len(samples), dtype=np.float64), samples).astype(np.float32)
+__all__ = ["AudioFeatures", "audio_features", "greedy_target"]
 
 
 @dataclass
@@ -115,7 +76,7 @@ def audio_features(directory: Union[str, Path], model: nn.Module, samples: np.nd
     """
     extractor = _feature_extractor(directory, model.config)
     target = int(getattr(extractor, "sampling_rate", 16000))
-    samples = _resample(np.asarray(samples, dtype=np.float32), int(rate), target)
+    samples = resample(np.asarray(samples, dtype=np.float32), int(rate), target)
     window = getattr(extractor, "n_samples", None)
     if isinstance(window, int) and len(samples) > window:
         raise ValueError(f"the clip lasts {len(samples) / target:.2f} s, longer than the model's window of "
@@ -144,3 +105,6 @@ def greedy_target(model: nn.Module, source_features: Tensor, *, start: int, max_
             if chosen == end:
                 break
     return ids
+
+
+__getattr__ = moved_names(__name__)  # read_wav: attnlab.data.audio

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..inspect.compute.analyzer import AttentionStatistics
 from ..inspect.compute.statistics import HeadStatistics
-from .image_preprocessing import ImagePreprocessing
+from ..data.images import ImagePreprocessing
 from .vision import image_attention
 
 __all__ = ["IMAGE_SUFFIXES", "analyze_images", "image_files"]

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
+from .._moved import moved_names
+from ..data.images import ImagePreprocessing, read_image_preprocessing
 from .backend import attach
-from .image_preprocessing import ImagePreprocessing, read_image_preprocessing
 
-__all__ = ["ImageAttention", "image_attention", "image_steps", "load_image", "pixels_for", "read_image_preprocessing",
-           "vision_config"]
+__all__ = ["ImageAttention", "image_attention", "image_steps", "pixels_for", "read_image_preprocessing", "vision_config"]
 
 
 @dataclass
@@ -58,24 +57,6 @@ def vision_config(model: nn.Module) -> Any:
     """The config that holds ``patch_size`` and ``image_size`` (a two-tower model's ``vision_config``)."""
     config = model.config
     return getattr(config, "vision_config", None) or config
-
-
-def load_image(path: Union[str, Path], *, argument: str = "--image"):
-    """An RGB ``PIL.Image`` from a PNG or JPEG file (Pillow ships with matplotlib).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: Pillow cannot read it.
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{argument} {str(path)!r}: no such file")
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{argument} {str(path)!r} is not an image Pillow can read (PNG or JPEG): {error}") from None
 
 
 def pixels_for(model: nn.Module, image, *, size: Optional[tuple[int, int]] = None,
@@ -170,3 +151,6 @@ def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
         raise ValueError(f"the model saw {N} tokens, fewer than the {gh} x {gw} patches of the image; "
                          f"attnlab cannot place them on a grid")
     return ImageAttention(weights, (gh, gw), prefix, patch)
+
+
+__getattr__ = moved_names(__name__)  # load_image: attnlab.data.images

@@ -158,7 +158,7 @@ def vision_language_inputs(model: nn.Module, tokenizer: Any, image: Any, prompt:
         tokenizer: the model's ``tokenizers.Tokenizer``.
         image: an RGB ``PIL.Image``.
         prompt: the text, in the model's chat format; ``<image>`` marks where the image goes.
-        preprocessing: LLaVA's :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`
+        preprocessing: LLaVA's :class:`~attnlab.data.images.ImagePreprocessing`
             (``None``: resized to the tower's size, mean and std 0.5).
         processor_settings: the ``preprocessor_config.json`` of Idefics 3 (``size``,
             ``max_image_size``, ``do_image_splitting``, ``image_mean``, ``image_std``) or Qwen2-VL
@@ -203,7 +203,7 @@ def _prompt_ids(tokenizer: Any, prompt: str, block: list[int], image_token: int,
 
 def _llava_inputs(config: Any, vision: Any, tokenizer: Any, image: Any, prompt: str,
                   preprocessing: Any) -> VisionLanguageInputs:
-    from .image_preprocessing import ImagePreprocessing
+    from ..data.images import ImagePreprocessing
 
     size, patch = vision.image_size, vision.patch_size
     steps = preprocessing or ImagePreprocessing(size=(size, size))

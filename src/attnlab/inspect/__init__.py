@@ -6,16 +6,18 @@ with capture_attention(model) as captured:
     model(ids)
 captured.attentions["layer_1"]          # [B, H, T, T], eval mode, per head
 
-Three rooms: :mod:`~attnlab.inspect.compute` (what computes: capture, statistics,
-rollout, head importance, the analyzer, image alignment), :mod:`~attnlab.inspect.draw`
-(what draws: plots and HTML pages, matplotlib ``Figure`` on the Agg canvas) and
-:mod:`~attnlab.inspect.commands` (what ``attnlab inspect``, ``analyze`` and
-``image-attention``, ``explain`` and ``compare`` do). The computing names are importable
-from here, and so are ``explain`` / ``Explanation`` and ``compare_models`` /
-``Comparison`` and ``explain_generation`` / ``GenerationExplanation`` (results that show
-themselves in notebooks), imported when first used so
-that ``import attnlab`` does not load matplotlib.
+Two rooms: :mod:`~attnlab.inspect.compute` (what computes: capture, statistics,
+rollout, head importance, the analyzer, image alignment) and :mod:`~attnlab.inspect.draw`
+(what draws: plots and HTML pages, matplotlib ``Figure`` on the Agg canvas). What the
+commands do with them (a model loaded, outputs written) is :mod:`attnlab.workflows`, a
+floor above. The computing names are importable from here, and so are ``explain`` /
+``Explanation`` and ``compare_models`` / ``Comparison`` and ``explain_generation`` /
+``GenerationExplanation`` (results that show themselves in notebooks; they live in
+:mod:`attnlab.workflows`), imported when first used so that ``import attnlab`` does not
+load matplotlib.
 """
+
+from .._moved import moved_names
 
 from .compute.analyzer import AttentionAnalyzer, AttentionStatistics, EvaluationResult
 from .compute.batches import AnalysisBatch, as_analysis_batch
@@ -35,23 +37,10 @@ from .compute.generation_attribution import GENERATION_METHODS, GenerationAttrib
 from .compute.head_roles import HEAD_ROLES, HeadRoles, find_head_roles, head_role_scores
 from .compute.logit_lens import LogitLens, logit_lens
 
-# the commands' names, imported when first asked for (they load models, data and pages);
-# plain imports, so the import-graph test sees these edges
-_EXPLAIN = ("Explanation", "explain", "write_explanation")
-_COMPARE = ("Comparison", "compare_models", "write_comparison")
-_EXPLAIN_GENERATION = ("GenerationExplanation", "explain_generation", "write_generation_explanations")
-
-
-def __getattr__(name: str):
-    if name in _EXPLAIN:
-        from .commands import explain_text as module
-    elif name in _COMPARE:
-        from .commands import compare_models as module
-    elif name in _EXPLAIN_GENERATION:
-        from .commands import explain_generation as module
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(module, name)
+# explain / Explanation, compare_models / Comparison and explain_generation /
+# GenerationExplanation live in attnlab.workflows, a floor above; handed out from here through
+# attnlab._moved when first asked for (they load models, data and pages)
+__getattr__ = moved_names(__name__)
 
 
 __all__ = [

@@ -7,7 +7,8 @@ nothing fetched at run time) and a JSON API. Every view is computed by attnlab's
 functions (``text_views``, ``image_views``); one forward runs at a time (``session``); every
 request is bounded (``limits``) and checked field by field (``requests``). Starlette and
 uvicorn are the ``serve`` extra (``pip install 'attnlab[serve]'``); importing this package
-needs neither.
+needs neither. The subcommand itself (its options, the port check, the server's start and
+stop) is :mod:`attnlab.cli.serve`.
 """
 
 __all__: list[str] = []

@@ -72,7 +72,7 @@ def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLim
         FileNotFoundError, ValueError: ``spec`` opens no model the explorer can show (the
             message says why, as every command's ``--model`` does).
     """
-    from ..inspect.commands.resolve import directory_config, open_vision_model, resolve_model
+    from ..workflows.resolve import directory_config, open_vision_model, resolve_model
 
     limits = limits or ServeLimits()
     if Path(spec).is_dir() and is_image_model(directory_config(spec)):

@@ -23,9 +23,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..inspect.commands.explain_generation import context_limit, explain_generation
-from ..inspect.commands.explain_text import explain
-from ..inspect.commands.inspect_text import encode_text
 from ..inspect.compute.attribution_target import is_causal_model
 from ..inspect.compute.capture import attention_heads, capture_attention, find_attention_modules
 from ..inspect.compute.causal_statistics import causal_statistics
@@ -36,6 +33,9 @@ from ..inspect.compute.inspectable import NotOffered
 from ..inspect.compute.statistics import HeadStatistics
 from ..inspect.compute.token_attribution import METHODS
 from ..inspect.compute.token_groups import special_token_groups
+from ..workflows.explain_generation import context_limit, explain_generation
+from ..workflows.explain_text import explain
+from ..workflows.inspect_text import encode_text
 from .faithfulness import faithfulness_of
 from .limits import RequestError, ServeLimits
 
@@ -78,7 +78,7 @@ class TextExplorer:
     """The views of one text model (encoder, classifier or decoder).
 
     Args:
-        model: what :func:`~attnlab.inspect.commands.resolve.resolve_model` opened (attnlab's
+        model: what :func:`~attnlab.workflows.resolve.resolve_model` opened (attnlab's
             models or a :class:`~attnlab.hf.opening.TransformersModel`).
         tokenizer: its tokenizer.
         name: shown on the page.

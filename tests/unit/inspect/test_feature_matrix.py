@@ -29,9 +29,9 @@ from attnlab.hf.opening import TransformersModel  # noqa: E402
 from attnlab.inspect import (AttentionAnalyzer, attention_relevance, attribute_generation, attribute_tokens,  # noqa: E402
                              capture_attention, compare_models, find_head_roles, head_importance, logit_lens,
                              mask_heads, patch_heads)
-from attnlab.inspect.commands.generate_text import generate_text  # noqa: E402
+from attnlab.workflows.generate_text import generate_text  # noqa: E402
 from attnlab.inspect.compute.inspectable import inspectable  # noqa: E402
-from attnlab.inspect.commands.inspect_text import write_inspection  # noqa: E402
+from attnlab.workflows.inspect_text import write_inspection  # noqa: E402
 from attnlab.layers.decoder_config import DecoderConfig  # noqa: E402
 from attnlab.models.classifier import EncoderClassifier  # noqa: E402
 from attnlab.models.decoder import DecoderForCausalLM  # noqa: E402

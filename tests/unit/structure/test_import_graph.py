@@ -23,8 +23,8 @@ SOURCE = Path(__file__).resolve().parents[3] / "src"
 PACKAGE = "attnlab"
 # The registries docs/design.md names: they import a module by its name when it is asked
 # for (a subcommand, a training task; attnlab._moved: an old path; the inspection protocol:
-# the door that serves a transformers model), and are the only modules allowed to. Their
-# by-name imports are not edges.
+# the door that serves a model), and are the only modules allowed to. Their by-name imports
+# are not edges. attnlab.cli is the package's __init__ (SUBCOMMANDS), not its subcommand modules.
 REGISTRIES = {"attnlab.cli", "attnlab.train.tasks", "attnlab._moved", "attnlab.inspect.compute.inspectable"}
 
 
@@ -241,15 +241,19 @@ def test_no_module_of_the_library_uses_pyplot() -> None:
     ("attnlab.attention", ("attnlab.layers", "attnlab.models", "attnlab.checkpoints", "attnlab.data",
                            "attnlab.train", "attnlab.inspect")),
     ("attnlab.layers", ("attnlab.models", "attnlab.checkpoints", "attnlab.data", "attnlab.train", "attnlab.inspect")),
-    ("attnlab.data", ("attnlab.models", "attnlab.checkpoints", "attnlab.train", "attnlab.inspect")),
+    ("attnlab.data", ("attnlab.models", "attnlab.checkpoints", "attnlab.train", "attnlab.inspect", "attnlab.hf",
+                      "attnlab.workflows", "attnlab.serve", "attnlab.cli")),
     ("attnlab.models", ("attnlab.checkpoints", "attnlab.train", "attnlab.inspect")),
     ("attnlab._pretrained_io", ("attnlab.checkpoints", "attnlab.models")),
-    ("attnlab.checkpoints", ("attnlab.train", "attnlab.inspect", "attnlab.hf")),
-    ("attnlab.train", ("attnlab.inspect",)),
-    ("attnlab.inspect.compute", ("attnlab.inspect.draw", "attnlab.inspect.commands", "attnlab.train")),
-    ("attnlab.inspect.draw", ("attnlab.inspect.commands", "attnlab.train")),
-    ("attnlab.inspect", ("attnlab.serve",)),
-    ("attnlab.hf", ("attnlab.serve",)),
+    ("attnlab.checkpoints", ("attnlab.train", "attnlab.inspect", "attnlab.hf", "attnlab.workflows", "attnlab.serve",
+                             "attnlab.cli")),
+    ("attnlab.train", ("attnlab.inspect", "attnlab.hf", "attnlab.workflows", "attnlab.serve", "attnlab.cli")),
+    ("attnlab.inspect.compute", ("attnlab.inspect.draw", "attnlab.train")),
+    ("attnlab.inspect.draw", ("attnlab.train",)),
+    ("attnlab.inspect", ("attnlab.hf", "attnlab.workflows", "attnlab.serve", "attnlab.cli")),
+    ("attnlab.hf", ("attnlab.workflows", "attnlab.serve", "attnlab.cli")),
+    ("attnlab.workflows", ("attnlab.serve", "attnlab.cli")),
+    ("attnlab.serve", ("attnlab.cli",)),
 ])
 def test_lower_packages_never_import_upper_ones(lower: str, upper: tuple[str, ...]) -> None:
     """The layering docs/design.md draws under "What may import what"."""
@@ -259,4 +263,15 @@ def test_lower_packages_never_import_upper_ones(lower: str, upper: tuple[str, ..
         for module, targets in edges.items() if module == lower or module.startswith(lower + ".")
         for target in targets if any(target == name or target.startswith(name + ".") for name in upper)
     )
+    assert wrong == []
+
+
+def test_nothing_but_the_command_line_imports_it() -> None:
+    """``attnlab.cli`` is the top floor: no module under ``src/attnlab`` imports it but its own."""
+    def inside(name: str) -> bool:
+        return name == "attnlab.cli" or name.startswith("attnlab.cli.")
+
+    edges = import_edges(_modules(SOURCE))
+    wrong = sorted(f"{module} -> {target}" for module, targets in edges.items() if not inside(module)
+                   for target in targets if inside(target))
     assert wrong == []

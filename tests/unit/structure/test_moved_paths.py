@@ -48,3 +48,62 @@ def test_config_readers_that_moved_to_source_keep_their_old_names() -> None:
 
     assert find_checkpoint_dir is source.find_checkpoint_dir
     assert pretrained_width is source.pretrained_width
+
+
+@pytest.mark.parametrize("old, new", [
+    ("attnlab.demo", "attnlab.cli.demo"),
+    ("attnlab._command_errors", "attnlab.cli._errors"),
+    ("attnlab.train.command", "attnlab.cli.train"),
+    ("attnlab.serve.command", "attnlab.cli.serve"),
+    ("attnlab.inspect.commands.inspect_command", "attnlab.cli.inspect"),
+    ("attnlab.inspect.commands.image_attention_command", "attnlab.cli.image_attention"),
+    ("attnlab.inspect.commands", "attnlab.workflows"),
+    ("attnlab.inspect.commands.explain_text", "attnlab.workflows.explain_text"),
+    ("attnlab.inspect.commands.resolve", "attnlab.workflows.resolve"),
+    ("attnlab.hf.image_preprocessing", "attnlab.data.images"),
+])
+def test_the_command_line_workflows_and_readers_keep_their_old_paths(old: str, new: str) -> None:
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_names_that_left_their_module_keep_their_old_paths() -> None:
+    from attnlab.cli import _model_options
+    from attnlab.data import audio, images
+    from attnlab.hf.audio import read_wav
+    from attnlab.hf.vision import load_image
+    from attnlab.inspect import Comparison, explain, explain_generation
+    from attnlab.inspect.commands.image_attention_command import draw_examples
+    from attnlab.inspect.commands.resolve import add_dtype_argument, resolve_model
+    from attnlab.workflows import compare_models, explain_generation as generation, explain_text, image_attention, resolve
+
+    assert load_image is images.load_image and read_wav is audio.read_wav
+    assert explain is explain_text.explain and Comparison is compare_models.Comparison
+    assert explain_generation is generation.explain_generation
+    assert draw_examples is image_attention.draw_examples
+    assert add_dtype_argument is _model_options.add_dtype_argument and resolve_model is resolve.resolve_model
+
+
+def test_python_m_an_old_path_runs_the_module_at_its_new_path() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = str(Path(attnlab.__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-m", "attnlab.demo", "--help"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": source}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m attnlab.cli.demo")
+
+
+def test_the_data_readers_load_no_image_library_on_import() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = str(Path(attnlab.__file__).resolve().parents[1])
+    code = "import sys, attnlab.data, attnlab.data.images, attnlab.data.audio; print('PIL' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": source}, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr

@@ -15,7 +15,7 @@ import secrets
 import signal
 import socket
 
-from ..inspect.commands.resolve import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 __all__ = ["add_arguments", "run", "is_loopback"]
 
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise ValueError("attnlab serve needs starlette and uvicorn: pip install 'attnlab[serve]'") from None
-    from .app import create_app
-    from .limits import ServeLimits
-    from .session import open_session
+    from ..serve.app import create_app
+    from ..serve.limits import ServeLimits
+    from ..serve.session import open_session
 
     if args.max_tokens < 2:
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")

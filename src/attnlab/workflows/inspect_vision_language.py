@@ -44,7 +44,7 @@ def vision_language_type(directory: str) -> Optional[str]:
 
 def refuse_unlaid_vision_language(directory: str, model_type: str) -> None:
     """One line for a vision-language model of a family whose image tokens attnlab does not lay out."""
-    from ...hf.vision_language import FAMILIES
+    from ..hf.vision_language import FAMILIES
 
     if model_type not in FAMILIES:
         raise ValueError(f"{directory} is a vision-language model ({model_type}); attnlab lays out the image tokens "
@@ -54,11 +54,11 @@ def refuse_unlaid_vision_language(directory: str, model_type: str) -> None:
 def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any, Any, Optional[dict]]:
     """The model, its tokenizer, LLaVA's image preprocessing (``None`` otherwise) and a tiled
     family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
-    from ..._files import read_json
-    from ...checkpoints.encoders.loading import load_tokenizer
-    from ...hf.image_preprocessing import FILE_NAME, read_image_preprocessing
-    from ...hf.opening import is_transformers_only, open_transformers
-    from ...hf.vision_language import FAMILIES, is_vision_language
+    from .._files import read_json
+    from ..checkpoints.encoders.loading import load_tokenizer
+    from ..data.images import FILE_NAME, read_image_preprocessing
+    from ..hf.opening import is_transformers_only, open_transformers
+    from ..hf.vision_language import FAMILIES, is_vision_language
 
     language = vision_language_type(directory)
     if language is not None:
@@ -84,8 +84,8 @@ def write_vision_language_inspection(model: Any, tokenizer: Any, image: Any, pro
                                      model_name: str = "model", image_name: str = "image") -> VisionLanguageInspection:
     """Generate greedily from ``image`` and ``prompt``; draw and write each new token's
     attention over the picture (mean over heads and the layers asked for)."""
-    from ...hf.vision_language import generated_word_attention, vision_language_inputs, word_attention_json
-    from ..draw.image_overlay import plot_word_overlays
+    from ..hf.vision_language import generated_word_attention, vision_language_inputs, word_attention_json
+    from ..inspect.draw.image_overlay import plot_word_overlays
 
     prepared = vision_language_inputs(model, tokenizer, image, prompt, preprocessing=preprocessing,
                                       processor_settings=settings)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .resolve import add_dtype_argument
+from ._model_options import add_dtype_argument
 
 __all__ = ["add_arguments", "run"]
 
@@ -89,9 +89,10 @@ def _pieces(tokenizer, words: list[str]) -> tuple[list[int], list]:
 def _align_with_model(args: argparse.Namespace) -> list:
     import torch
 
-    from ...hf.seq2seq import decoder_start, pair_attention
-    from ..compute.word_alignment import attention_alignment, similarity_alignment
-    from .resolve import dtype_line, resolve_model
+    from ..hf.seq2seq import decoder_start, pair_attention
+    from ..inspect.compute.word_alignment import attention_alignment, similarity_alignment
+    from ._model_options import dtype_line
+    from ..workflows.resolve import resolve_model
 
     pairs = _read_pairs(args.pairs)
     layers = _numbers(args.layers, "--layers") if args.layers else None
@@ -133,7 +134,7 @@ def _align_with_model(args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..compute.word_alignment import alignment_error_rate, format_pharaoh, read_alignments
+    from ..inspect.compute.word_alignment import alignment_error_rate, format_pharaoh, read_alignments
 
     if args.model is None and args.alignments is None:
         raise ValueError("give --alignments PRED --gold GOLD to score, or --model DIR --pairs PAIRS --out PRED "

@@ -14,9 +14,9 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 from torch import nn
 
-from ..._files import write_json
-from ..draw.image_overlay import plot_patch_overlay
-from ..draw.report import render_summary
+from .._files import write_json
+from ..inspect.draw.image_overlay import plot_patch_overlay
+from ..inspect.draw.report import render_summary
 
 __all__ = ["ImageExplanationFiles", "write_image_explanation"]
 
@@ -51,11 +51,11 @@ def write_image_explanation(
         methods: among ``grad-attention``, ``rollout``, ``raw``.
         target: class index or label name; default the prediction.
         preprocessing: the model directory's
-            :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`; default ViT's.
+            :class:`~attnlab.data.images.ImagePreprocessing`; default ViT's.
         model_name, image_name: shown on the page.
     """
-    from ...hf.image_explanation import explain_image
-    from ...hf.vision import image_steps
+    from ..hf.image_explanation import explain_image
+    from ..hf.vision import image_steps
 
     inner = getattr(model, "model", model)  # a TransformersModel wraps the transformers model
     steps = image_steps(inner, preprocessing=preprocessing)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import add_dtype_argument
+from ._model_options import add_dtype_argument
 
 __all__ = ["add_arguments", "run"]
 
@@ -41,10 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
-    from ..._files import check_output_dir
-    from ...models.decoder.chat import chat_prompt
-    from .generate_text import generate_text
-    from .resolve import dtype_line, resolve_model
+    from .._files import check_output_dir
+    from ..models.decoder.chat import chat_prompt
+    from ..workflows.generate_text import generate_text
+    from ._model_options import dtype_line
+    from ..workflows.resolve import resolve_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -85,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_length(resolved, prompt: str, args: argparse.Namespace) -> None:
     """Refuse, before generating, more positions than the model has or a report too big to hold."""
-    from ..._checks import check_memory
-    from .explain_generation import context_limit
+    from .._checks import check_memory
+    from ..workflows.explain_generation import context_limit
 
     config = getattr(resolved.model, "config", None)
     context = context_limit(resolved.model)  # transformers' decoders too: max_position_embeddings
@@ -112,7 +113,7 @@ def _run_seq2seq(args: argparse.Namespace, resolved, source: str) -> int:
     """An encoder-decoder: generate a target from ``source`` (greedy) and write its pages."""
     import torch
 
-    from .inspect_pair import encode_side, write_pair_inspection
+    from ..workflows.inspect_pair import encode_side, write_pair_inspection
 
     if args.sample or args.compile or args.chat:
         raise ValueError("--sample, --compile and --chat apply to decoder-only models; an encoder-decoder "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._files import check_output_dir
-    from ...data.texts import load_texts
-    from .compare_models import compare_models, write_comparison
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from .._files import check_output_dir
+    from ..data.texts import load_texts
+    from ..workflows.compare_models import compare_models, write_comparison
+    from ._model_options import dtype_line
+    from ..workflows.resolve import max_length_for, resolve_model
 
     if len(args.models) != 2:
         raise ValueError(f"--model must be given exactly twice (A and B), got {len(args.models)}")

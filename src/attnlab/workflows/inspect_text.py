@@ -12,15 +12,15 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ...data.tokenization import token_texts
-from ..compute.capture import capture_attention
-from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
-from ..compute.heads import forward_batch
-from ..compute.rollout import attention_rollout
-from ..compute.statistics import HeadStatistics
-from ..compute.token_groups import special_token_groups
-from ..draw.plots import plot_head, plot_layer, plot_model, save_figure
-from ..draw.report import inline_frame, write_report
+from ..data.tokenization import token_texts
+from ..inspect.compute.capture import capture_attention
+from ..inspect.compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
+from ..inspect.compute.heads import forward_batch
+from ..inspect.compute.rollout import attention_rollout
+from ..inspect.compute.statistics import HeadStatistics
+from ..inspect.compute.token_groups import special_token_groups
+from ..inspect.draw.plots import plot_head, plot_layer, plot_model, save_figure
+from ..inspect.draw.report import inline_frame, write_report
 
 __all__ = ["Inspection", "encode_text", "write_inspection"]
 

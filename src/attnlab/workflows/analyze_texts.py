@@ -11,13 +11,13 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
-from ...data.padding import pad_id_for
-from ...data.text_batches import encode_batches
-from ..compute.analyzer import AttentionAnalyzer, AttentionStatistics
-from ..compute.inspectable import inspectable, require
-from ..compute.token_groups import special_token_groups
-from ..draw.plots import plot_statistic, save_figure
-from ..draw.report import inline_frame, render_summary, stats_tables_html
+from ..data.padding import pad_id_for
+from ..data.text_batches import encode_batches
+from ..inspect.compute.analyzer import AttentionAnalyzer, AttentionStatistics
+from ..inspect.compute.inspectable import inspectable, require
+from ..inspect.compute.token_groups import special_token_groups
+from ..inspect.draw.plots import plot_statistic, save_figure
+from ..inspect.draw.report import inline_frame, render_summary, stats_tables_html
 
 logger = logging.getLogger(__name__)
 

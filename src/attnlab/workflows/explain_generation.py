@@ -21,16 +21,16 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..._files import write_json
-from ..compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS, attribute_generation,
-                                              check_generation_methods)
-from ..compute.inspectable import inspectable
-from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
-from ..compute.logit_lens import logit_lens
-from ..draw.generation_explanation import (generation_explanation_fragment, plot_generation_attribution,
-                                           render_generation_explanation)
-from ..draw.logit_lens import plot_logit_lens
-from ..draw.plots import save_figure
+from .._files import write_json
+from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS,
+                                                      attribute_generation, check_generation_methods)
+from ..inspect.compute.inspectable import inspectable
+from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
+from ..inspect.compute.logit_lens import logit_lens
+from ..inspect.draw.generation_explanation import (generation_explanation_fragment,
+                                                   plot_generation_attribution, render_generation_explanation)
+from ..inspect.draw.logit_lens import plot_logit_lens
+from ..inspect.draw.plots import save_figure
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..compute.rollout import attention_rollout
-from ..draw.image_overlay import plot_patch_overlay
-from ..draw.report import inline_frame, render_summary
-from ..._files import write_json
+from ..inspect.compute.rollout import attention_rollout
+from ..inspect.draw.image_overlay import plot_patch_overlay
+from ..inspect.draw.report import inline_frame, render_summary
+from .._files import write_json
 
 __all__ = ["ImageInspection", "write_image_inspection"]
 
@@ -68,10 +68,10 @@ def write_image_inspection(
             other sizes than the model's go through interpolated position embeddings.
         head_fusion, discard_ratio: the rollout's (vit-explain's defaults: ``max``, 0.9).
         model_name, image_name: shown on the page.
-        preprocessing: the model directory's :class:`~attnlab.hf.image_preprocessing.ImagePreprocessing`
+        preprocessing: the model directory's :class:`~attnlab.data.images.ImagePreprocessing`
             (``read_image_preprocessing(directory)``); default ViT's (the model's size, mean and std 0.5).
     """
-    from ...hf.vision import image_attention, image_steps
+    from ..hf.vision import image_attention, image_steps
 
     if head_fusion not in ("mean", "max", "min"):
         raise ValueError(f"head_fusion must be mean, max or min, got {head_fusion!r}")

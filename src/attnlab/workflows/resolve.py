@@ -6,13 +6,12 @@ such as ``minilm`` or ``smollm2``; every command that takes ``--model`` takes wh
 ``attnlab.load`` takes. A HuggingFace directory of an architecture attnlab does not
 re-implement (Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's
 attention function (:mod:`attnlab.hf`). The loaders are imported only when used. Every
-command that loads a model takes ``--dtype`` (:func:`add_dtype_argument`; float32 by
-default) and prints the dtype it used in one line (:func:`dtype_line`).
+command that loads a model takes ``--dtype`` (float32 by default, :data:`DEFAULT_DTYPE`) and
+prints the dtype it used in one line (:mod:`attnlab.cli._model_options`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,10 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["DEFAULT_DTYPE", "MODEL_HELP", "ResolvedModel", "add_dtype_argument", "dtype_line",
-           "max_length_for", "open_vision_model", "resolve_model"]
+from .._moved import moved_names
 
-MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
-              "a .gguf file, or a packaged name (minilm, smollm2)")
+__all__ = ["DEFAULT_DTYPE", "ResolvedModel", "max_length_for", "open_vision_model", "resolve_model"]
+
 DEFAULT_DTYPE = "float32"
 
 
@@ -59,25 +57,6 @@ class ResolvedModel:
                              f"two texts); {reads}: {instead}")
 
 
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """``--dtype``: the dtype the model's weights are loaded in."""
-    from ...checkpoints.tensors import DTYPE_CHOICES
-
-    parser.add_argument(
-        "--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES,
-        help="dtype of the model's weights: float32 (default), bfloat16, float16, or auto (the "
-             "checkpoint's own, from its safetensors or config.json)",
-    )
-
-
-def dtype_line(resolved: ResolvedModel) -> str:
-    """One line saying which dtype ``resolved``'s weights are in and why."""
-    names = {str(parameter.dtype).removeprefix("torch.") for parameter in resolved.model.parameters()}
-    used = "/".join(sorted(names)) or "none"
-    why = {DEFAULT_DTYPE: "the default; --dtype to change", "auto": "--dtype auto: the checkpoint's own"}
-    return f"dtype: {used} for {resolved.name} ({why.get(resolved.dtype, '--dtype')})"
-
-
 def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     """Load the model and tokenizer ``spec`` names (see the module docstring), in ``dtype``
     (``--dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``).
@@ -89,12 +68,12 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     path = Path(spec)
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
         raise FileNotFoundError(f"--model {spec!r}: no such file or directory")
-    from ...hf.opening import is_transformers_only
-    from ...checkpoints.tensors import resolve_dtype
+    from ..hf.opening import is_transformers_only
+    from ..checkpoints.tensors import resolve_dtype
 
     resolve_dtype(dtype, argument="--dtype")  # a bad value is refused before anything is read
-    from ...checkpoints.loading import load
-    from ...checkpoints.source import open_source
+    from ..checkpoints.loading import load
+    from ..checkpoints.source import open_source
 
     found = open_source(spec)  # looked at once: load (or transformers) is handed what was read
     if is_transformers_only(found):
@@ -109,7 +88,7 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
 def directory_config(spec: str) -> Optional[dict]:
     """``spec/config.json`` as a dict, or ``None`` (no such file, not JSON, not an object):
     a glance at what a directory holds; the loader says what is wrong with it."""
-    from ..._files import read_json
+    from .._files import read_json
 
     try:
         config = read_json(Path(spec) / "config.json")
@@ -135,8 +114,8 @@ def _refuse_other_modalities(spec: str) -> None:
 
 
 def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
-    from ...hf.opening import open_transformers
-    from ...checkpoints.encoders.loading import load_tokenizer
+    from ..hf.opening import open_transformers
+    from ..checkpoints.encoders.loading import load_tokenizer
 
     _refuse_other_modalities(spec)
     try:
@@ -180,8 +159,8 @@ def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: 
     Raises:
         ValueError: ``spec`` is not a transformers model directory.
     """
-    from ...hf.image_preprocessing import read_image_preprocessing
-    from ...hf.opening import is_transformers_only, open_transformers
+    from ..data.images import read_image_preprocessing
+    from ..hf.opening import is_transformers_only, open_transformers
 
     if not Path(spec).is_dir() or not is_transformers_only(spec):
         raise ValueError(f"{flag} takes a transformers {takes}; {spec} is not one")
@@ -194,3 +173,6 @@ def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: 
         print("preprocessing: the model directory's preprocessor_config.json"
               + (" (resized to --image-size instead of its size and crop)" if resized else ""))
     return model, preprocessing
+
+
+__getattr__ = moved_names(__name__)  # MODEL_HELP, add_dtype_argument, dtype_line: attnlab.cli._model_options

@@ -8,10 +8,10 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import nn
 
-from ..._files import write_json
-from ..compute.analyzer import AttentionStatistics
-from ..compute.comparison import compare_statistics
-from ..draw.comparison import comparison_fragment, render_comparison
+from .._files import write_json
+from ..inspect.compute.analyzer import AttentionStatistics
+from ..inspect.compute.comparison import compare_statistics
+from ..inspect.draw.comparison import comparison_fragment, render_comparison
 from .analyze_texts import analyze_rows, check_importance_inputs
 
 __all__ = ["Comparison", "compare_models", "write_comparison"]
@@ -50,7 +50,7 @@ def compare_models(
         model_a, tokenizer_a: the first model; model_b, tokenizer_b: the second.
         rows: ``[(text, label or None), ...]``.
         names: how the models are called in the result.
-        **options: passed to :func:`~attnlab.inspect.commands.analyze_texts.analyze_rows`
+        **options: passed to :func:`~attnlab.workflows.analyze_texts.analyze_rows`
             (``batch_size``, ``max_length``, ``importance``, ...).
     """
     if options.get("importance"):  # both models checked before either is analysed

@@ -29,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .distributed import init_distributed, shutdown_distributed
-    from .run import train_run
-    from .run_checks import check_device
-    from .run_config import resolve_run_config
-    from .run_dir import check_out_dir
+    from ..train.distributed import init_distributed, shutdown_distributed
+    from ..train.run import train_run
+    from ..train.run_checks import check_device
+    from ..train.run_config import resolve_run_config
+    from ..train.run_dir import check_out_dir
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     if args.resume and (args.config or args.overrides or args.data):

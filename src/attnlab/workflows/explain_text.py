@@ -16,12 +16,12 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..._files import write_json
-from ..compute.attribution_target import is_causal_model, logits_of
-from ..compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
-from ..compute.token_attribution import METHODS, attribute_tokens, check_methods
-from ..draw.explanation import explanation_fragment, plot_explanation, render_explanation
-from ..draw.plots import save_figure
+from .._files import write_json
+from ..inspect.compute.attribution_target import is_causal_model, logits_of
+from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
+from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
+from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
 
 __all__ = ["Explanation", "explain", "write_explanation", "baseline_for"]

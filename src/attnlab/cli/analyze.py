@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 
 def _heads(value: str) -> tuple[str, list[int]]:
@@ -84,10 +84,11 @@ def check_statistics_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
-    from ..._files import check_output_dir
-    from ...data.texts import load_texts
-    from .analyze_texts import write_analysis
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from .._files import check_output_dir
+    from ..data.texts import load_texts
+    from ..workflows.analyze_texts import write_analysis
+    from ._model_options import dtype_line
+    from ..workflows.resolve import max_length_for, resolve_model
 
     if (args.data is None) == (args.images is None):
         raise ValueError("give --data (texts) or --images (a folder of pictures), one of them")
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved.model, "label_names", None))
     if args.text_column is None and Path(args.data).is_file():
-        from ...data.text_files import choose_text_column
+        from ..data.text_files import choose_text_column
 
         column = choose_text_column(args.data)
         if column != "text":  # train reads "text" unless told: say which column these texts came from
@@ -144,11 +145,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_images(args: argparse.Namespace) -> int:
-    from ..._files import check_output_dir
-    from ...hf.image_analysis import analyze_images, image_files
-    from ...hf.vision import image_steps, load_image
-    from .resolve import open_vision_model
-    from .analyze_texts import write_statistics
+    from .._files import check_output_dir
+    from ..hf.image_analysis import analyze_images, image_files
+    from ..data.images import load_image
+    from ..hf.vision import image_steps
+    from ..workflows.resolve import open_vision_model
+    from ..workflows.analyze_texts import write_statistics
 
     text_only = [flag for flag, value in (("--split", args.split), ("--text-column", args.text_column),
                                           ("--max-length", args.max_length), ("--mask-heads", args.mask_heads))

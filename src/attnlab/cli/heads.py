@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +31,14 @@ def _special_ids(model) -> tuple:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..._files import check_output_dir, write_json
-    from ..compute.attribution_target import is_causal_model
-    from ..compute.head_roles import HEAD_ROLES, find_head_roles
-    from ..draw.head_roles import plot_head_role
-    from ..draw.plots import save_figure
-    from .explain_generation import context_limit
-    from .resolve import dtype_line, resolve_model
+    from .._files import check_output_dir, write_json
+    from ..inspect.compute.attribution_target import is_causal_model
+    from ..inspect.compute.head_roles import HEAD_ROLES, find_head_roles
+    from ..inspect.draw.head_roles import plot_head_role
+    from ..inspect.draw.plots import save_figure
+    from ..workflows.explain_generation import context_limit
+    from ._model_options import dtype_line
+    from ..workflows.resolve import resolve_model
 
     if args.prompt is None and args.length < 2:
         raise ValueError(f"--length must be at least 2 (tokens per copy), got {args.length}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .resolve import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 
 def _window(value: str) -> tuple[int, int]:
@@ -114,9 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
-    from ..._files import check_output_dir
-    from .inspect_text import write_inspection
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from .._files import check_output_dir
+    from ..workflows.inspect_text import write_inspection
+    from ._model_options import dtype_line
+    from ..workflows.resolve import max_length_for, resolve_model
 
     kind = _check_inputs(args)
     if args.max_tokens < 1:
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
-    from .inspect_pair import write_pair_inspection
+    from ..workflows.inspect_pair import write_pair_inspection
 
     if not resolved.is_encoder_decoder:
         raise ValueError(f"--source/--target need an encoder-decoder model (T5, BART, Marian); {args.model} is not "
@@ -185,10 +186,10 @@ def _run_pair(args: argparse.Namespace, resolved, max_length: int) -> int:
 def _run_image(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...hf.vision import load_image
-    from .resolve import open_vision_model
-    from .inspect_image import write_image_inspection
-    from .inspect_vision_language import refuse_unlaid_vision_language, vision_language_type
+    from ..data.images import load_image
+    from ..workflows.resolve import open_vision_model
+    from ..workflows.inspect_image import write_image_inspection
+    from ..workflows.inspect_vision_language import refuse_unlaid_vision_language, vision_language_type
 
     image = load_image(args.image, argument="--image")
     language = vision_language_type(args.model)
@@ -214,8 +215,8 @@ def _run_image(args: argparse.Namespace) -> int:
 def _run_vision_language(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...hf.vision import load_image
-    from .inspect_vision_language import open_vision_language_model, write_vision_language_inspection
+    from ..data.images import load_image
+    from ..workflows.inspect_vision_language import open_vision_language_model, write_vision_language_inspection
 
     new_tokens = 8 if args.max_new_tokens is None else args.max_new_tokens
     if new_tokens < 1:
@@ -238,10 +239,11 @@ def _run_vision_language(args: argparse.Namespace) -> int:
 def _run_audio(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...checkpoints.encoders.loading import load_tokenizer
-    from ...hf.audio import audio_features, read_wav
-    from ...hf.opening import is_transformers_only, open_transformers
-    from .inspect_pair import write_pair_inspection
+    from ..checkpoints.encoders.loading import load_tokenizer
+    from ..data.audio import read_wav
+    from ..hf.audio import audio_features
+    from ..hf.opening import is_transformers_only, open_transformers
+    from ..workflows.inspect_pair import write_pair_inspection
 
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from ._command_errors import run_reporting_errors
-from ._files import nonempty_path
+from ._errors import run_reporting_errors
+from .._files import nonempty_path
 
 DEFAULT_OUT = Path("runs/demo")
 EXAMPLES = (
@@ -40,9 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _show_predictions(run_dir: Path) -> None:
     import torch
 
-    from .data import encode_texts
-    from .checkpoints import load_model
-    from .train.visualize import attention_map, map_title, save_attention_map
+    from ..data import encode_texts
+    from ..checkpoints import load_model
+    from ..train.visualize import attention_map, map_title, save_attention_map
 
     model, tokenizer, config = load_model(run_dir)
     labels = config["head"]["label_names"]
@@ -63,10 +63,10 @@ def _show_predictions(run_dir: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from .train.run import train_run
-    from .train.run_checks import check_run
-    from .train.run_config import RunConfig
-    from .train.run_dir import DEMO_MARK, check_out_dir
+    from ..train.run import train_run
+    from ..train.run_checks import check_run
+    from ..train.run_config import RunConfig
+    from ..train.run_dir import DEMO_MARK, check_out_dir
 
     # the trainer's plain progress lines (a log file, a job scheduler: no terminal for a bar)
     # go through logging, as in `attnlab train`
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_report(run_dir: Path) -> Path:
     """Pictures and the interactive attention report of the first example, in ``run_dir/inspect``."""
-    from .inspect.commands.inspect_text import write_inspection
-    from .checkpoints import load_model
+    from ..workflows.inspect_text import write_inspection
+    from ..checkpoints import load_model
 
     model, tokenizer, _ = load_model(run_dir)
     inspection = write_inspection(model, tokenizer, EXAMPLES[0], run_dir / "inspect", formats=("png",),
@@ -112,7 +112,7 @@ def _write_report(run_dir: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnlab.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m attnlab.cli.demo", description=__doc__)
     add_arguments(parser)
     return run_reporting_errors("demo", run, parser.parse_args())
 

@@ -15,12 +15,12 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..compute.statistics import HeadStatistics
-from ..compute.word_alignment import attention_alignment, format_pharaoh
-from ..draw.generation_report import write_generation_report
-from ..draw.plots import plot_layer, save_figure
-from ..draw.report import inline_frame, write_report
-from ..._files import write_json
+from ..inspect.compute.statistics import HeadStatistics
+from ..inspect.compute.word_alignment import attention_alignment, format_pharaoh
+from ..inspect.draw.generation_report import write_generation_report
+from ..inspect.draw.plots import plot_layer, save_figure
+from ..inspect.draw.report import inline_frame, write_report
+from .._files import write_json
 
 __all__ = ["PairInspection", "encode_side", "write_pair_inspection"]
 
@@ -128,8 +128,8 @@ def write_pair_inspection(
             (:func:`~attnlab.hf.audio.greedy_target`).
         source_labels: with ``source_features``: one label per encoder position (its time).
     """
-    from ...hf.audio import greedy_target
-    from ...hf.seq2seq import decoder_start, generate_pair, pair_attention
+    from ..hf.audio import greedy_target
+    from ..hf.seq2seq import decoder_start, generate_pair, pair_attention
 
     inner = getattr(model, "model", model)
     if source_features is not None:

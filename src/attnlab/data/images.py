@@ -1,4 +1,5 @@
-"""An image model's own preprocessing, read from its ``preprocessor_config.json``.
+"""Images: a PNG or JPEG file read (:func:`load_image`), and an image model's own preprocessing,
+read from its ``preprocessor_config.json``.
 
 A vision checkpoint ships the steps its image processor takes before the model sees the
 pixels: resize (to ``size = {"height", "width"}``, or the shortest edge to
@@ -9,7 +10,8 @@ and applies them with Pillow and numpy in the order transformers' image processo
 (ViT's, DeiT's, CLIP's, BiT's for DINOv2), so the pixels equal ``AutoImageProcessor``'s
 without importing transformers. A config with none (a model saved without its processor)
 gives ``None``, and callers fall back to ViT's defaults (the model's ``image_size``,
-mean and std 0.5).
+mean and std 0.5). Nothing here imports transformers, and Pillow is imported only when an
+image is read.
 """
 
 from __future__ import annotations
@@ -23,9 +25,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["ImagePreprocessing", "read_image_preprocessing"]
+__all__ = ["ImagePreprocessing", "load_image", "read_image_preprocessing"]
 
 FILE_NAME = "preprocessor_config.json"
+
+
+def load_image(path: Union[str, Path], *, argument: str = "--image"):
+    """An RGB ``PIL.Image`` from a PNG or JPEG file (Pillow ships with matplotlib).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: Pillow cannot read it.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{argument} {str(path)!r}: no such file")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{argument} {str(path)!r} is not an image Pillow can read (PNG or JPEG): {error}") from None
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from ..._files import json_dumps
-from ..compute.inspectable import inspectable
-from ..compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
-from ..draw.generation_report import write_generation_report
-from ..draw.report import write_report
+from .._files import json_dumps
+from ..inspect.compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
+from ..inspect.compute.inspectable import inspectable
+from ..inspect.draw.generation_report import write_generation_report
+from ..inspect.draw.report import write_report
 
 __all__ = ["Generation", "generate_text"]
 

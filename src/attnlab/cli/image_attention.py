@@ -12,67 +12,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
 
-import torch
+from .._files import nonempty_path
+# ALIGNMENT_DESCRIPTIONS too: this module's old path (attnlab.inspect.commands.image_attention_command) held it
+from ..workflows.image_attention import ALIGNMENT_DESCRIPTIONS, draw_examples, write_html_summary  # noqa: F401
 
-from ..._files import nonempty_path
-from ...data.digits_text import DigitsTextExample, collate_digits_text
-from ..compute.image_alignment import cross_attention_alignment, ink_patches
-from ..draw.image_attention import plot_text_to_image_attention
-from ..draw.report import render_summary
+__all__ = ["MAX_EXAMPLES", "add_arguments", "run"]
 
-__all__ = ["ALIGNMENT_DESCRIPTIONS", "MAX_EXAMPLES", "draw_examples", "write_html_summary", "add_arguments", "run"]
-
-ALIGNMENT_DESCRIPTIONS = {
-    "alignment_score": "mass the statement's tokens put on inked patches (the reference)",
-    "alignment_argmax": "how often a token's most attended patch is inked",
-}
 MAX_EXAMPLES = 100  # pictures per cross-modal layer; each is a grid of tokens x heads
-
-
-def write_html_summary(path, alignment: dict[str, dict], images: dict[str, Path], *, meta: dict) -> Path:
-    """The inspection summary page: per-head alignment tables and the PNGs, inlined."""
-    layers = list(alignment)
-    tables = {statistic: [alignment[layer]["heads"][statistic] for layer in layers]
-              for statistic in ("alignment_score", "alignment_argmax")}
-    chance = next(iter(alignment.values()))["chance"] if alignment else 0.0
-    meta = {**meta, "reference": f"patches with ink; uniform attention would put {chance:.3f} of its mass there"}
-    page = render_summary(tables, layers, title="attnlab: text-token to image-patch attention", meta=meta,
-                          images={caption: image for caption, image in images.items()},
-                          descriptions=ALIGNMENT_DESCRIPTIONS)
-    path = Path(path)
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
-@torch.no_grad()
-def draw_examples(model, tokenizer, examples: Sequence[DigitsTextExample], out_dir, *,
-                  layer: str = "layer_1") -> list[Path]:
-    """One PNG per example: ``layer``'s text-token -> patch attention over its image."""
-    model.eval()
-    out_dir = Path(out_dir)
-    paths = []
-    batch = collate_digits_text(examples, tokenizer)
-    out = model(batch["input_ids"], batch["mask"], images=batch["images"], output_attentions=True)
-    if not out.cross_attentions:
-        raise ValueError("the model has no cross-modal attention to draw (fusion='concat'?)")
-    if layer not in out.cross_attentions:
-        raise ValueError(f"layer must be one of {sorted(out.cross_attentions)}, got {layer!r}")
-    probabilities = out.logits.softmax(-1)[:, 1]
-    for row, example in enumerate(examples):
-        length = int(batch["mask"][row].sum())
-        tokens = tokenizer.encode(example.text).tokens[:length]
-        weights = out.cross_attentions[layer][row, :, :length]  # [H, T, S]
-        verdict = "true" if example.label else "false"
-        title = (f'"{example.text}" (digit {example.digit}; {verdict}, '
-                 f"model says true with p={float(probabilities[row]):.2f}) {layer}")
-        path = out_dir / f"example_{row:02d}_{layer}.png"
-        plot_text_to_image_attention(torch.from_numpy(example.image), weights, tokens, path,
-                                     patch_size=model.config.patch_size, title=title,
-                                     reference=ink_patches(torch.from_numpy(example.image), model.config.patch_size))
-        paths.append(path)
-    return paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,9 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._files import check_output_dir, read_json, write_json
-    from ...data.digits_text import load_digits_text
-    from ...checkpoints import load_model
+    from .._files import check_output_dir, read_json, write_json
+    from ..checkpoints import load_model
+    from ..data.digits_text import load_digits_text
+    from ..inspect.compute.image_alignment import cross_attention_alignment
 
     if not 1 <= args.examples <= MAX_EXAMPLES:
         raise ValueError(f"--examples must lie in 1..{MAX_EXAMPLES} (held-out examples drawn, one PNG each per "

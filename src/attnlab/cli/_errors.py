@@ -1,5 +1,5 @@
 """How every command ends on an error a user can act on: one line on stderr and an exit
-code, never a traceback. Shared by ``attnlab SUBCOMMAND`` and ``python -m attnlab.demo``."""
+code, never a traceback. Shared by ``attnlab SUBCOMMAND`` and ``python -m attnlab.cli.demo``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = ["run_reporting_errors"]
 
 def run_reporting_errors(command: str, run: Callable[[argparse.Namespace], object], args: argparse.Namespace) -> int:
     """``run(args)``'s exit code; an interrupt, bad input or an unusable path is one line."""
-    from .train.interrupts import TrainingInterrupted
+    from ..train.interrupts import TrainingInterrupted
 
     try:
         return int(run(args) or 0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..compute.generation_attribution import GENERATION_METHODS
-from ..compute.token_attribution import METHODS
-from .resolve import MODEL_HELP, add_dtype_argument
+from ..inspect.compute.generation_attribution import GENERATION_METHODS
+from ..inspect.compute.token_attribution import METHODS
+from ._model_options import MODEL_HELP, add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._files import check_output_dir
-    from ..compute.attribution_target import is_causal_model
-    from ..compute.integrated_gradients import MAX_STEPS
+    from .._files import check_output_dir
+    from ..inspect.compute.attribution_target import is_causal_model
+    from ..inspect.compute.integrated_gradients import MAX_STEPS
 
     given = [flag for flag, value in (("--text", args.text), ("--prompt", args.prompt), ("--image", args.image))
              if value is not None]
@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--method {bad[0]} explains generated text: use it with --prompt, or choose among "
                          f"{', '.join(METHODS)} for --text")
-    from .explain_text import explain, write_explanation
-    from .resolve import dtype_line, max_length_for, resolve_model
+    from ..workflows.explain_text import explain, write_explanation
+    from ._model_options import dtype_line
+    from ..workflows.resolve import max_length_for, resolve_model
 
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
     resolved = resolve_model(args.model, dtype=args.dtype)
@@ -118,10 +119,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_generation(args: argparse.Namespace) -> int:
-    from ..._files import check_output_dir
-    from ..compute.attribution_target import is_causal_model
-    from .explain_generation import explain_generation, lens_table, write_generation_explanations
-    from .resolve import dtype_line, resolve_model
+    from .._files import check_output_dir
+    from ..inspect.compute.attribution_target import is_causal_model
+    from ..workflows.explain_generation import explain_generation, lens_table, write_generation_explanations
+    from ._model_options import dtype_line
+    from ..workflows.resolve import resolve_model
 
     bad = [name for name in args.methods or () if name not in GENERATION_METHODS]
     if bad:
@@ -166,7 +168,7 @@ def _run_generation(args: argparse.Namespace) -> int:
 
 def _completeness_line(steps, gap) -> None:
     """Say how far integrated gradients' scores add up to the objective's change."""
-    from ..compute.integrated_gradients_steps import COMPLETENESS_TOLERANCE
+    from ..inspect.compute.integrated_gradients_steps import COMPLETENESS_TOLERANCE
 
     if steps is None:
         return
@@ -180,11 +182,11 @@ def _completeness_line(steps, gap) -> None:
 def _run_image(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..._files import check_output_dir
-    from ...hf.image_explanation import IMAGE_METHODS
-    from ...hf.vision import load_image
-    from .resolve import open_vision_model
-    from .explain_image import write_image_explanation
+    from .._files import check_output_dir
+    from ..hf.image_explanation import IMAGE_METHODS
+    from ..data.images import load_image
+    from ..workflows.resolve import open_vision_model
+    from ..workflows.explain_image import write_image_explanation
 
     bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
     if bad:

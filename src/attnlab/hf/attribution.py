@@ -4,48 +4,29 @@ Dimension letters: ``B`` batch, ``T`` length, ``C`` classes.
 
 attnlab's attribution methods (:func:`attnlab.inspect.attribute_tokens`) take a model
 called as ``model(input_ids, mask=...)`` whose attention modules answer
-``need_weights``. Inside :func:`~attnlab.hf.attach` a transformers model's attention
-modules do; :class:`TransformersClassifier` gives the call and what the methods read
-around it (the pooled position, the label names, the token embedding), so ``raw``,
-``rollout``, ``flow``, ``grad-attention`` and ``integrated-gradients`` run unchanged.
-``relevance`` (layer-wise relevance propagation) needs attnlab's own layers and is refused.
+``need_weights``: a :class:`~attnlab.hf.opening.TransformersModel`, which gives the call and
+what the methods read around it (the pooled position, the label names, the token
+embedding), so ``raw``, ``rollout``, ``flow``, ``grad-attention`` and
+``integrated-gradients`` run unchanged. ``relevance`` (layer-wise relevance propagation)
+needs attnlab's own layers and is refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from torch import Tensor, nn
 
+from ..inspect.compute.inspectable import inspectable
 from ..inspect.compute.token_attribution import METHODS, TokenAttributions, attribute_tokens, check_methods
-from .backend import attach
+from .opening import TransformersModel
 
 __all__ = ["TransformersClassifier", "explain_tokens"]
 
 
-class TransformersClassifier(nn.Module):
-    """A transformers ``*ForSequenceClassification`` as attnlab's explain methods take it.
-
-    The pooled position is the first token (``[CLS]``), as BERT-family classifiers pool.
-
-    Args:
-        model: the transformers classifier.
-    """
-
-    pooling = "first"
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config = model.config
-        labels = getattr(model.config, "id2label", None) or {}
-        self.label_names = [str(labels[index]) for index in sorted(labels)] or None
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    def forward(self, input_ids: Tensor, mask: Optional[Tensor] = None) -> Any:
-        return self.model(input_ids=input_ids, attention_mask=None if mask is None else mask.long())
+# The classifier wrapper explain_tokens once had is the one wrapper every transformers model
+# has now: called as attnlab's models are, pooling its first token unless it is causal.
+TransformersClassifier = TransformersModel
 
 
 def explain_tokens(
@@ -77,6 +58,5 @@ def explain_tokens(
     if "relevance" in methods:
         supported = ", ".join(name for name in METHODS if name != "relevance")
         raise ValueError(f"relevance (LRP) needs attnlab's own layers; on a transformers model choose among {supported}")
-    classifier = TransformersClassifier(model)
-    with attach(model):
-        return attribute_tokens(classifier, input_ids, methods, mask=attention_mask, target=target, steps=steps)
+    return attribute_tokens(inspectable(model), input_ids, methods, mask=attention_mask, target=target,
+                            steps=steps)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..inspect.compute.analyzer import AttentionStatistics
 from ..inspect.compute.statistics import HeadStatistics
 from ..data.images import ImagePreprocessing
+from .opening import transformers_module
 from .vision import image_attention
 
 __all__ = ["IMAGE_SUFFIXES", "analyze_images", "image_files"]
@@ -78,7 +79,7 @@ def analyze_images(
         :class:`~attnlab.inspect.AttentionStatistics`; ``examples`` counts images, ``tokens``
         the tokens they made.
     """
-    inner = getattr(model, "model", model)
+    inner = transformers_module(model)
     dtype = next(inner.parameters()).dtype
     heads = HeadStatistics(sparsity_threshold=sparsity_threshold, top_k=top_k)
     sums: dict[str, dict[str, Tensor]] = {}

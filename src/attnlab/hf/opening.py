@@ -33,7 +33,7 @@ from .seq2seq import decoder_start
 if TYPE_CHECKING:
     from ..checkpoints.source import Source
 
-__all__ = ["TransformersModel", "as_inspectable", "open_transformers", "is_transformers_only"]
+__all__ = ["TransformersModel", "as_inspectable", "open_transformers", "is_transformers_only", "transformers_module"]
 
 DECODER_INPUT = ("each text itself, shifted right after the decoder start token (teacher forcing): the decoder "
                  "and cross statistics describe the model reading the text as its own target")
@@ -116,6 +116,9 @@ class TransformersModel(nn.Module):
         if feature == "intervene":
             unknown = next((site for site in self.sites if site.heads is None), None)
             return None if unknown is None else f"{unknown.path} does not say its number of heads"
+        if feature == "one_sequence" and self.kind == "encoder-decoder":
+            return (f"{name} is an encoder-decoder model (encoder, decoder and cross-attention over two texts): its "
+                    f"layers share no token axis; attnlab inspect --source/--target and align read it")
         if feature == "input_embeddings":
             return None if isinstance(self._embedding(), nn.Embedding) else f"{name} has no token embedding"
         if feature == "readout":
@@ -254,6 +257,11 @@ def _kind(config: Any, causal: bool) -> str:
     if getattr(config, "vocab_size", None) is None and (hasattr(config, "patch_size") or hasattr(config, "image_size")):
         return "vision"
     return "encoder"
+
+
+def transformers_module(model: nn.Module) -> nn.Module:
+    """The transformers model itself: the one a :class:`TransformersModel` serves, or ``model``."""
+    return model.model if isinstance(model, TransformersModel) else model
 
 
 def as_inspectable(model: nn.Module) -> TransformersModel:

@@ -51,10 +51,11 @@ class ImageExplorer:
     kind = "image"
 
     def __init__(self, model: nn.Module, preprocessing: Optional[Any], name: str, limits: ServeLimits) -> None:
+        from ..hf.opening import transformers_module
         from ..hf.vision import image_steps
 
         self.model, self.name, self.limits = model.eval(), name, limits
-        self.inner = getattr(model, "model", model)
+        self.inner = transformers_module(model)
         self.steps = image_steps(self.inner, preprocessing=preprocessing)
         modules = find_attention_modules(model)
         self.layers = list(modules)

@@ -55,9 +55,10 @@ def write_image_explanation(
         model_name, image_name: shown on the page.
     """
     from ..hf.image_explanation import explain_image
+    from ..hf.opening import transformers_module
     from ..hf.vision import image_steps
 
-    inner = getattr(model, "model", model)  # a TransformersModel wraps the transformers model
+    inner = transformers_module(model)
     steps = image_steps(inner, preprocessing=preprocessing)
     pixels = steps(image).to(next(inner.parameters()).dtype)  # [1, 3, height, width]
     explanation = explain_image(inner, pixels, tuple(methods), target=target)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -71,13 +70,14 @@ def write_image_inspection(
         preprocessing: the model directory's :class:`~attnlab.data.images.ImagePreprocessing`
             (``read_image_preprocessing(directory)``); default ViT's (the model's size, mean and std 0.5).
     """
+    from ..hf.opening import transformers_module
     from ..hf.vision import image_attention, image_steps
 
     if head_fusion not in ("mean", "max", "min"):
         raise ValueError(f"head_fusion must be mean, max or min, got {head_fusion!r}")
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must lie in [0, 1), got {discard_ratio!r}")
-    inner = getattr(model, "model", model)  # a TransformersModel wraps the transformers model
+    inner = transformers_module(model)
     steps = image_steps(inner, size=size, preprocessing=preprocessing)
     pixels = steps(image).to(next(inner.parameters()).dtype)  # [1, 3, height, width]
     seen = image_attention(inner, pixels)

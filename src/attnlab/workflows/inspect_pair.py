@@ -129,9 +129,10 @@ def write_pair_inspection(
         source_labels: with ``source_features``: one label per encoder position (its time).
     """
     from ..hf.audio import greedy_target
+    from ..hf.opening import transformers_module
     from ..hf.seq2seq import decoder_start, generate_pair, pair_attention
 
-    inner = getattr(model, "model", model)
+    inner = transformers_module(model)
     if source_features is not None:
         start = decoder_start(inner)
         if target is None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..data.tokenization import token_texts
+from ..inspect.compute.inspectable import inspectable, require
 from ..inspect.compute.capture import capture_attention
 from ..inspect.compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
 from ..inspect.compute.heads import forward_batch
@@ -99,6 +100,7 @@ def write_inspection(
     out = Path(out)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an int >= 1 (positions shown before pooling), got {max_tokens!r}")
+    require(inspectable(model), "one_sequence", "the report")
     input_ids, tokens = encode_text(tokenizer, text, max_length)
     if window is not None:
         start, stop = window

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable, Iterator, Mapping, Optional, Union
@@ -31,7 +30,8 @@ from torch import Tensor, nn
 
 from ..._files import write_json
 from ...data.padding import model_pad_id
-from .batches import AnalysisBatch, as_analysis_batch
+from .modes import eval_mode
+from .batches import as_analysis_batch
 from .heads import LossFn, default_loss, forward_batch, head_importance
 from .inspectable import inspectable
 from .statistics import HeadStatistics
@@ -283,11 +283,9 @@ class AttentionAnalyzer:
             head_mask: ``[L, H]`` multipliers or ``{"layer_k": [heads to remove]}``.
         """
         loss_fn = loss_fn or default_loss
-        training = {module: module.training for module in self.model.modules()}
-        self.model.eval()
         total_loss = correct = examples = 0.0
         has_accuracy = True
-        try:
+        with eval_mode(self.model):
             with (
                 torch.no_grad(),
                 self.view.intervene(head_mask=head_mask) if head_mask is not None else contextlib.nullcontext(),
@@ -303,9 +301,6 @@ class AttentionAnalyzer:
                     else:
                         has_accuracy = False
                     examples += size
-        finally:
-            for module, mode in training.items():
-                module.training = mode
         if examples == 0:
             raise ValueError("dataloader yielded no batch")
         return EvaluationResult(

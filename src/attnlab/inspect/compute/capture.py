@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ...attention.multihead import MultiHeadAttention
+from . import modes
 from .inspectable import Inspectable
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
@@ -208,17 +209,13 @@ def capture_attention(
             f"MultiHeadAttention or a forward with a need_weights keyword)"
         )
     capture = AttentionCapture(paths)
-    previous_modes = {module: module.training for module in model.modules()}
     handles = []
     try:
         for name, module in found.items():
             handles.append(module.register_forward_pre_hook(weights_asker(module), with_kwargs=True))
             handles.append(module.register_forward_hook(_recorder(capture, name, detach)))
-        if eval_mode:
-            model.eval()
-        yield capture
+        with modes.eval_mode(model) if eval_mode else contextlib.nullcontext():
+            yield capture
     finally:
         for handle in handles:
             handle.remove()
-        for module, training in previous_modes.items():
-            module.training = training

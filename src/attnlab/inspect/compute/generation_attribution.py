@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from .inspectable import inspectable, require
+from .modes import eval_mode
 from .capture import capture_attention
 from .generation_integrated_gradients import generation_integrated_gradients
 from .gradient_rollout import gradient_weighted_rollout
@@ -122,6 +124,7 @@ def attribute_generation(
         torch.Size([1, 4])
     """
     methods = check_generation_methods(methods)
+    require(inspectable(model), "one_sequence", "explaining generated tokens")
     N, P = check_sequence(input_ids, prompt_length)
     G = N - P
     if isinstance(foil_ids, int):
@@ -130,9 +133,7 @@ def attribute_generation(
         raise ValueError(f"foil_ids must hold one token per generated token ({G}), got {tuple(foil_ids.shape)}")
     positions = explained_positions(N, P)  # [G]
     result = GenerationAttributions(prompt_length=P, foil_ids=foil_ids)
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
+    with eval_mode(model):
         if any(name in methods for name in ATTENTION_ONLY_METHODS):
             with torch.no_grad():
                 logits, weights = _attention_rows(model, input_ids, keep_graph=False)
@@ -156,9 +157,6 @@ def attribute_generation(
         if result.objective is None:
             with torch.no_grad():
                 result.objective = next_token_objective(decoder_logits(model, input_ids), input_ids, P, foil_ids)[0]
-    finally:
-        for module, mode in training.items():
-            module.training = mode
     result.scores = {name: result.scores[name] for name in methods}
     return result
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .modes import eval_mode
 from .batches import as_analysis_batch
 from .head_mask import head_mask_from, mask_heads  # noqa: F401  (their names here since they began here)
 from .inspectable import inspectable, require
@@ -113,9 +114,7 @@ def head_importance(
     total = torch.zeros(len(counts), max(counts), dtype=torch.float64)
     batches = 0
     dtype = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
+    with eval_mode(model):
         for batch in dataloader:
             xi = torch.ones(len(counts), max(counts), dtype=dtype, requires_grad=True)
             with view.intervene(head_mask=xi):
@@ -123,9 +122,6 @@ def head_importance(
             (gradient,) = torch.autograd.grad(loss, xi)
             total += gradient.abs().double()
             batches += 1
-    finally:
-        for module, mode in training.items():
-            module.training = mode
     if batches == 0:
         raise ValueError("dataloader yielded no batch")
     importance = total / batches

@@ -45,6 +45,7 @@ __all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "requ
 
 # What a model may offer, with what each name means (the feature matrix's rows ask for these).
 FEATURES: dict[str, str] = {
+    "one_sequence": "one token axis shared by every layer (not an encoder-decoder's two texts)",
     "record": "exact per-head weights of chosen layers, with or without gradients",
     "statistics": "per-head statistics over a data set, reduced as the weights are made",
     "intervene": "heads scaled or switched off before the output projection",

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .modes import eval_mode
 from .attribution_target import logits_of, resolve_target, token_embedding_of
 
 __all__ = ["IntegratedGradients", "integrated_gradients", "BACKENDS", "MAX_STEPS"]
@@ -158,9 +159,7 @@ def integrated_gradients(
         raise ValueError(
             f"baseline_ids must match input_ids {tuple(input_ids.shape)}, got {tuple(baseline_ids.shape)}"
         )
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
+    with eval_mode(model):
         with torch.no_grad():
             logits = _forward(model, input_ids, mask)
             target = resolve_target(logits, target, getattr(model, "label_names", None))
@@ -169,9 +168,6 @@ def integrated_gradients(
         attributions = run(
             model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch
         )
-    finally:
-        for module, mode in training.items():
-            module.training = mode
     scores = attributions.sum(-1)  # [B, T]
     gain = (logits.gather(1, target[:, None]) - baseline_logits.gather(1, target[:, None]))[:, 0]
     delta = scores.sum(-1) - gain.double()

@@ -22,6 +22,7 @@ from ...attention.cross_modal import CrossModalAttention
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
 from .inspectable import FEATURES, HeadMask, Site
+from .modes import eval_mode
 from .site_statistics import SiteStatistics
 
 __all__ = ["OwnModel", "as_inspectable", "is_decoder"]
@@ -154,19 +155,16 @@ class OwnModel:
 
             return hook
 
-        previous = {module: module.training for module in self.model.modules()}
         handles = [self.model.register_forward_pre_hook(remember, with_kwargs=True)]
         try:
             for site in self._sites:
                 handles.append(site.module.register_forward_pre_hook(weights_asker(site.module), with_kwargs=True))
                 handles.append(site.module.register_forward_hook(reducer(site)))
-            self.model.eval()
-            yield recorder
+            with eval_mode(self.model):
+                yield recorder
         finally:
             for handle in handles:
                 handle.remove()
-            for module, training in previous.items():
-                module.training = training
 
     def intervene(self, *, head_mask: HeadMask):
         """:func:`~attnlab.inspect.mask_heads`: each head's output scaled before the output projection."""

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .attribution_target import encoder_of, logits_of, resolve_target
 from .inspectable import inspectable, require
+from .modes import eval_mode
 
 __all__ = ["PatchResult", "patch_heads", "patch_layers", "head_patching_sweep", "layer_patching_sweep"]
 
@@ -82,14 +83,8 @@ def _shape(inputs: Inputs) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def _eval(model: nn.Module) -> Iterator[None]:
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for module, mode in modes.items():
-            module.training = mode
+    with eval_mode(model), torch.no_grad():
+        yield
 
 
 def _check_pair(source: Inputs, target: Inputs) -> None:

@@ -22,6 +22,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from .inspectable import inspectable, require
 from .attention_flow import attention_flow
 from .attention_scores import raw_attention_scores, rollout_scores
 from .attribution_target import logits_of, query_weights, resolve_target
@@ -94,6 +95,7 @@ def attribute_tokens(
         :class:`TokenAttributions`.
     """
     methods = check_methods(methods)
+    require(inspectable(model), "one_sequence", "explain")
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(
             f"input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', type(input_ids))}"

@@ -48,3 +48,11 @@ def test_config_readers_that_moved_to_source_keep_their_old_names() -> None:
 
     assert find_checkpoint_dir is source.find_checkpoint_dir
     assert pretrained_width is source.pretrained_width
+
+
+def test_a_module_imported_by_its_old_path_keeps_its_own_spec() -> None:
+    """Its relative imports inside functions resolve against its spec, as they did before."""
+    old = importlib.import_module("attnlab.attention.sparse._kernel_choice")
+    assert old is importlib.import_module("attnlab._dispatch")
+    assert old.__spec__.name == old.__name__ == "attnlab._dispatch"
+    assert old.__spec__.parent == old.__package__

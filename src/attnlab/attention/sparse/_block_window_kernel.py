@@ -14,13 +14,13 @@ copied ``2 * window + 1`` times). Where a window reaches into the neighbouring h
 sequence, past the sequence end or onto masked keys, an additive bias removes those
 keys; only such blocks pay for it.
 
-Which kernel serves is chosen per call (``_kernel_choice``; ``ATTNLAB_SPARSE_KERNEL``), and
-the backward takes its forward's. In bfloat16 and float32 on CPUs with AMX the forward and
-the backward are attnlab's AMX kernel (``_block_window_native.cpp``: windows, global keys
-and the global tokens' rows in one pass each; see ``_block_window_native.py``). In float32
-elsewhere the windows and the global keys are attnlab's portable kernel
-(``attnlab/_native/block_window.cpp``, see ``_block_window_portable.py``), and the global
-tokens' own rows the torch ops below. Otherwise
+Which kernel serves is chosen per call (:func:`attnlab._dispatch.window_kernel`;
+``ATTNLAB_SPARSE_KERNEL``), and the backward takes its forward's. In bfloat16 and float32 on
+CPUs with AMX the forward and the backward are attnlab's AMX kernel (``_block_window_amx.cpp``:
+windows, global keys and the global tokens' rows in one pass each; see
+``_block_window_amx.py``). In float32 elsewhere the windows and the global keys are
+attnlab's portable kernel (``attnlab/_native/block_window.cpp``, see
+``_block_window_portable.py``), and the global tokens' own rows torch's ops. Otherwise
 the forward attends each run of consecutive blocks in one call of torch's fused CPU
 kernel (``_scaled_dot_product_flash_attention_for_cpu``, which also returns the
 log-sum-exp): without a mask where the window needs no bias, else with the window bias
@@ -30,8 +30,8 @@ lse_global)``, the output is ``exp(lse_window - lse) * out_window + exp(S_global
 @ V_global``, one small ``[T, G]`` score matrix per head (``-inf`` where a global key is
 already in the window or is masked). The global tokens' own rows attend every key and
 replace their block rows. Where that kernel is missing (other devices) every block
-takes GEMM -> bias -> softmax -> GEMM in chunks instead. This file chooses and calls the
-paths; torch's path is in ``_block_window_torch.py``, the block layout all of them read in
+takes GEMM -> bias -> softmax -> GEMM in chunks instead. This file calls the path that
+serves; torch's path is in ``_block_window_torch.py``, the block layout all of them read in
 ``_block_layout.py``.
 
 The backward recomputes the probabilities as ``P = exp(S - lse)`` from the forward's
@@ -49,6 +49,7 @@ import contextlib
 import torch
 from torch import Tensor
 
+from ..._dispatch import window_kernel
 from ..._threads import threads_for_load
 from ._block_layout import BlockBias, BlockWindows, flat_blocks, global_token_rows
 from ._block_window_torch import (
@@ -60,7 +61,6 @@ from ._block_window_torch import (
     merge_global_keys,
     window_gradients,
 )
-from ._kernel_choice import window_kernel
 
 __all__ = ["block_window_attention"]
 

@@ -1,13 +1,15 @@
 """attnlab's AMX block-sparse attention kernel (forward and backward), built on first use.
 
-The kernel (``_block_window_amx.cpp``) serves bfloat16 and float32 on CPUs with AMX
-(torch's batch-reduce GEMM, which it is built on, takes bfloat16 operands in the AMX
+The kernel (``_block_window_amx.cpp``, its backward in ``_block_window_amx_backward.cpp``,
+their building blocks in ``_block_window_amx.h``) serves bfloat16 and float32 on CPUs with
+AMX (torch's batch-reduce GEMM, which it is built on, takes bfloat16 operands in the AMX
 layout) while oneDNN is enabled; it needs a C++ compiler and ninja, and is compiled once
-per machine into torch's extension cache (:mod:`attnlab._compile`). Before its first use on given dtype, block and head sizes its
-forward and backward are checked against float64 attention on a small input. Elsewhere
-the block-sparse kernel takes another path (:mod:`attnlab._dispatch` chooses; slower, same
-answer): silently on CPUs without AMX, where that is the normal path, and with one warning
-where the kernel should serve but could not be built or failed its check.
+per machine into torch's extension cache (:mod:`attnlab._compile`). Before its first use
+on given dtype, block and head sizes its forward and backward are checked against float64
+attention on a small input. Elsewhere the block-sparse kernel takes another path
+(:mod:`attnlab._dispatch` chooses; slower, same answer): silently on CPUs without AMX,
+where that is the normal path, and with one warning where the kernel should serve but
+could not be built or failed its check.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from ..._compile import compile_library
 __all__ = ["NO_AMX", "build", "status", "unserved_reason"]
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / "_block_window_amx.cpp"]
-_HEADERS: list[Path] = []
+_SOURCES = [_HERE / "_block_window_amx.cpp", _HERE / "_block_window_amx_backward.cpp"]
+_HEADERS = [_HERE / "_block_window_amx.h"]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
 _ALIGN = 32  # block size and head dims must be multiples of this
 NO_AMX = "this CPU has no AMX tiles (or torch was built without oneDNN)"

@@ -15,7 +15,8 @@ from typing import Sequence
 __all__ = ["compile_library"]
 
 
-def compile_library(library: str, sources: Sequence[Path], headers: Sequence[Path], flags: Sequence[str]) -> None:
+def compile_library(library: str, sources: Sequence[Path], headers: Sequence[Path],
+                    flags: Sequence[str]) -> None:
     """Compile (or load from the cache) ``sources`` into ``library`` and load it.
 
     torch's cache key covers the sources and the flags, not the headers they include: the

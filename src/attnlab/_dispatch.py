@@ -207,7 +207,8 @@ def sparse_kernel_path() -> KernelPath:
     if requested in ("auto", "amx"):
         missing = _amx_missing(amx)
         if missing is None:
-            return KernelPath("amx", "AMX tiles" + (f"; {SPARSE_KERNEL_VARIABLE}=amx" if requested == "amx" else ""))
+            asked = f"; {SPARSE_KERNEL_VARIABLE}=amx" if requested == "amx" else ""
+            return KernelPath("amx", "AMX tiles" + asked)
         if requested == "amx":
             raise _refuse("amx", missing)
     reason = _portable_missing(portable)
@@ -239,7 +240,7 @@ def block_window_path(query: Tensor, value_dim: int, block_size: int, has_global
     if requested == "torch":
         return BlockWindowPath("torch", f"{SPARSE_KERNEL_VARIABLE}=torch", {})
     if query.device.type != "cpu":
-        return BlockWindowPath("torch", f"{query.device.type} tensors (attnlab's kernels are CPU kernels)", {})
+        return BlockWindowPath("torch", f"{query.device.type} tensors (attnlab's kernels are for the CPU)", {})
     amx, portable = _sparse_kernels()
     passed_over: dict[str, str] = {}
     asked = f"; {SPARSE_KERNEL_VARIABLE}={requested}" if requested != "auto" else ""

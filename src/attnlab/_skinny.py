@@ -58,7 +58,8 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional
     reason = native_unavailable_reason(_KERNEL)
     if reason is not None:
         if native_enabled():
-            warn_once(f"attnlab's native products are not available ({reason}); torch's serve, which is slower")
+            warn_once(f"attnlab's native products are not available ({reason}); "
+                      "torch's serve, which is slower")
         return None
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()  # a few rows: a negligible copy
     bias = None if bias is None else bias.float().contiguous()

@@ -100,7 +100,8 @@ class FitLoop:
             batches = trainer._chunks(trainer._sampler(self.train_data, state.epoch), self.batch_size)
             groups = trainer._chunks(batches[state.batch_in_epoch:], trainer.gradient_accumulation_steps)
             for group in groups:
-                trainer._optimizer_step([self.collate_fn([self.train_data[i] for i in batch]) for batch in group])
+                trainer._optimizer_step([self.collate_fn([self.train_data[i] for i in batch])
+                                         for batch in group])
                 state.batch_in_epoch += len(group)
                 epoch_done = state.batch_in_epoch == len(batches)
                 if epoch_done:
@@ -139,7 +140,8 @@ class FitLoop:
         return METRICS[self.metric](saved, value) == saved
 
     def _evaluate_and_track(self) -> None:
-        trainer, state, metric, patience = self.trainer, self.trainer.state, self.metric, self.early_stopping_patience
+        trainer, state, metric = self.trainer, self.trainer.state, self.metric
+        patience = self.early_stopping_patience
         result = trainer.evaluate(self.eval_data, collate_fn=self.collate_fn, batch_size=self.eval_batch_size)
         value = result[metric]
         better = METRICS[metric]

@@ -430,8 +430,9 @@ class TransformerTrainer:
             TrainingInterrupted: SIGINT or SIGTERM arrived; a resumable checkpoint was written.
             NonFiniteLossError: (a ``ValueError``) the loss or gradient norm became NaN or infinite.
         """
-        loop = FitLoop(self, train_data, eval_data, collate_fn=collate_fn, batch_size=batch_size, epochs=epochs,
-                       max_steps=max_steps, eval_every=eval_every, eval_batch_size=eval_batch_size, metric=metric,
+        loop = FitLoop(self, train_data, eval_data, collate_fn=collate_fn, batch_size=batch_size,
+                       epochs=epochs, max_steps=max_steps, eval_every=eval_every,
+                       eval_batch_size=eval_batch_size, metric=metric,
                        early_stopping_patience=early_stopping_patience, save_every=save_every,
                        save_every_minutes=save_every_minutes, keep_checkpoints=keep_checkpoints,
                        resume_from=resume_from)

@@ -35,11 +35,11 @@ endef
 # use: the AMX block-sparse one (CPUs with AMX only), the portable ones (at::vec: AVX2,
 # AVX-512, ARM). Without them, or without a compiler, torch's own operators serve, slower.
 define kernels
-	$(1) -c "from attnlab.attention.sparse._block_window_native import status; print('block-sparse kernel (AMX):', status())"
+	$(1) -c "from attnlab.attention.sparse._block_window_amx import status; print('block-sparse kernel (AMX):', status())"
 	$(1) -c "from attnlab.attention.sparse._block_window_portable import portable_kernel_status; print('block-sparse kernel (portable):', portable_kernel_status())"
 	$(1) -c "from attnlab._skinny import skinny_kernel_status; print('few-row product kernel:', skinny_kernel_status())"
-	$(1) -c "from attnlab import _native; print('causal softmax kernel:', _native.status('causal_softmax'))"
-	$(1) -c "from attnlab import _native; print('decoding step kernel:', _native.status('decode_step'))"
+	$(1) -c "from attnlab._dispatch import native_status; print('causal softmax kernel:', native_status('causal_softmax'))"
+	$(1) -c "from attnlab._dispatch import native_status; print('decoding step kernel:', native_status('decode_step'))"
 endef
 
 $(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK)

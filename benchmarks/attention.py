@@ -95,7 +95,7 @@ from torch import Tensor, nn  # noqa: E402
 from attnlab import MultiHeadAttention, TransformerEncoder  # noqa: E402
 from attnlab.layers.positional import PositionalEncoding  # noqa: E402
 from attnlab._machine import competing_load, machine_line
-from attnlab._paths import paths_line  # noqa: E402
+from attnlab._dispatch import paths_line  # noqa: E402
 from attnlab._precision import cpu_has_native_bf16  # noqa: E402
 
 MIB = 1024 * 1024

@@ -40,7 +40,7 @@ import torch
 
 import attnlab
 from attnlab._machine import competing_load, machine_line
-from attnlab._paths import paths_line
+from attnlab._dispatch import paths_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._skinny import serves_rows
 from attnlab._precision import Linear

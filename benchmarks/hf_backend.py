@@ -31,7 +31,7 @@ import time
 import torch
 
 from attnlab._machine import competing_load, machine_line
-from attnlab._paths import paths_line
+from attnlab._dispatch import paths_line
 
 GIB = 1024 ** 3
 

@@ -43,7 +43,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from attnlab._machine import competing_load, machine_line
-from attnlab._paths import paths_line
+from attnlab._dispatch import paths_line
 from attnlab.checkpoints.encoders.loading import from_pretrained, load_tokenizer, pretrained_dir
 from attnlab.models.sentence import pad_encodings
 

@@ -48,7 +48,8 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SOURCE))
-from attnlab.attention.sparse._kernel_choice import CHOICES, VARIABLE  # noqa: E402
+from attnlab._dispatch import SPARSE_KERNEL_CHOICES as CHOICES  # noqa: E402
+from attnlab._dispatch import SPARSE_KERNEL_VARIABLE as VARIABLE  # noqa: E402
 
 METHODS = ("sparse", "flex", "dense+mask", "dense")
 
@@ -422,7 +423,7 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 
 def run_parent(args: argparse.Namespace) -> int:
     from attnlab._machine import machine_line
-    from attnlab.attention.sparse._kernel_choice import sparse_kernel_path
+    from attnlab._dispatch import sparse_kernel_path
 
     print(f"B=1 H={args.heads} D={args.head_dim} block={args.block} window=±{args.window} blocks, "
           f"{args.dtype}, "

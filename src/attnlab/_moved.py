@@ -8,9 +8,10 @@ code imports the new paths; this table only keeps code written against the old o
 
 When a module's names split between two new homes, the old path maps to the module that
 imports them all (``attnlab.layers.encoder`` -> :mod:`attnlab.models.encoder`, which imports
-the layer it stacks). A package that lost some of its names keeps them through
+the layer it stacks). A package or module that lost some of its names keeps them through
 :data:`MOVED_NAMES` and :func:`moved_names` (its ``__getattr__``), so that it need not import
-the package above it.
+the module above it; a name that was renamed on the way is written ``module:new_name``
+(``attnlab._native.enabled`` is ``attnlab._dispatch.native_enabled``).
 """
 
 from __future__ import annotations
@@ -69,9 +70,12 @@ MOVED: dict[str, str] = {
     "attnlab.inspect.commands.compare_command": "attnlab.cli.compare",
     "attnlab.inspect.commands.align_command": "attnlab.cli.align",
     "attnlab.inspect.commands.image_attention_command": "attnlab.cli.image_attention",
+    "attnlab.attention.sparse._block_window_native": "attnlab.attention.sparse._block_window_amx",
+    "attnlab.attention.sparse._kernel_choice": "attnlab._dispatch",
+    "attnlab._paths": "attnlab._dispatch",
 }
 
-# package or module -> {name it no longer holds: the module that holds it now}
+# package or module -> {name it no longer holds: the module that holds it now[:its new name]}
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "attnlab.layers": {
         "TransformerEncoder": "attnlab.models.encoder",
@@ -87,6 +91,20 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
     "attnlab.hf.audio": {"read_wav": "attnlab.data.audio"},
     "attnlab.workflows.resolve": dict.fromkeys(("MODEL_HELP", "add_dtype_argument", "dtype_line"),
                                                "attnlab.cli._model_options"),
+    # the switches and the choices they make went to the one dispatch module
+    "attnlab._native": {
+        "enabled": "attnlab._dispatch:native_enabled",
+        "status": "attnlab._dispatch:native_status",
+        "unavailable_reason": "attnlab._dispatch:native_unavailable_reason",
+        "warn_once": "attnlab._dispatch:warn_once",
+    },
+    "attnlab._threads": {"adaptive": "attnlab._dispatch:threads_adaptive"},
+    # attention.sparse._kernel_choice's names, in the module that took its place
+    "attnlab._dispatch": {
+        "CHOICES": "attnlab._dispatch:SPARSE_KERNEL_CHOICES",
+        "VARIABLE": "attnlab._dispatch:SPARSE_KERNEL_VARIABLE",
+        "requested_kernel": "attnlab._dispatch:requested_sparse_kernel",
+    },
 }
 
 
@@ -105,14 +123,16 @@ def new_name(old: str) -> Optional[str]:
 
 
 def moved_names(package: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package`` that hands out the names :data:`MOVED_NAMES`
-    says went elsewhere (the objects themselves, imported when first asked for), and its
-    submodules that moved (``attnlab.layers.encoder`` as an attribute of ``attnlab.layers``)."""
+    """A module ``__getattr__`` for ``package`` (a package or a module) that hands out the
+    names :data:`MOVED_NAMES` says went elsewhere (the objects themselves, imported when first
+    asked for), and its submodules that moved (``attnlab.layers.encoder`` as an attribute of
+    ``attnlab.layers``)."""
     names = MOVED_NAMES.get(package, {})
 
     def __getattr__(name: str) -> Any:
         if name in names:
-            return getattr(importlib.import_module(names[name]), name)
+            module, _, new = names[name].partition(":")
+            return getattr(importlib.import_module(module), new or name)
         if f"{package}.{name}" in MOVED:
             return importlib.import_module(MOVED[f"{package}.{name}"])
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -129,10 +149,15 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec) -> ModuleType:
-        return importlib.import_module(new_name(spec.name))
+        module = importlib.import_module(new_name(spec.name))
+        # The import system gives the module the old path's spec next; the module keeps its
+        # own (its relative imports inside functions resolve against its spec's package).
+        spec.loader_state = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the module ran at its new path."""
+        """Nothing to run: the module ran at its new path. It gets its own spec back."""
+        module.__spec__ = module.__spec__.loader_state
 
     def get_code(self, fullname: str) -> CodeType:
         """What ``python -m OLD`` runs: the module at its new path, as the main module."""

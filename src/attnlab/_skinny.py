@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import _native
+from ._dispatch import native_enabled, native_status, native_unavailable_reason, warn_once
 
 __all__ = ["MAX_ROWS", "serves_rows", "skinny_linear", "skinny_kernel_status"]
 
@@ -29,12 +30,12 @@ _KERNEL = "skinny_linear"
 
 def skinny_kernel_status() -> str:
     """``"ready (AVX2)"`` and the like, or why the kernel does not serve on this machine."""
-    return _native.status(_KERNEL)
+    return native_status(_KERNEL)
 
 
 def serves_rows(rows: int) -> bool:
     """Whether the native kernel serves products of ``rows`` rows on this machine."""
-    return 0 < rows <= MAX_ROWS and _native.unavailable_reason(_KERNEL) is None
+    return 0 < rows <= MAX_ROWS and native_unavailable_reason(_KERNEL) is None
 
 
 def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional[Tensor]:
@@ -54,10 +55,11 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional
         return None
     if bias is not None and bias.dtype != x.dtype:
         return None
-    if _native.unavailable_reason(_KERNEL) is not None:
-        if _native.enabled():
-            _native.warn_once(f"attnlab's native products are not available "
-                              f"({_native.unavailable_reason(_KERNEL)}); torch's serve, which is slower")
+    reason = native_unavailable_reason(_KERNEL)
+    if reason is not None:
+        if native_enabled():
+            warn_once(f"attnlab's native products are not available ({reason}); "
+                      "torch's serve, which is slower")
         return None
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()  # a few rows: a negligible copy
     bias = None if bias is None else bias.float().contiguous()

@@ -13,7 +13,7 @@ processes leave free (at least one, at most what torch was set to): with one thr
 is no barrier to wait at. It reads the machine's CPU time from ``/proc/stat`` (Linux) at
 most every :data:`SAMPLE_SECONDS` and subtracts this process's own; before a first interval
 exists it counts the runnable tasks in ``/proc/loadavg``. Elsewhere, or with
-``ATTNLAB_THREADS=fixed``, torch's setting is left as it is.
+``ATTNLAB_THREADS=fixed`` (read by :mod:`attnlab._dispatch`), torch's setting is left as it is.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from typing import Iterator, Optional
 
 import torch
 
-from ._checks import env_choice
+from ._dispatch import threads_adaptive
 from ._machine import CpuSample, cpu_count, cpu_sample, others_busy
+from ._moved import moved_names
 
 __all__ = ["SAMPLE_SECONDS", "free_cores", "threads_for_load"]
 
@@ -73,18 +74,6 @@ class _LoadWatch:
 _WATCH = _LoadWatch()
 
 
-def adaptive() -> bool:
-    """Whether attnlab adapts its threads to the load (``ATTNLAB_THREADS`` is ``adaptive``,
-    the default, not ``fixed``).
-
-    Raises:
-        ValueError: the variable holds something else.
-    """
-    value = env_choice("ATTNLAB_THREADS", ("adaptive", "fixed"), "adaptive",
-                       "set it to fixed to keep torch's thread count, or unset it")
-    return value == "adaptive"
-
-
 def threads_for(requested: int, free: Optional[float]) -> int:
     """The threads to run on: ``requested``, or fewer where fewer cores are free (at least 1)."""
     if free is None:
@@ -97,7 +86,7 @@ def threads_for_load() -> Iterator[int]:
     """Inside the block torch runs on as many threads as the machine has free cores
     (see the module notes); yields that number. torch's setting comes back at the end."""
     requested = torch.get_num_threads()
-    if not adaptive() or requested == 1:
+    if not threads_adaptive() or requested == 1:
         yield requested
         return
     chosen = threads_for(requested, _WATCH.free(cpu_count()))
@@ -109,3 +98,6 @@ def threads_for_load() -> Iterator[int]:
         yield chosen
     finally:
         torch.set_num_threads(requested)
+
+
+__getattr__ = moved_names(__name__)  # adaptive: attnlab._dispatch.threads_adaptive

@@ -59,7 +59,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_the_wheel_holds_the_sources_and_assets_attnlab_reads_at_run_time(installed: dict) -> None:
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     for needed in ("attnlab/_native/decode_step.cpp", "attnlab/_native/skinny.h",
-                   "attnlab/attention/sparse/_block_window_native.cpp", "attnlab/cli/__init__.py"):
+                   "attnlab/attention/sparse/_block_window_amx.cpp", "attnlab/cli/__init__.py"):
         assert needed in names, f"{needed} is missing from the wheel"
     assert any(name.startswith("attnlab/inspect/draw/assets/") and name.endswith(".js") for name in names)
     for page in ("index.html", "serve.js", "serve.css"):  # attnlab serve's page

@@ -17,9 +17,10 @@ from .masks import (
     validate_attention_bias,
     validate_attention_mask,
 )
-from .multihead import MultiHeadAttention, ScaledDotProductAttention
+from .multihead import MultiHeadAttention
 from .position_bias import RelativePositionBias
 from .rotary import RotaryEmbedding
+from .scaled_dot_product import ScaledDotProductAttention
 from .sparse import (
     BlockSparseResult,
     BlockSparseWeights,

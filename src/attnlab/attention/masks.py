@@ -43,6 +43,7 @@ __all__ = [
     "mask_with_bias",
     "keep_mask",
     "from_torch_mask",
+    "gather_masks",
     "refuse_key_padding_mask",
     "mask_to_additive",
     "head_mask_scale",
@@ -304,6 +305,72 @@ def from_torch_mask(
         f"{name} follows torch.nn: a bool mask (True = may NOT attend) or a float additive one; "
         f"got dtype {mask.dtype}"
     )
+
+
+def gather_masks(
+    batch: int,
+    heads: int,
+    query_len: int,
+    key_len: int,
+    dtype: torch.dtype,
+    *,
+    mask: Optional[Tensor] = None,
+    attention_mask: Optional[Tensor] = None,
+    attn_bias: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The mask arguments of an attention module, each read by its own rules (see the
+    contract above), as one rank-4 keep mask and one additive bias.
+
+    Args:
+        batch, heads, query_len, key_len: ``B``, ``H``, ``T``, ``S``.
+        dtype: the scores' dtype, which a bias must match.
+        mask: a keep mask broadcastable to ``[B, H, T, S]``.
+        attention_mask: ``[B, S]`` (``True`` / 1 on real keys) or broadcastable to ``[B, H, T, S]``.
+        attn_bias: an additive float term broadcastable to ``[B, H, T, S]``.
+        attn_mask: as ``torch.nn.MultiheadAttention`` takes it: ``[T, S]`` or ``[B * H, T, S]``.
+
+    Returns:
+        ``(keep [B|1, H|1, T, S] or None, bias or None)``.
+
+    Raises:
+        ValueError, TypeError: an argument of the wrong shape or kind, named with what was expected.
+    """
+    B, H, T, S = batch, heads, query_len, key_len
+    sizes = {"batch": B, "heads": H, "query_len": T, "key_len": S}
+    keep = validate_attention_mask(mask, **sizes, name="mask")
+    if attention_mask is not None:
+        attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
+        if attention_mask.dim() == 2:
+            if attention_mask.shape != (B, S):
+                raise ValueError(
+                    f"attention_mask must be [B, S] = [{B}, {S}] with True/1 on real keys, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask[:, None, None, :]  # [B, 1, 1, S]
+        attention_mask = validate_attention_mask(attention_mask, **sizes, name="attention_mask")
+    bias = validate_attention_bias(attn_bias, **sizes, dtype=dtype)
+    torch_keep, torch_bias = from_torch_mask(attn_mask, name="attn_mask", padding=False)
+    for name, term in (("keep", torch_keep), ("bias", torch_bias)):
+        if term is None:
+            continue
+        if term.dim() == 2:
+            term = term[None, None]  # [1, 1, T, S]: torch.nn's 2-D attn_mask is always [T, S]
+        elif term.dim() == 3 and term.shape[0] == B * H:
+            term = term.view(B, H, *term.shape[1:])  # torch.nn's [B * H, T, S]
+        elif term.dim() == 3:
+            raise ValueError(
+                f"attn_mask follows torch.nn: [T, S] or [B * H, T, S] = [{B * H}, {T}, {S}], "
+                f"got {tuple(term.shape)}"
+            )
+        if name == "keep":
+            torch_keep = validate_attention_mask(term, **sizes, name="attn_mask")
+        else:
+            torch_bias = validate_attention_bias(term, **sizes, dtype=dtype, name="attn_mask")
+    keep = combine_masks(keep, attention_mask, torch_keep)
+    if torch_bias is not None:
+        bias = torch_bias if bias is None else bias + torch_bias
+    return keep, bias
 
 
 def refuse_key_padding_mask(key_padding_mask: Optional[Tensor]) -> None:

@@ -1,4 +1,5 @@
-"""Scaled dot-product and multi-head attention modules.
+"""The multi-head attention module (its single-head kernel module,
+:class:`ScaledDotProductAttention`, lives in :mod:`attnlab.attention.scaled_dot_product`).
 
 Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key length,
 ``D`` head dim, ``E`` model dim.
@@ -21,68 +22,17 @@ from .._precision import Linear, bf16_is_emulated, linear
 from .functional import AttentionResult, attention
 from .masks import (
     combine_masks,
-    from_torch_mask,
+    gather_masks,
     head_mask_scale,
-    keep_mask,
     padding_to_attention_mask,
     refuse_key_padding_mask,
     sliding_window_mask,
-    validate_attention_bias,
-    validate_attention_mask,
 )
 from .packing import TokenPacking
 from .rotary import RotaryEmbedding
+from .scaled_dot_product import ScaledDotProductAttention
 
 __all__ = ["ScaledDotProductAttention", "MultiHeadAttention"]
-
-
-class ScaledDotProductAttention(nn.Module):
-    """``softmax(Q K^T / sqrt(D) + mask) V`` with dropout on the probabilities.
-
-    A thin module over :func:`attnlab.attention.functional.attention`: the fused kernel
-    runs unless ``need_weights=True``.
-
-    Args:
-        dropout: dropout on the attention probabilities (training only).
-
-    Shape:
-        query ``[B, H, T, D]``, key ``[B, H, S, D]``, value ``[B, H, S, Dv]``, mask
-        broadcastable to ``[B, H, T, S]`` (``True`` / 1 = may attend, any dtype),
-        ``attn_bias`` an additive float term of the same shape
-        -> ``(output [B, H, T, Dv], weights [B, H, T, S] or None)``. Weights are
-        ``None`` unless ``need_weights=True``; they are the probabilities before dropout.
-    """
-
-    def __init__(self, dropout: float = 0.1) -> None:
-        super().__init__()
-        self.dropout = check_probability("dropout", dropout)
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Optional[Tensor] = None,
-        *,
-        attn_bias: Optional[Tensor] = None,
-        need_weights: bool = False,
-        is_causal: bool = False,
-        scale: Optional[float] = None,
-    ) -> AttentionResult:
-        return attention(
-            query,
-            key,
-            value,
-            mask,
-            attn_bias=attn_bias,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=scale,
-            need_weights=need_weights,
-        )
-
-    def extra_repr(self) -> str:
-        return f"dropout={self.dropout}"
 
 
 class MultiHeadAttention(nn.Module):
@@ -287,54 +237,6 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.mean(dim=1)  # [B, T, S]
         return AttentionResult(out, weights)
 
-    def _gather_masks(
-        self,
-        batch: int,
-        query_len: int,
-        key_len: int,
-        dtype: torch.dtype,
-        mask: Optional[Tensor],
-        attention_mask: Optional[Tensor],
-        attn_bias: Optional[Tensor],
-        attn_mask: Optional[Tensor],
-    ) -> tuple[Optional[Tensor], Optional[Tensor]]:
-        """Every mask argument read by its own rules, as one rank-4 keep mask and one bias."""
-        B, H, T, S = batch, self.num_heads, query_len, key_len
-        sizes = {"batch": B, "heads": H, "query_len": T, "key_len": S}
-        keep = validate_attention_mask(mask, **sizes, name="mask")
-        if attention_mask is not None:
-            attention_mask = keep_mask(attention_mask, name="attention_mask", bias_argument="attn_bias")
-            if attention_mask.dim() == 2:
-                if attention_mask.shape != (B, S):
-                    raise ValueError(
-                        f"attention_mask must be [B, S] = [{B}, {S}] with True/1 on real keys, "
-                        f"got {tuple(attention_mask.shape)}"
-                    )
-                attention_mask = attention_mask[:, None, None, :]  # [B, 1, 1, S]
-            attention_mask = validate_attention_mask(attention_mask, **sizes, name="attention_mask")
-        bias = validate_attention_bias(attn_bias, **sizes, dtype=dtype)
-        torch_keep, torch_bias = from_torch_mask(attn_mask, name="attn_mask", padding=False)
-        for name, term in (("keep", torch_keep), ("bias", torch_bias)):
-            if term is None:
-                continue
-            if term.dim() == 2:
-                term = term[None, None]  # [1, 1, T, S]: torch.nn's 2-D attn_mask is always [T, S]
-            elif term.dim() == 3 and term.shape[0] == B * H:
-                term = term.view(B, H, *term.shape[1:])  # torch.nn's [B * H, T, S]
-            elif term.dim() == 3:
-                raise ValueError(
-                    f"attn_mask follows torch.nn: [T, S] or [B * H, T, S] = [{B * H}, {T}, {S}], "
-                    f"got {tuple(term.shape)}"
-                )
-            if name == "keep":
-                torch_keep = validate_attention_mask(term, **sizes, name="attn_mask")
-            else:
-                torch_bias = validate_attention_bias(term, **sizes, dtype=dtype, name="attn_mask")
-        keep = combine_masks(keep, attention_mask, torch_keep)
-        if torch_bias is not None:
-            bias = torch_bias if bias is None else bias + torch_bias
-        return keep, bias
-
     def _attend_by_sequence(self, qkv: Tensor, packing: TokenPacking, head_mask: Optional[Tensor]) -> Tensor:
         """Fused attention sequence by sequence on packed ``qkv`` ``[N, 3E]`` -> ``[N, E]``.
 
@@ -461,14 +363,15 @@ class MultiHeadAttention(nn.Module):
             if attention_mask is not None or attn_mask is not None or is_causal:
                 raise ValueError("with packing, pass padding and causal constraints in mask")
             B, T = packing.batch, packing.length
-            keep, bias = self._gather_masks(B, T, T, query.dtype, mask, None, attn_bias, None)
+            keep, bias = gather_masks(B, self.num_heads, T, T, query.dtype, mask=mask, attn_bias=attn_bias)
             return self._attend_packed(
                 query, packing, keep, bias, need_weights, average_attn_weights, head_mask
             )
         self._check_inputs(query, key, value)
         B, T, E = query.shape
         S = key.shape[1]
-        keep, bias = self._gather_masks(B, T, S, query.dtype, mask, attention_mask, attn_bias, attn_mask)
+        keep, bias = gather_masks(B, self.num_heads, T, S, query.dtype, mask=mask, attention_mask=attention_mask,
+                                  attn_bias=attn_bias, attn_mask=attn_mask)
         q, k, v = self._project(query, key, value)  # [B, H, T|S, D]
         out, weights = self._attention_core(q, k, v, keep, bias, is_causal, need_weights, head_mask)
         out = out.transpose(1, 2).reshape(B, T, self.inner_dim)  # [B, T, H * D]

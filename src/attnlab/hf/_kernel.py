@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .. import _large_buffers as large_buffers
 from .. import _native
+from .._dispatch import native_unavailable_reason
 from ._routes import route_of
 
 __all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
@@ -242,7 +243,7 @@ def exact_attention(
 def _in_place_causal_softmax() -> Optional[Callable[[Tensor, int], Tensor]]:
     """attnlab's native in-place causal softmax (``_native/causal_softmax.cpp``), or
     ``None`` where it does not serve (the caller keeps torch's ops: same weights)."""
-    if _native.unavailable_reason(_CAUSAL_SOFTMAX) is not None:
+    if native_unavailable_reason(_CAUSAL_SOFTMAX) is not None:
         return None
     return _native.build(_CAUSAL_SOFTMAX).causal_softmax_
 

@@ -11,7 +11,9 @@ from torch.utils.data import Dataset
 
 from .metrics import accuracy_and_f1
 
-__all__ = ["evaluate_model", "move_to_device", "model_logits", "prediction_units"]
+__all__ = ["METRICS", "evaluate_model", "move_to_device", "model_logits", "prediction_units"]
+
+METRICS = {"accuracy": max, "f1": max, "loss": min}  # what evaluate_model reports, and how "better" is judged
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

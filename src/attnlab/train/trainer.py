@@ -30,9 +30,10 @@ from .._precision import cpu_has_native_bf16
 from .._threads import threads_for_load
 from .callbacks import EVENTS, MetricsLogger, ProgressBar, TensorBoardLogger, tensorboard_available
 from .checkpoint import find_resumable, rng_state, save_checkpoint, set_rng_state
-from .distributed import all_reduce_mean, any_process, distributed_info
-from .evaluation import evaluate_model, model_logits, move_to_device, prediction_units
-from .interrupts import InterruptGuard, NonFiniteLossError, TrainingInterrupted
+from .distributed import all_reduce_mean, distributed_info
+from .evaluation import METRICS, evaluate_model, model_logits, move_to_device, prediction_units
+from .fit_loop import FitLoop
+from .interrupts import InterruptGuard, NonFiniteLossError
 from .optimizer import build_optimizer
 from .saving import KEEP_CHECKPOINTS, SAVE_EVERY_MINUTES, SaveSchedule, saved_best
 from .schedules import warmup_cosine_scheduler
@@ -43,7 +44,6 @@ __all__ = ["TransformerTrainer", "TrainerState", "PRECISIONS", "METRICS"]
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-METRICS = {"accuracy": max, "f1": max, "loss": min}  # how "better" is judged
 
 
 @dataclass
@@ -375,54 +375,6 @@ class TransformerTrainer:
 
     _callbacks_installed = False
     metrics_logger: Optional[MetricsLogger] = None
-    _best_on_disk: Optional[tuple[int, float]] = None  # (step, metric) of checkpoints/best when resuming
-
-    def _saved_best_is_as_good(self, value: float, metric: str) -> bool:
-        # After a resume the steps since the checkpoint run again; checkpoints/best may
-        # already hold a model from those steps (or later ones) that is at least as good.
-        if self._best_on_disk is None:
-            return False
-        saved = self._best_on_disk[1]
-        return METRICS[metric](saved, value) == saved
-
-    def _evaluate_and_track(self, eval_data, collate_fn, eval_batch_size, metric, patience) -> None:
-        result = self.evaluate(eval_data, collate_fn=collate_fn, batch_size=eval_batch_size)
-        value = result[metric]
-        better = METRICS[metric]
-        improved = self.state.best_metric is None or (
-            better(value, self.state.best_metric) == value and value != self.state.best_metric
-        )
-        if improved:
-            self.state.best_metric, self.state.best_step = value, self.state.step
-            self.state.evals_without_improvement = 0
-        else:
-            self.state.evals_without_improvement += 1
-            if patience is not None and self.state.evals_without_improvement >= patience:
-                self.state.should_stop = True
-                logger.info("early stopping at step %d: no better %s in %d evaluations",
-                            self.state.step, metric, patience)
-        self.last_log = {"step": self.state.step, "split": "validation", "epoch": self.state.epoch, **result,
-                         f"best_{metric}": self.state.best_metric, "best_step": self.state.best_step}
-        self.trigger("on_evaluate")
-        if improved and self.output_dir is not None:
-            if self._saved_best_is_as_good(value, metric):
-                logger.info("step %d: checkpoints/best already holds a model at least as good (step %d)",
-                            self.state.step, self._best_on_disk[0])
-            else:
-                self.save_checkpoint(self.output_dir / "checkpoints" / "best")
-                self._best_on_disk = (self.state.step, value) if self._best_on_disk is not None else None
-
-    def _resume(self, resume_from: Union[str, Path, bool]) -> Optional[Path]:
-        if resume_from is True:
-            if self.output_dir is None:
-                raise ValueError("resume_from=True resumes from output_dir's checkpoints; give output_dir")
-            try:
-                return self.load_checkpoint(self.output_dir / "checkpoints" / "last")
-            except FileNotFoundError:
-                logger.info("no checkpoint in %s yet: starting from the first step",
-                            self.output_dir / "checkpoints")
-                return None
-        return self.load_checkpoint(resume_from)
 
     def _save_last(self, keep: int, schedule: SaveSchedule) -> None:
         started = time.monotonic()
@@ -478,23 +430,16 @@ class TransformerTrainer:
             TrainingInterrupted: SIGINT or SIGTERM arrived; a resumable checkpoint was written.
             NonFiniteLossError: (a ``ValueError``) the loss or gradient norm became NaN or infinite.
         """
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
-        if epochs is None and max_steps is None:
-            raise ValueError("give epochs or max_steps")
-        if len(train_data) == 0:
-            raise ValueError("train_data is empty")
-        if save_every_minutes is not None and not save_every_minutes > 0:
-            raise ValueError(f"save_every_minutes must be > 0 or None, got {save_every_minutes}")
-        if keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
-        resuming = resume_from is not None and resume_from is not False
-        loaded = self._resume(resume_from) if resuming else None
+        loop = FitLoop(self, train_data, eval_data, collate_fn=collate_fn, batch_size=batch_size,
+                       epochs=epochs, max_steps=max_steps, eval_every=eval_every,
+                       eval_batch_size=eval_batch_size, metric=metric,
+                       early_stopping_patience=early_stopping_patience, save_every=save_every,
+                       save_every_minutes=save_every_minutes, keep_checkpoints=keep_checkpoints,
+                       resume_from=resume_from)
+        loaded = loop.resume()
         if loaded is None:
-            per_epoch = self.steps_per_epoch(train_data, batch_size)
-            planned = [n for n in (None if epochs is None else epochs * per_epoch, max_steps) if n is not None]
             if self._given_total_steps is None and self.state.step == 0:
-                self.total_steps = min(planned)
+                self.total_steps = loop.planned_steps()
                 self.scheduler = self._build_scheduler(self.total_steps)
             elif self.total_steps is None:
                 raise ValueError("fit() after train_step() needs total_steps given to the constructor")
@@ -503,59 +448,21 @@ class TransformerTrainer:
                                self.warmup_steps, self.total_steps)
         self._install_metrics_logger()
         if self.metrics_logger is not None:
-            self.metrics_logger.open(resuming=resuming)
+            self.metrics_logger.open(resuming=loop.resuming)
         if loaded is not None and (self.state.step >= self.total_steps or self.state.should_stop):
             logger.info("the run in %s already finished at step %d; nothing to do", loaded, self.state.step)
             self.finished_before_fit = True
             return self.state
-        best = self.output_dir / "checkpoints" / "best" if self.output_dir is not None else None
-        self._best_on_disk = saved_best(best) if resuming and best is not None else None
+        if loop.resuming and self.output_dir is not None:
+            loop.best_on_disk = saved_best(self.output_dir / "checkpoints" / "best")
         self._default_callbacks(metric)
         self.trigger("on_fit_start")
         try:
             with InterruptGuard() as guard:
-                self._loop(train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
-                           early_stopping_patience, SaveSchedule(save_every, save_every_minutes),
-                           keep_checkpoints, guard)
+                loop.run(guard)
         finally:
             self.trigger("on_fit_end")
         return self.state
-
-    def _loop(self, train_data, eval_data, collate_fn, batch_size, eval_every, eval_batch_size, metric,
-              patience, schedule: SaveSchedule, keep: int, guard: InterruptGuard) -> None:
-        state = self.state
-        while state.step < self.total_steps and not state.should_stop:
-            batches = self._chunks(self._sampler(train_data, state.epoch), batch_size)
-            groups = self._chunks(batches[state.batch_in_epoch:], self.gradient_accumulation_steps)
-            for group in groups:
-                self._optimizer_step([collate_fn([train_data[i] for i in batch]) for batch in group])
-                state.batch_in_epoch += len(group)
-                epoch_done = state.batch_in_epoch == len(batches)
-                if epoch_done:
-                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                self.trigger("on_step_end")
-                finished = state.step >= self.total_steps
-                if eval_data is not None and (finished or (eval_every and state.step % eval_every == 0)
-                                              or (eval_every is None and epoch_done)):
-                    self._evaluate_and_track(eval_data, collate_fn, eval_batch_size, metric, patience)
-                due = finished or state.should_stop or schedule.due(state.step)
-                saved = self.output_dir is not None and due
-                if saved:
-                    self._save_last(keep, schedule)
-                if epoch_done:
-                    self.trigger("on_epoch_end")
-                if finished or state.should_stop:
-                    return
-                received = guard.received or 0
-                if self.distributed.world_size > 1:
-                    received = any_process(received)  # every process stops after the same step
-                if received:
-                    last = None
-                    if self.output_dir is not None:
-                        last = self.output_dir / "checkpoints" / "last"
-                        if not saved:
-                            self._save_last(keep, schedule)
-                    raise TrainingInterrupted(received, state.step, last)
 
     # ---- looking inside --------------------------------------------------------------
 

@@ -107,3 +107,9 @@ def test_the_data_readers_load_no_image_library_on_import() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": source}, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
+def test_a_module_imported_by_its_old_path_keeps_its_own_spec() -> None:
+    """Its relative imports inside functions resolve against its spec, as they did before."""
+    old = importlib.import_module("attnlab.attention.sparse._kernel_choice")
+    assert old is importlib.import_module("attnlab._dispatch")
+    assert old.__spec__.name == old.__name__ == "attnlab._dispatch"
+    assert old.__spec__.parent == old.__package__

@@ -2,8 +2,9 @@
 
 ``SparseAttention`` (the article's module, corrected) runs on ``block_sparse_attention``,
 whose fast path is the block-window kernel (``_block_window_kernel``; C++ compiled on first
-use: ``_block_window_native`` on AMX CPUs, ``_block_window_portable`` elsewhere, chosen by
-``_kernel_choice``); ``pattern`` draws which keys each query sees.
+use: ``_block_window_amx`` on AMX CPUs, ``_block_window_portable`` elsewhere, torch's ops in
+``_block_window_torch`` beside them, chosen by :mod:`attnlab._dispatch`); ``pattern`` draws
+which keys each query sees.
 """
 
 from .block_sparse import BlockSparseResult, BlockSparseWeights, block_sparse_attention, block_sparse_mask

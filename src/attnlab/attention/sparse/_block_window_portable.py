@@ -3,7 +3,7 @@
 The kernel (``attnlab/_native/block_window.cpp``, on at::vec and torch's CPU GEMM: AVX2,
 AVX-512 and ARM from one source) computes every block's attention over its window keys and
 the global keys, forward and backward; the global tokens' own rows (a few queries over
-every key) stay in torch ops (``_block_window_kernel``), as on torch's path. It is compiled
+every key) stay in torch ops (``_block_window_torch``), as on torch's path. It is compiled
 by :func:`attnlab._native.build` for the vector width torch dispatches to, once per machine.
 Before its first use in a process its forward and backward are checked against float64
 attention on a small input with ragged sizes (a padding bias, global keys, windows past
@@ -50,13 +50,14 @@ def build() -> Any:
 
 
 def portable_kernel_status() -> str:
-    """``"ready (AVX2)"`` and the like, or why the kernel does not serve on this machine."""
-    return portable_unavailable_reason() or _native.status(_KERNEL)
+    """``"ready (AVX2)"`` and the like, or why the kernel cannot run on this machine."""
+    return portable_unavailable_reason() or f"ready ({_native.capability()})"
 
 
 def portable_unavailable_reason() -> Optional[str]:
-    """``None`` where the kernel is built and agrees with float64 attention, else why not."""
-    return _native.unavailable_reason(_KERNEL) or _check_failure()
+    """``None`` where the kernel is built and agrees with float64 attention, else why not
+    (whether it may serve, ``ATTNLAB_NATIVE`` included, is :mod:`attnlab._dispatch`'s)."""
+    return _native.build_failure(_KERNEL) or _check_failure()
 
 
 @functools.cache

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._dispatch import window_kernel
 from ..._threads import threads_for_load
 from ._block_window_kernel import block_window_attention
-from ._kernel_choice import window_kernel
 from ..functional import attention
 
 __all__ = ["BlockSparseResult", "BlockSparseWeights", "block_sparse_attention", "block_sparse_mask"]
@@ -314,12 +314,12 @@ def block_sparse_attention(
     # torch's path is a few dozen small operators (biases, windows, global rows), each a
     # parallel region that, on a busy machine, waits at its end for a thread the OS has
     # descheduled: it runs on the cores other processes leave free (attnlab._threads). A
-    # native kernel is one long parallel call that keeps every thread busy to its end: it
-    # keeps torch's threads (with two other busy processes on 2 cores, the portable kernel
-    # fwd+bwd went from 27x dense flash attention on the free core to 35x on both).
-    native = not (need_weights or dropout_p > 0) and window_kernel(
+    # kernel of attnlab's (AMX or portable) is one long parallel call that keeps every thread
+    # busy to its end: it keeps torch's threads (with two other busy processes on 2 cores, the
+    # portable kernel fwd+bwd went from 27x dense flash attention on the free core to 35x on both).
+    kernel = not (need_weights or dropout_p > 0) and window_kernel(
         query, value.shape[-1], L, global_index.numel() > 0, scale)[0] != "torch"
-    with contextlib.nullcontext() if native else threads_for_load():
+    with contextlib.nullcontext() if kernel else threads_for_load():
         return _block_sparse_attention(query, key, value, key_mask, global_index, L, N, window, dropout_p,
                                        scale, need_weights)
 

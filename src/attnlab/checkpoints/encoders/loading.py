@@ -54,6 +54,7 @@ from ...models.classifier import EncoderClassifier
 from . import FAMILIES, Family, family_for
 from .._convert import hf_to_state, state_to_hf
 from .bert import BERT
+from .heads import TASKS, head_modules, task_model, task_of
 from ..decoders.loading import DECODER_MODEL_TYPES
 from ...models.masked_lm import EncoderForMaskedLM
 from ...models.pruning import unpruned_state_dict
@@ -92,7 +93,6 @@ _ALIASES = {
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
-TASKS = ("auto", "encoder", "sequence_classification", "masked_lm")
 _TIED = "decoder.weight"  # a masked-LM decoder's matrix is the token embedding, stored once
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -148,97 +148,6 @@ def pretrained_dir(name_or_path: PathLike) -> Path:
 
 def _read_json(path: Path) -> dict:
     return read_json(path)
-
-
-def _task_of(values: dict, task: str, family: Family, names: set[str]) -> str:
-    """The task ``"auto"`` means: the architecture's head, when the file holds that head.
-
-    Some directories name a task class but hold the base model only (sentence-transformers
-    saves MPNet and RoBERTa encoders under ``*ForMaskedLM``); they open as the encoder.
-    """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    if task != "auto":
-        return task
-    architectures = values.get("architectures") or []
-    classifier, masked_lm = family.classifier, family.masked_lm
-    if any(name.endswith("ForSequenceClassification") for name in architectures):
-        if classifier is not None and f"{classifier.classifier}.weight" in names:
-            return "sequence_classification"
-    if any(name.endswith("ForMaskedLM") for name in architectures):
-        if masked_lm is not None and masked_lm.bias in names:
-            return "masked_lm"
-    return "encoder"
-
-
-def _masked_lm(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderForMaskedLM:
-    """The family's masked-LM head on ``encoder``."""
-    if family.masked_lm is None:
-        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} masked-LM head")
-    return EncoderForMaskedLM(encoder, **family.masked_lm.settings(values))
-
-
-def _task_model(family: Family, encoder: TransformerEncoder, values: dict, task: str, source: str):
-    if task == "encoder":
-        return encoder
-    if task == "masked_lm":
-        return _masked_lm(family, encoder, values, source)
-    return _classifier(family, encoder, values, source)
-
-
-def _head_modules(family: Family, model, values: dict) -> dict[str, str]:
-    """attnlab head module -> HF module of ``family``'s head for ``model`` ({} for an encoder)."""
-    if isinstance(model, TransformerEncoder):
-        return {}
-    if isinstance(model, EncoderClassifier):
-        return _head_table(family, model, values)
-    if isinstance(model, EncoderForMaskedLM):
-        if family.masked_lm is None:
-            raise UnsupportedCheckpointError(f"{family.name} has no masked-LM head in attnlab")
-        settings = family.masked_lm.settings(values)
-        wanted = EncoderForMaskedLM(model.encoder, **settings, device="meta").settings
-        if model.settings != wanted:
-            raise UnsupportedCheckpointError(
-                f"this masked-LM head cannot be written as a {family.name} checkpoint: its settings are "
-                f"{model.settings}, {family.name}'s are {wanted}"
-            )
-        return family.masked_lm.modules()
-    raise TypeError(
-        f"model must be an attnlab TransformerEncoder, EncoderClassifier or EncoderForMaskedLM, "
-        f"got {type(model).__name__}"
-    )
-
-
-def _classifier(family: Family, encoder: TransformerEncoder, values: dict, source: str) -> EncoderClassifier:
-    """The family's classification head on ``encoder``, with the checkpoint's labels."""
-    if family.classifier is None:
-        raise UnsupportedCheckpointError(f"{source}: attnlab has no {family.name} classification head")
-    id2label = values.get("id2label") or {
-        str(index): f"LABEL_{index}" for index in range(values.get("num_labels", 2))
-    }
-    labels = [str(id2label.get(str(index), id2label.get(index, index))) for index in range(len(id2label))]
-    dropout = values.get("classifier_dropout")
-    return EncoderClassifier(
-        encoder,
-        len(labels),
-        dropout=encoder.config.dropout if dropout is None else float(dropout),
-        label_names=labels,
-        **family.classifier.settings(values),
-    )
-
-
-def _head_table(family: Family, model: EncoderClassifier, values: dict) -> dict[str, str]:
-    """attnlab head module -> HF module of ``family``'s classification head, for ``model``."""
-    if family.classifier is None:
-        raise UnsupportedCheckpointError(f"{family.name} has no classification head in attnlab")
-    wanted = family.classifier.settings(values)
-    mine = {"pooling": model.pooling, "pooler": None if model.pooler is None else model.pooler.settings}
-    if mine != wanted:
-        raise UnsupportedCheckpointError(
-            f"this classifier cannot be written as a {family.name} checkpoint: its head is {mine}, "
-            f"{family.name}'s is {wanted}"
-        )
-    return family.classifier.modules()
 
 
 def read_encoder(
@@ -304,14 +213,14 @@ def read_encoder(
     dtype = resolve_dtype(dtype)
     tensors = CheckpointTensors.open(directory)
     weights_path = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else INDEX_FILE)
-    task = _task_of(values, task, family, set(tensors))
+    task = task_of(values, task, family, set(tensors))
     if dtype == "auto":
         dtype = tensors.stored_dtype() or config_dtype(values) or torch.float32
     tensors = tensors.converted(dtype, device)
     with building(tensors.numel()):  # a large model's parameters on meta: its tensors are assigned below
         encoder = family.build(values, config, device=device, dtype=dtype)
-        model = _task_model(family, encoder, values, task, str(config_path))
-    head = _head_modules(family, model, values)
+        model = task_model(family, encoder, values, task, str(config_path))
+    head = head_modules(family, model, values)
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name != _TIED}
     tied = ()
     if isinstance(model, EncoderForMaskedLM) and family.masked_lm.decoder:
@@ -472,7 +381,7 @@ def save_pretrained(
         raise UnsupportedCheckpointError("only encoders with dense MultiHeadAttention can be saved as BERT")
     family = BERT if original is None else family_for(original)
     values = dict(family.config_to_hf(encoder, original))
-    head = _head_modules(family, model, original or {})
+    head = head_modules(family, model, original or {})
     state = dict(model.state_dict())
     prefix = "" if model is encoder else "encoder."
     # pruned heads go back in as zeros: the full-size weights compute what the pruned model does

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import _native
+from ..._dispatch import native_unavailable_reason
 from ..._precision import Linear
 from ..._skinny import MAX_ROWS
 from ...layers.causal_attention import CausalSelfAttention
@@ -113,7 +114,7 @@ def unserved_reason(model, batch: int) -> Optional[str]:
     reason = _module_reason(model)
     if reason is not None:
         return reason
-    return _native.unavailable_reason(_KERNEL)
+    return native_unavailable_reason(_KERNEL)
 
 
 class NativeDecoding:

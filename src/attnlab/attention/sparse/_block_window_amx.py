@@ -1,13 +1,13 @@
-"""attnlab's own block-sparse attention kernel (forward and backward), built on first use.
+"""attnlab's AMX block-sparse attention kernel (forward and backward), built on first use.
 
-The kernel (``_block_window_native.cpp``) serves bfloat16 and float32 on CPUs with AMX
-(torch's batch-reduce GEMM, which it is built on, takes bfloat16 operands in the AMX
+The kernel (``_block_window_amx.cpp``, its backward in ``_block_window_amx_backward.cpp``,
+their building blocks in ``_block_window_amx.h``) serves bfloat16 and float32 on CPUs with
+AMX (torch's batch-reduce GEMM, which it is built on, takes bfloat16 operands in the AMX
 layout) while oneDNN is enabled; it needs a C++ compiler and ninja, and is compiled once
-per machine into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``; the Makefile builds it at install). Before its first use on
-given dtype, block and head sizes its forward and backward are checked against float64
-attention on a small input. Elsewhere the block-sparse kernel takes torch's fused
-attention and a backward in torch ops (slower, same answer): silently on CPUs without AMX,
+per machine into torch's extension cache (:mod:`attnlab._compile`). Before its first use
+on given dtype, block and head sizes its forward and backward are checked against float64
+attention on a small input. Elsewhere the block-sparse kernel takes another path
+(:mod:`attnlab._dispatch` chooses; slower, same answer): silently on CPUs without AMX,
 where that is the normal path, and with one warning where the kernel should serve but
 could not be built or failed its check.
 """
@@ -17,16 +17,21 @@ from __future__ import annotations
 import functools
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["build", "native_window_kernel", "status"]
+from ..._compile import compile_library
 
-_SOURCE = Path(__file__).with_name("_block_window_native.cpp")
+__all__ = ["NO_AMX", "build", "status", "unserved_reason"]
+
+_HERE = Path(__file__).parent
+_SOURCES = [_HERE / "_block_window_amx.cpp", _HERE / "_block_window_amx_backward.cpp"]
+_HEADERS = [_HERE / "_block_window_amx.h"]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16"]
 _ALIGN = 32  # block size and head dims must be multiples of this
+NO_AMX = "this CPU has no AMX tiles (or torch was built without oneDNN)"
 
 
 def _has_amx() -> bool:
@@ -52,21 +57,8 @@ def build() -> Any:
         RuntimeError: the CPU has no AMX, or the build failed (the message says why).
     """
     if not _has_amx():
-        raise RuntimeError("this CPU has no AMX tiles (or torch was built without oneDNN)")
-    from torch.utils.cpp_extension import load
-
-    try:
-        load(
-            name="attnlab_block_window_amx",
-            sources=[str(_SOURCE)],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP inlined into this library
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as error:  # no compiler, no ninja, a compile error
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise RuntimeError(f"could not build {_SOURCE.name}: {first_line[:200]}") from error
+        raise RuntimeError(NO_AMX)
+    compile_library("attnlab_block_window_amx", _SOURCES, _HEADERS, _FLAGS)
     return torch.ops.attnlab_block_window_amx
 
 
@@ -162,30 +154,39 @@ def _check(dtype: torch.dtype, block_size: int, head_dim: int, value_dim: int, w
     return all(close(mine, grad) for mine, grad in zip((grad_query, grad_key, grad_value), exact))
 
 
-def native_window_kernel(query: Tensor, value_dim: int, block_size: int, has_globals: bool, scale: float):
-    """The kernel's operators (``forward``, ``backward``) where they serve these inputs, else ``None``.
+def unserved_reason(query: Tensor, value_dim: int, block_size: int, has_globals: bool,
+                    scale: float) -> Optional[str]:
+    """``None`` where the kernel serves these inputs, else why not.
 
-    They serve bfloat16 and float32 CPU tensors whose block size and head dims are
-    multiples of 32, with a positive scale, where the kernel could be built and passed
-    its check.
+    It serves bfloat16 and float32 CPU tensors whose block size and head dims are
+    multiples of 32, with a positive scale, on CPUs with AMX while oneDNN is enabled, where
+    the kernel could be built and passed its check; where it should serve but could not be
+    built or failed its check, it says so once.
     """
-    if query.device.type != "cpu" or query.dtype not in (torch.bfloat16, torch.float32) or scale <= 0:
-        return None
+    if query.device.type != "cpu":
+        return f"{query.device.type} tensors (it takes CPU ones)"
+    if query.dtype not in (torch.bfloat16, torch.float32):
+        return f"{query.dtype} (it takes bfloat16 and float32)"
+    if scale <= 0:
+        return f"scale {scale} (it takes a positive one)"
     if block_size % _ALIGN or query.shape[-1] % _ALIGN or value_dim % _ALIGN:
-        return None
-    if not _has_amx() or not torch.backends.mkldnn.enabled:  # torch's path is the normal one
-        return None
+        return (f"block size {block_size}, head dims {query.shape[-1]}/{value_dim} "
+                f"(it takes multiples of {_ALIGN})")
+    if not _has_amx():  # torch's path is the normal one
+        return NO_AMX
+    if not torch.backends.mkldnn.enabled:
+        return "oneDNN is turned off (torch.backends.mkldnn.enabled)"
     reason = _why_unavailable()
     if reason is not None:
         _warn_once(f"attnlab's block-sparse kernel is not available ({reason}); "
                    "using torch's fused attention, which is slower")
-        return None
+        return reason
     if not _passes_check(query.dtype, block_size, query.shape[-1], value_dim, has_globals):
         _warn_once(f"attnlab's block-sparse kernel disagreed with float64 attention ({query.dtype}, "
                    f"block size {block_size}, head dims {query.shape[-1]}/{value_dim}); "
                    "using torch's fused attention")
-        return None
-    return build()
+        return "it disagreed with float64 attention on this machine"
+    return None
 
 
 @functools.cache

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from .. import _large_buffers as large_buffers
 from .. import _native
 from .._dispatch import native_unavailable_reason
+from ..inspect.compute.head_mask import head_scale_of
 from ._routes import route_of
 
 __all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
@@ -308,6 +309,9 @@ def attnlab_attention_forward(
             raise UnsupportedAttention(f"{type(module).__name__} passed both s_aux and sinks to its attention "
                                        f"function; attnlab's backend takes one")
         s_aux = sinks
+    scale = head_scale_of(module)  # heads switched off by mask_heads (attach(head_mask=) included)
+    if scale is not None:
+        head_mask = scale if head_mask is None else head_mask * scale
     route = route_of(module)
     asked = bool(kwargs.get("output_attentions")) or bool(need_weights)
     if route is not None:

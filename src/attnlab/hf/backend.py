@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import is_served, serve_as_attention
+from ..inspect.compute.head_mask import mask_heads
 from ..inspect.compute.site_statistics import SiteStatistics
 from ..outputs import LayerAttentions
 from ._kernel import BACKEND_NAME, UnsupportedAttention, use_eager_masks, register
@@ -42,7 +43,6 @@ class _Route:
 
     def __init__(self, session: "AttachedModel", site: AttentionSite, chosen: bool) -> None:
         self.session, self.site, self.chosen = session, site, chosen
-        self.head_scale: Optional[Tensor] = None  # [H] multipliers of each head's output
         self.patch: Optional[tuple[Tensor, Tensor]] = None  # ([H] bool heads, [B, T, H, D] values)
         self.record_output = False
         self.chunks, self.offset = 0, 0  # calls and query rows so far in this run of the module
@@ -93,8 +93,6 @@ class _Route:
             earlier = self.session.head_outputs.get(self.site.name)
             self.session.head_outputs[self.site.name] = (
                 torch.cat([earlier, kept], dim=1) if self.chunks > 1 and earlier is not None else kept)
-        if self.head_scale is not None:
-            output = output * self.head_scale.to(output.dtype)[:, None]
         if self.patch is not None:
             heads, values = self.patch
             if values.dim() == output.dim() and values.shape[1] > rows:  # a chunk: its rows of the source run
@@ -201,6 +199,7 @@ class AttachedModel:
         self._weights: dict[str, Tensor] = {}
         self.head_outputs: dict[str, Tensor] = {}
         self.recorder = SiteStatistics(heads=heads, **statistics_options)
+        self._head_masking = contextlib.ExitStack()  # mask_heads' hooks while a head mask is set
         self._padding: dict[str, Optional[Tensor]] = {}
         self._calls: set[nn.Module] = set()  # modules called in the current forward
         self.output_attentions_asked = False  # what the model's own call asked
@@ -296,45 +295,29 @@ class AttachedModel:
 
     def set_head_mask(self, head_mask: Union[Tensor, Mapping[str, Iterable[int]], None]) -> Optional[Tensor]:
         """Multiply each head's output by ``head_mask`` (``[L, H]``, or ``{"layer_2": [0, 3]}``:
-        the heads to remove, 0-based); ``None`` removes the mask. Returns the ``[L, H]`` mask."""
-        for site in self.sites:
-            _ROUTES[site.module].head_scale = None
+        the heads to remove, 0-based); ``None`` removes the mask. Returns the ``[L, H]`` mask.
+
+        The head mask of :func:`~attnlab.inspect.mask_heads` (validated by
+        :func:`~attnlab.inspect.head_mask_from`: only the layers a mapping names need their
+        number of heads), applied by attnlab's attention function to each head's weights and
+        output (:func:`scale_heads`)."""
+        self._head_masking.close()
+        self._head_masking = contextlib.ExitStack()
         if head_mask is None:
             return None
-        counts = [site.heads for site in self.sites]
-
-        def refuse(site: AttentionSite) -> None:
-            raise ValueError(f"{site.path} does not say its number of heads; its heads cannot be masked")
-
-        L, H = len(counts), max((count for count in counts if count), default=0)
-        if isinstance(head_mask, Tensor):
-            if None in counts:
-                refuse(self.sites[counts.index(None)])
-            if tuple(head_mask.shape) != (L, H):
-                raise ValueError(f"head_mask must be [L, H] = [{L}, {H}] (layers {', '.join(s.name for s in self.sites)}), "
-                                 f"got {tuple(head_mask.shape)}")
-            mask = head_mask
-        else:  # only the layers named need their number of heads
-            mask = torch.ones(L, H)
-            names = [site.name for site in self.sites]
-            for layer, removed in head_mask.items():
-                if layer not in names:
-                    raise ValueError(f"head_mask: no attention layer {layer!r}; this model has {', '.join(names)}")
-                row = names.index(layer)
-                if counts[row] is None:
-                    refuse(self.sites[row])
-                for head in removed:
-                    if isinstance(head, bool) or not 0 <= int(head) < counts[row]:
-                        raise ValueError(f"head_mask: {layer} has {counts[row]} heads (0-based), got {head!r}")
-                    mask[row, int(head)] = 0.0
-        for row, site in enumerate(self.sites):
-            if site.heads is not None:
-                _ROUTES[site.module].head_scale = mask[row, : site.heads]
-        return mask
+        return self._head_masking.enter_context(scale_heads(self.model, self.sites, head_mask))
 
     def __repr__(self) -> str:
         chosen = "as output_attentions asks" if self.layers_asked is None else sorted(self.layers_asked)
         return f"AttachedModel({len(self.sites)} attention layers; exact weights: {chosen})"
+
+
+def scale_heads(model: nn.Module, sites: Sequence[AttentionSite], head_mask: Union[Tensor, Mapping[str, Iterable[int]]]
+                ) -> "contextlib.AbstractContextManager[Tensor]":
+    """Heads of ``sites`` multiplied by ``head_mask`` (``[L, H]`` or ``{"layer_2": [0, 3]}``)
+    inside the block: :func:`~attnlab.inspect.mask_heads` with the sites' names, for
+    ``attach(head_mask=)`` and a ``TransformersModel``'s ``intervene`` alike."""
+    return mask_heads(model, head_mask, modules={site.name: site.module for site in sites})
 
 
 @contextlib.contextmanager
@@ -422,10 +405,11 @@ def attach(
             for submodule in model.modules():  # a submodel called on its own starts a pass too
                 if submodule is not model and hasattr(submodule, "set_attn_implementation"):
                     handles.append(submodule.register_forward_pre_hook(session._new_forward, with_kwargs=True))
-            session.set_head_mask(head_mask)
             serve_as_attention(newly_served)
+            session.set_head_mask(head_mask)
             yield session
         finally:
+            session.set_head_mask(None)
             for handle in handles:
                 handle.remove()
             for site in sites:

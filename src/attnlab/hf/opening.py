@@ -21,11 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
-from ..inspect.compute.head_mask import mask_heads
 from ..inspect.compute.inspectable import FEATURES, HeadMask, Site
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
-from .backend import AttachedModel, _configs_of, attach
+from .backend import AttachedModel, _configs_of, attach, scale_heads
 from ._routes import route_of
 from ._sites import attention_sites, unrouted_attention
 from .seq2seq import decoder_start
@@ -150,8 +149,9 @@ class TransformersModel(nn.Module):
             yield seen.recorder
 
     def intervene(self, *, head_mask: HeadMask) -> "contextlib.AbstractContextManager[Tensor]":
-        """Each head's output multiplied by ``head_mask`` before the output projection."""
-        return mask_heads(self, head_mask, modules={site.name: site.module for site in self.sites})
+        """Each head's weights and output multiplied by ``head_mask`` before the output
+        projection, by attnlab's attention function (:func:`~attnlab.hf.backend.scale_heads`)."""
+        return scale_heads(self.model, self.sites, head_mask)
 
     @contextlib.contextmanager
     def head_outputs(self, layers: Sequence[str], *,

@@ -1,36 +1,40 @@
-"""Switch heads off: each head's output multiplied by a mask before the output projection.
+"""Switch heads off: each head's weights and output multiplied by a mask before the output projection.
 
 Dimension letters: ``L`` attention modules (layers), ``H`` heads.
 
-Forward pre-hooks on the model's attention modules hand them a ``head_mask`` keyword
-(``[H]``, multiplying each head's output): no model code changes, and the hooks are
-removed in ``finally``. attnlab's attention modules and the transformers modules attnlab's
-attention function serves both take it, so this is the one way heads are switched off.
+The one way heads are switched off, for both doors. attnlab's attention modules get a
+``head_mask`` keyword (``[H]``) from forward pre-hooks; a transformers module served by
+attnlab's attention function (:func:`~attnlab.inspect.compute.capture.serve_as_attention`)
+has its row set in a table that function reads (:func:`head_scale_of`), since not every
+such module's ``forward`` passes a keyword on. No model code changes; hooks and rows are
+removed in ``finally``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from .capture import attention_heads, find_attention_modules
+from .capture import attention_heads, find_attention_modules, is_served
 
-__all__ = ["head_mask_from", "mask_heads"]
+__all__ = ["head_mask_from", "head_scale_of", "mask_heads"]
+
+# served module -> [H] multipliers of its heads, while mask_heads holds them
+_HEAD_SCALES: "weakref.WeakKeyDictionary[nn.Module, Tensor]" = weakref.WeakKeyDictionary()
 
 
-def _heads_per_layer(modules: Mapping[str, nn.Module]) -> list[int]:
-    counts = []
-    for name, module in modules.items():
-        heads = attention_heads(module)
-        if heads is None:
-            raise TypeError(
-                f"{name} ({type(module).__name__}) has no int num_heads attribute; cannot mask its heads"
-            )
-        counts.append(heads)
-    return counts
+def head_scale_of(module: nn.Module) -> Optional[Tensor]:
+    """The ``[H]`` multipliers :func:`mask_heads` set for a served module, else ``None``."""
+    return _HEAD_SCALES.get(module)
+
+
+def _refuse(name: str, module: nn.Module) -> TypeError:
+    return TypeError(f"{name} ({type(module).__name__}) does not say its number of heads (no int num_heads); "
+                     f"its heads cannot be masked")
 
 
 def head_mask_from(model: nn.Module, heads: Union[Tensor, Mapping[str, Iterable[int]]], *,
@@ -40,24 +44,30 @@ def head_mask_from(model: nn.Module, heads: Union[Tensor, Mapping[str, Iterable[
     Args:
         model: the model whose attention modules the mask addresses.
         heads: a ``[L, H]`` tensor (returned as float), or ``{"layer_2": [0, 3]}``: the
-            heads to remove (0-based) in each named layer.
+            heads to remove (0-based) in each named layer. Only the layers a mapping names
+            need to say their number of heads.
         modules: the attention modules by name (default :func:`find_attention_modules`'s).
     """
     modules = find_attention_modules(model) if modules is None else modules
-    counts = _heads_per_layer(modules)
-    L, H = len(counts), max(counts)
+    names = list(modules)
+    counts = [attention_heads(module) for module in modules.values()]
+    L, H = len(counts), max((count for count in counts if count), default=0)
     if isinstance(heads, Tensor):
+        if None in counts:
+            raise _refuse(names[counts.index(None)], modules[names[counts.index(None)]])
         if heads.shape != (L, H):
-            raise ValueError(f"head mask must be [L, H] = [{L}, {H}], got {tuple(heads.shape)}")
+            raise ValueError(f"head mask must be [L, H] = [{L}, {H}] (layers {', '.join(names)}), "
+                             f"got {tuple(heads.shape)}")
         return heads if heads.dtype.is_floating_point else heads.float()
     mask = torch.ones(L, H)
-    names = list(modules)
     for layer, removed in heads.items():
         if layer not in modules:
             raise ValueError(f"unknown layer {layer!r}; the model has {names}")
         row = names.index(layer)
+        if counts[row] is None:
+            raise _refuse(layer, modules[layer])
         for head in removed:
-            if not 0 <= int(head) < counts[row]:
+            if isinstance(head, bool) or not 0 <= int(head) < counts[row]:
                 raise ValueError(f"{layer} has {counts[row]} heads (0-based indices 0..{counts[row] - 1}; "
                                  f"--mask-heads counts them 1..{counts[row]}), got head index {head} "
                                  f"(head {int(head) + 1} counted from 1)")
@@ -95,10 +105,23 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
 
         return hook
 
+    scaled: dict[nn.Module, Optional[Tensor]] = {}  # served module -> the row it had before
     try:
-        for (name, module), row, heads in zip(modules.items(), mask, _heads_per_layer(modules)):
-            handles.append(module.register_forward_pre_hook(hook_for(row[:heads]), with_kwargs=True))
+        for module, row in zip(modules.values(), mask):
+            heads = attention_heads(module)
+            if heads is None:  # a layer that does not say its heads is never named (head_mask_from)
+                continue
+            if is_served(module):
+                earlier = scaled[module] = _HEAD_SCALES.get(module)
+                _HEAD_SCALES[module] = row[:heads] if earlier is None else earlier * row[:heads]
+            else:
+                handles.append(module.register_forward_pre_hook(hook_for(row[:heads]), with_kwargs=True))
         yield mask
     finally:
         for handle in handles:
             handle.remove()
+        for module, earlier in scaled.items():
+            if earlier is None:
+                _HEAD_SCALES.pop(module, None)
+            else:
+                _HEAD_SCALES[module] = earlier

@@ -36,14 +36,17 @@ def encoder_of(model: nn.Module) -> TransformerEncoder:
 
 
 def token_embedding_of(model: nn.Module) -> tuple[nn.Module, Optional[int]]:
-    """The token embedding of ``model`` and its padding id: an attnlab encoder's, or what a
-    model with HuggingFace's ``get_input_embeddings()`` and ``config.pad_token_id`` gives."""
+    """The token embedding of ``model``
+    (:meth:`~attnlab.inspect.compute.inspectable.Inspectable.input_embeddings`) and its padding
+    id: an attnlab encoder's ``config.pad_id``, else ``config.pad_token_id``."""
+    from .inspectable import inspectable, require
+
+    view = inspectable(model)
+    require(view, "input_embeddings", "integrated gradients")
     encoder = find_encoder(model)
-    if encoder is not None:
-        return encoder.embedding, encoder.config.pad_id
-    if callable(getattr(model, "get_input_embeddings", None)):
-        return model.get_input_embeddings(), getattr(getattr(model, "config", None), "pad_token_id", None)
-    return encoder_of(model).embedding, None  # raises the error that names what is needed
+    pad_id = encoder.config.pad_id if encoder is not None else getattr(getattr(model, "config", None),
+                                                                        "pad_token_id", None)
+    return view.input_embeddings(), pad_id
 
 
 def is_causal_model(model: nn.Module) -> bool:

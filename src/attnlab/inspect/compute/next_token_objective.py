@@ -81,12 +81,10 @@ def next_token_objective(
 
 
 def token_embedding_module(model: nn.Module) -> nn.Module:
-    """The token embedding whose output integrated gradients interpolates: attnlab's decoder's
-    ``embed_tokens``, else ``get_input_embeddings()`` (transformers models)."""
-    embedding = getattr(model, "embed_tokens", None)
-    if isinstance(embedding, nn.Module):
-        return embedding
-    if callable(getattr(model, "get_input_embeddings", None)):
-        return model.get_input_embeddings()
-    raise TypeError(f"{type(model).__name__} has no token embedding (embed_tokens or get_input_embeddings()); "
-                    f"integrated gradients needs one")
+    """The token embedding whose output integrated gradients interpolates
+    (:meth:`~attnlab.inspect.compute.inspectable.Inspectable.input_embeddings`)."""
+    from .inspectable import inspectable, require
+
+    view = inspectable(model)
+    require(view, "input_embeddings", "integrated gradients")
+    return view.input_embeddings()

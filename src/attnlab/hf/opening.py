@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
-from ..inspect.compute.inspectable import FEATURES, HeadMask, Site
+from ..inspect.compute.inspectable import FEATURES, HeadMask, Site, special_ids_of
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
@@ -95,6 +95,7 @@ class TransformersModel(nn.Module):
         self.label_names = [str(labels[index]) for index in sorted(labels)] if len(labels) > 1 else None
         self.kind = _kind(model.config, self.is_causal)
         self.architecture = type(model).__name__
+        self.special_ids = special_ids_of(model.config)
         # what an encoder-decoder's decoder reads when the caller gives it nothing
         self.decoder_input = DECODER_INPUT if self.kind == "encoder-decoder" else None
 

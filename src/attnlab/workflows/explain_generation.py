@@ -140,11 +140,10 @@ def _one_token(tokenizer: Any, text: Optional[str], argument: str) -> Optional[i
 
 def _continue(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     """Greedy continuation, cut after the first end-of-text token."""
-    sequences = inspectable(model).generate(input_ids, max_new_tokens=max_new_tokens).sequences
+    view = inspectable(model)
+    sequences = view.generate(input_ids, max_new_tokens=max_new_tokens).sequences
     new = sequences[0, input_ids.shape[1]:].tolist()
-    config = getattr(model, "config", None)
-    eos = getattr(config, "eos_id", None) if hasattr(config, "eos_id") else getattr(config, "eos_token_id", None)
-    stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    stops = set(view.special_ids["eos"])
     for index, token in enumerate(new):
         if token in stops:
             return new[: index + 1]

@@ -43,8 +43,9 @@ def test_own_models_offer_the_protocol_with_named_sites_and_stated_capabilities(
     with pytest.raises(NotOffered, match="^the logit lens: EncoderClassifier has no final norm"):
         require(view, "readout", "the logit lens")
     decoder = inspectable(DecoderForCausalLM(DecoderConfig(vocab_size=30, d_model=16, num_layers=2, num_heads=4,
-                                                           d_ff=32, num_kv_heads=2)))
+                                                           d_ff=32, num_kv_heads=2, eos_id=3)))
     assert decoder.kind == "decoder" and all(site.causal for site in decoder.attention_sites())
+    assert decoder.special_ids == {"pad": [], "bos": [], "eos": [3]} and view.special_ids["pad"] == [0]
     assert decoder.unsupported("generate") is None and decoder.unsupported("readout") is None
     with pytest.raises(TypeError, match="expected a model"):
         inspectable("not a model")
@@ -129,7 +130,7 @@ def test_attnlab_load_opens_a_directory_only_transformers_knows_as_the_command_l
 
     model, tokenizer, loaded_config = attnlab.load(tmp_path / "qwen3")  # UnsupportedCheckpointError before
     assert type(model).__name__ == "TransformersModel" and model.kind == "decoder"
-    assert loaded_config.model_type == "qwen3"
+    assert loaded_config.model_type == "qwen3" and model.special_ids["eos"] == [3]
     assert tokenizer.padding_side == "left" and tokenizer.model_max_length == 64
     batch = tokenizer(["w1 w2 w3", "w4"], padding=True, return_tensors="pt")
     with torch.no_grad():

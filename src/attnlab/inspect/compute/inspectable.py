@@ -41,7 +41,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, P
 
 from torch import Tensor, nn
 
-__all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require"]
+__all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "special_ids_of"]
 
 # What a model may offer, with what each name means (the feature matrix's rows ask for these).
 FEATURES: dict[str, str] = {
@@ -95,11 +95,14 @@ class Inspectable(Protocol):
         kind: ``"encoder"``, ``"decoder"``, ``"encoder-decoder"``, ``"vision"``,
             ``"speech"``, ``"image-text"``, ...
         label_names: a classifier's class names, else ``None``.
+        special_ids: ``{"pad": [ids], "bos": [...], "eos": [...]}``: the special tokens the
+            model's config names (a list each: some models end on several tokens).
     """
 
     architecture: str
     kind: str
     label_names: Optional[list[str]]
+    special_ids: dict[str, list[int]]
 
     def __call__(self, input_ids: Tensor, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
         """The model's forward, as attnlab's models take it."""
@@ -141,6 +144,19 @@ class Inspectable(Protocol):
                  **options: Any) -> Any:
         """Continue ``input_ids`` and record every step's attention
         (:class:`~attnlab.models.decoder.generation.GenerationOutput`)."""
+
+
+def special_ids_of(config: Any) -> dict[str, list[int]]:
+    """``{"pad": [..], "bos": [..], "eos": [..]}`` from a config: attnlab's (``pad_id``,
+    ``bos_id``, ``eos_id``) or transformers' (``pad_token_id``, ...); an id or a list of ids."""
+    found: dict[str, list[int]] = {}
+    for name in ("pad", "bos", "eos"):
+        value = getattr(config, f"{name}_id", None)
+        if value is None:
+            value = getattr(config, f"{name}_token_id", None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        found[name] = [int(v) for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return found
 
 
 def require(view: Inspectable, feature: str, what: str = "") -> None:

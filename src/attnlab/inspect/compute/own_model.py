@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ...attention.cross_modal import CrossModalAttention
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
-from .inspectable import FEATURES, HeadMask, Site
+from .inspectable import FEATURES, HeadMask, Site, special_ids_of
 from .modes import eval_mode
 from .site_statistics import SiteStatistics
 
@@ -77,6 +77,8 @@ class OwnModel:
             self.kind = "encoder"
         names = getattr(model, "label_names", None)
         self.label_names = list(names) if names else None
+        encoder = getattr(model, "encoder", None)
+        self.special_ids = special_ids_of(getattr(model, "config", None) or getattr(encoder, "config", None))
 
     def __repr__(self) -> str:
         return f"OwnModel({type(self.model).__name__}, {self.kind}, {len(self._sites)} attention layers)"

@@ -136,7 +136,8 @@ class TransformersModel(nn.Module):
             return None
         raise ValueError(f"unknown feature {feature!r}; one of {', '.join(FEATURES)}")
 
-    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False) -> "contextlib.AbstractContextManager[AttachedModel]":
+    def record(self, *, layers: Optional[Sequence[str]] = None,
+               grad: bool = False) -> "contextlib.AbstractContextManager[AttachedModel]":
         """:func:`~attnlab.hf.attach` with exact weights on ``layers`` (default all); the
         cross-attention layers' weights are in ``.cross_attentions``."""
         return attach(self.model, layers="all" if layers is None else list(layers), grad=grad)

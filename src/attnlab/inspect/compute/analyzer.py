@@ -245,7 +245,8 @@ class AttentionAnalyzer:
         # A causal layer's query sees only its prefix: its entropy is normalised by that, not the sequence.
         for name, values in recorder.causal_means().items():
             for layer, per_head in values.items():
-                table.setdefault(name, {layer: [None] * len(means[layer]["entropy"]) for layer in layers})[layer] = per_head
+                row = table.setdefault(name, {other: [None] * len(means[other]["entropy"]) for other in layers})
+                row[layer] = per_head
         rollout = None
         if self.rollout:
             rollout = (recorder.rollout_means() or {}) if rollout_layers else {}

@@ -210,9 +210,9 @@ def find_head_roles(
     """
     view = inspectable(model)
     if view.kind != "decoder":
+        article = "an" if view.kind[0] in "aeiou" else "a"
         raise ValueError(f"head roles (previous-token, duplicate-token, induction, first-token) are read from a "
-                         f"decoder's causal attention; {view.architecture} is a{'n' if view.kind[0] in 'aeiou' else ''} "
-                         f"{view.kind} model")
+                         f"decoder's causal attention; {view.architecture} is {article} {view.kind} model")
     repeated = input_ids is None
     if repeated:
         vocab_size = _vocab_size(model)

@@ -150,7 +150,8 @@ class OwnModel:
                 fits = mask is not None and mask.shape[0] == B
                 query_mask = (mask[:, -T:] if fits and mask.shape[1] >= T and not site.cross
                               else weights.new_ones(B, T, dtype=bool))
-                key_mask = mask if fits and mask.shape[1] == S and not site.cross else weights.new_ones(B, S, dtype=bool)
+                key_mask = (mask if fits and mask.shape[1] == S and not site.cross
+                            else weights.new_ones(B, S, dtype=bool))
                 ids = ids if ids is not None and ids.shape == (B, S) and not site.cross else None
                 recorder.add(site.name, weights, query_mask.bool(), key_mask.bool(), causal=site.causal,
                              input_ids=ids, rows=T)

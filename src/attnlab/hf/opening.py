@@ -92,7 +92,9 @@ class TransformersModel(nn.Module):
         self.sites = attention_sites(model)
         serve_as_attention({site.module: site.heads for site in self.sites})  # for the model's lifetime
         labels = getattr(model.config, "id2label", None) or {}
-        self.label_names = [str(labels[index]) for index in sorted(labels)] if len(labels) > 1 else None
+        # every config has an id2label (LABEL_0, LABEL_1 by default): names only for a classification head
+        classifies = "Classification" in type(model).__name__
+        self.label_names = [str(labels[index]) for index in sorted(labels)] if classifies and len(labels) > 1 else None
         self.kind = _kind(model.config, self.is_causal)
         self.architecture = type(model).__name__
         self.special_ids = special_ids_of(model.config)

@@ -45,9 +45,12 @@ class Analysis:
 
 
 def check_importance_inputs(model: nn.Module, rows: Sequence[tuple[str, Optional[int]]]) -> None:
-    """Head importance needs a classifier and a class for every text: say which is missing."""
+    """Head importance needs heads to mask, and a loss: a language model's on the text
+    itself, or a classifier's on a class for every text: say which is missing."""
     view = inspectable(model)
     require(view, "intervene", "--importance")
+    if view.kind in ("decoder", "encoder-decoder"):
+        return  # the loss of predicting the text itself (heads.language_model_loss): no label needed
     classes = len(view.label_names) if view.label_names else getattr(model, "num_labels", None)
     if not isinstance(classes, int):
         raise ValueError(f"--importance needs a classifier (class logits and a loss); this "

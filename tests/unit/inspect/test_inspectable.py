@@ -131,6 +131,7 @@ def test_attnlab_load_opens_a_directory_only_transformers_knows_as_the_command_l
     model, tokenizer, loaded_config = attnlab.load(tmp_path / "qwen3")  # UnsupportedCheckpointError before
     assert type(model).__name__ == "TransformersModel" and model.kind == "decoder"
     assert loaded_config.model_type == "qwen3" and model.special_ids["eos"] == [3]
+    assert model.label_names is None, "a language model's default id2label (LABEL_0, LABEL_1) names no classes"
     assert tokenizer.padding_side == "left" and tokenizer.model_max_length == 64
     batch = tokenizer(["w1 w2 w3", "w4"], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -144,3 +145,26 @@ def test_attnlab_load_opens_a_directory_only_transformers_knows_as_the_command_l
     with pytest.raises(ValueError, match="^dtype must be one of"):
         attnlab.load(tmp_path / "qwen3", dtype="fp8")
     assert json.loads((tmp_path / "qwen3" / "config.json").read_text())["model_type"] == "qwen3"
+
+
+def test_analyze_importance_on_a_language_model_needs_no_labels(tmp_path):
+    """Head importance of a decoder through the command's workflow: the loss of predicting the
+    text itself (it asked for a label column, and for the config's LABEL_0/LABEL_1, before)."""
+    from attnlab.hf.opening import TransformersModel
+    from attnlab.workflows.analyze_texts import analyze_rows
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = TransformersModel(transformers.LlamaForCausalLM(config).eval())
+
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    from attnlab.data.tokenizer import Tokenizer
+
+    backend = Backend(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, 30)}}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokens = Tokenizer(backend)
+    stats = analyze_rows(model, tokens, [("w1 w2 w3 w4", None), ("w5 w6 w7", None)], importance=True)
+    importance = torch.tensor(stats.head_importance)
+    assert importance.shape == (2, 4) and bool((importance > 0).all())

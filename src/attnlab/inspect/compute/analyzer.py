@@ -247,6 +247,7 @@ class AttentionAnalyzer:
             for layer, per_head in values.items():
                 row = table.setdefault(name, {other: [None] * len(means[other]["entropy"]) for other in layers})
                 row[layer] = per_head
+        table.pop("causal_normalized_entropy", None)  # it is the normalized_entropy of a causal layer now
         rollout = None
         if self.rollout:
             rollout = (recorder.rollout_means() or {}) if rollout_layers else {}

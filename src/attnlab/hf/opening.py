@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
-from ..inspect.compute.inspectable import FEATURES, HeadMask, Site, special_ids_of
+from ..inspect.compute.inspectable import FEATURES, HeadMask, Site, residual_blocks, special_ids_of
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
@@ -121,6 +121,8 @@ class TransformersModel(nn.Module):
         if feature == "one_sequence" and self.kind == "encoder-decoder":
             return (f"{name} is an encoder-decoder model (encoder, decoder and cross-attention over two texts): its "
                     f"layers share no token axis; attnlab inspect --source/--target and align read it")
+        if feature == "blocks":
+            return None if self.blocks() else f"{name}'s attention modules sit in no list of layers"
         if feature == "input_embeddings":
             return None if isinstance(self._embedding(), nn.Embedding) else f"{name} has no token embedding"
         if feature == "readout":
@@ -173,6 +175,9 @@ class TransformersModel(nn.Module):
                         raise ValueError(f"{layer} has {route.site.heads} heads; got a choice of {chosen.shape[0]}")
                     route.patch = (chosen, values)
             yield seen.head_outputs
+
+    def blocks(self) -> list[tuple[str, nn.Module]]:
+        return residual_blocks(self.model, self.attention_sites())
 
     def _embedding(self) -> Optional[nn.Module]:
         try:

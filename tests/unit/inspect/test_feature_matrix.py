@@ -28,7 +28,7 @@ from attnlab.data.tokenizer import Tokenizer  # noqa: E402
 from attnlab.hf.opening import TransformersModel  # noqa: E402
 from attnlab.inspect import (AttentionAnalyzer, attention_relevance, attribute_generation, attribute_tokens,  # noqa: E402
                              capture_attention, compare_models, find_head_roles, head_importance, logit_lens,
-                             mask_heads, patch_heads)
+                             mask_heads, patch_heads, patch_layers)
 from attnlab.workflows.generate_text import generate_text  # noqa: E402
 from attnlab.inspect.compute.inspectable import inspectable  # noqa: E402
 from attnlab.workflows.inspect_text import write_inspection  # noqa: E402
@@ -145,6 +145,11 @@ def patch(model, tmp):
     assert torch.isfinite(result.patched).all()
 
 
+def layer_patch(model, tmp):
+    result = patch_layers(model, IDS, IDS.flip(1), [0])
+    assert torch.isfinite(result.patched).all() and not torch.allclose(result.patched, result.clean)
+
+
 def importance(model, tmp):
     scores = head_importance(model, [(IDS, torch.tensor([1]))])
     assert scores.shape[0] >= 2 and bool((scores >= 0).all())
@@ -204,6 +209,7 @@ FEATURES: dict[str, Callable] = {
     "statistics": statistics,
     "head mask": head_mask,
     "head patching": patch,
+    "layer patching": layer_patch,
     "head importance": importance,
     "rollout summaries": rollout,
     **{f"explain: {method}": _explain(method) for method in ("raw", "rollout", "flow", "grad-attention",

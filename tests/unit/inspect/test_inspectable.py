@@ -168,3 +168,22 @@ def test_analyze_importance_on_a_language_model_needs_no_labels(tmp_path):
     stats = analyze_rows(model, tokens, [("w1 w2 w3 w4", None), ("w5 w6 w7", None)], importance=True)
     importance = torch.tensor(stats.head_importance)
     assert importance.shape == (2, 4) and bool((importance > 0).all())
+
+
+def test_layer_patching_gives_one_result_through_both_doors(tmp_path):
+    """Patching a whole layer's output (the residual stream it hands on): attnlab's own BERT
+    and transformers' BERT of the same weights (refused on a transformers model before)."""
+    from attnlab.hf.opening import TransformersModel
+    from attnlab.inspect import layer_patching_sweep, patch_layers
+
+    directory = _bert_dir(tmp_path)
+    ours = attnlab.load(directory, tokenizer=False).model
+    served = TransformersModel(transformers.BertForSequenceClassification.from_pretrained(directory).eval())
+    assert [path for path, _ in inspectable(served).blocks()] == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    source, target = IDS[1:, :6], IDS[1:, 1:7]
+    a, b = patch_layers(ours, source, target, [0], label=1), patch_layers(served, source, target, [0], label=1)
+    for field in ("clean", "source", "patched"):
+        assert torch.allclose(getattr(a, field), getattr(b, field), atol=1e-5), field
+    assert not torch.allclose(b.patched, b.clean), "the patched layer must matter"
+    sweep = layer_patching_sweep(served, source, target, label=1, recovered=True)
+    assert torch.allclose(sweep[-1], torch.ones(()), atol=1e-4), "the last layer patched is the source run"

@@ -41,7 +41,8 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, P
 
 from torch import Tensor, nn
 
-__all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "special_ids_of"]
+__all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "residual_blocks",
+           "special_ids_of"]
 
 # What a model may offer, with what each name means (the feature matrix's rows ask for these).
 FEATURES: dict[str, str] = {
@@ -50,6 +51,7 @@ FEATURES: dict[str, str] = {
     "statistics": "per-head statistics over a data set, reduced as the weights are made",
     "intervene": "heads scaled or switched off before the output projection",
     "head_outputs": "each head's output before the output projection, recorded or replaced (patching)",
+    "blocks": "the layers (residual blocks) holding the attention sites, for layer patching",
     "input_embeddings": "the token embedding, for gradient methods",
     "readout": "the final norm and head that turn a hidden state into logits (logit lens)",
     "labels": "class names of a classifier",
@@ -134,6 +136,9 @@ class Inspectable(Protocol):
         ``replace`` (``{layer: ([H] bool heads, [B, T, H, D] values)}``) those heads'
         outputs are replaced by the values first."""
 
+    def blocks(self) -> list[tuple[str, nn.Module]]:
+        """The layers holding the attention sites, in order, by path (:func:`residual_blocks`)."""
+
     def input_embeddings(self) -> nn.Module:
         """The token embedding (ids -> ``[B, T, E]``)."""
 
@@ -157,6 +162,22 @@ def special_ids_of(config: Any) -> dict[str, list[int]]:
         values = value if isinstance(value, (list, tuple)) else [value]
         found[name] = [int(v) for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return found
+
+
+def residual_blocks(root: nn.Module, sites: Sequence[Site]) -> list[tuple[str, nn.Module]]:
+    """The layers (residual blocks) that hold ``sites``, in the order the sites run: each
+    site's nearest ancestor that is an item of a module list (a path ending in a number,
+    ``model.layers.3`` for ``model.layers.3.self_attn``, ``bert.encoder.layer.3`` for
+    ``bert.encoder.layer.3.attention.self``); a layer holding two sites (self- and
+    cross-attention) counts once."""
+    found: dict[str, nn.Module] = {}
+    for site in sites:
+        parts = site.path.split(".")
+        cut = max((index for index, part in enumerate(parts[:-1]) if part.isdigit()), default=None)
+        if cut is not None:
+            path = ".".join(parts[:cut + 1])
+            found.setdefault(path, root.get_submodule(path))
+    return list(found.items())
 
 
 def require(view: Inspectable, feature: str, what: str = "") -> None:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ...attention.cross_modal import CrossModalAttention
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
-from .inspectable import FEATURES, HeadMask, Site, special_ids_of
+from .inspectable import FEATURES, HeadMask, Site, residual_blocks, special_ids_of
 from .modes import eval_mode
 from .site_statistics import SiteStatistics
 
@@ -101,6 +101,8 @@ class OwnModel:
                 except TypeError as error:
                     return str(error)
             return None
+        if feature == "blocks":
+            return None if self.blocks() else f"{name}'s attention modules sit in no list of layers"
         if feature == "input_embeddings":
             return None if self._embedding() is not None else f"{name} has no token embedding"
         if feature == "readout":
@@ -204,6 +206,9 @@ class OwnModel:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def blocks(self) -> list[tuple[str, nn.Module]]:
+        return residual_blocks(self.model, self._sites)
 
     def _embedding(self) -> Optional[nn.Module]:
         for name in ("embed_tokens", "embedding"):

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .attribution_target import encoder_of, logits_of, resolve_target
+from .attribution_target import logits_of, resolve_target
 from .inspectable import inspectable, require
 from .modes import eval_mode
 
@@ -119,20 +119,24 @@ def _record_and_patch(model, source_ids, target_ids, sites, label) -> PatchResul
         else:
 
             def hook(module, args, output):
-                if isinstance(output, tuple):
-                    return type(output)(select(recorded[index], output[0]), *output[1:])
+                if isinstance(output, tuple):  # a named tuple (attnlab's layers) or a plain one
+                    first = select(recorded[index], output[0])
+                    if hasattr(output, "_fields"):
+                        return output._replace(**{output._fields[0]: first})
+                    return (first,) + tuple(output[1:])
                 return select(recorded[index], output)
 
         return hook
 
+    view = inspectable(model)
     with _eval(model):
-        clean_logits = _run(model, target_ids)
-        label_index = resolve_target(clean_logits, label, getattr(model, "label_names", None))
+        clean_logits = _run(view, target_ids)
+        label_index = resolve_target(clean_logits, label, view.label_names)
         try:
             for index, (module, pre, _) in enumerate(sites):
                 register = module.register_forward_pre_hook if pre else module.register_forward_hook
                 handles.append(register(recorder(index, pre)))
-            source_logits = _run(model, source_ids)
+            source_logits = _run(view, source_ids)
         finally:
             for handle in handles:
                 handle.remove()
@@ -141,7 +145,7 @@ def _record_and_patch(model, source_ids, target_ids, sites, label) -> PatchResul
             for index, (module, pre, select) in enumerate(sites):
                 register = module.register_forward_pre_hook if pre else module.register_forward_hook
                 handles.append(register(patcher(index, pre, select)))
-            patched_logits = _run(model, target_ids)
+            patched_logits = _run(view, target_ids)
         finally:
             for handle in handles:
                 handle.remove()
@@ -207,9 +211,13 @@ def patch_layers(
     *,
     label: Optional[Union[int, str]] = None,
 ) -> PatchResult:
-    """Patch whole encoder layers' outputs (0-based indices) from the source run into the target run."""
+    """Patch whole layers' outputs (0-based indices of
+    :meth:`~attnlab.inspect.compute.inspectable.Inspectable.blocks`: what each layer hands to
+    the next, the residual stream) from the source run into the target run."""
     _check_pair(source_ids, target_ids)
-    blocks = encoder_of(model).layers
+    view = inspectable(model)
+    require(view, "blocks", "layer patching")
+    blocks = [block for _, block in view.blocks()]
     sites = []
     for index in layers:
         if not 0 <= int(index) < len(blocks):
@@ -265,7 +273,7 @@ def layer_patching_sweep(
     recovered: bool = False,
 ) -> Tensor:
     """Patch each layer's output alone; ``[L]`` changes in the target logit."""
-    count = len(encoder_of(model).layers)
+    count = len(inspectable(model).blocks())
     label = _sweep_label(model, target_ids, label)
     values = []
     for index in range(count):

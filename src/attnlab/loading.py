@@ -61,8 +61,10 @@ def load(
 
     Example:
         >>> model, tokenizer, config = attnlab.load("path/to/qwen3")   # through transformers
-        >>> with model.record(layers=[2]) as seen:
-        ...     model(**tokenizer(["attention"], return_tensors="pt"))
+        >>> ids = tokenizer(["attention is all you need"], return_tensors="pt")["input_ids"]
+        >>> with model.record(layers=["layer_2"]) as seen:
+        ...     model(ids)
+        >>> seen.attentions["layer_2"].shape                          # [1, H, T, T]
     """
     resolved = resolve_dtype(dtype)  # a bad value is refused before anything is read
     source = path_or_name if isinstance(path_or_name, Source) else open_source(path_or_name)

@@ -234,6 +234,8 @@ class TransformersModel(nn.Module):
     def forward(self, input_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
         """``model(input_ids=, attention_mask=)``; an encoder-decoder given no decoder input
         reads each text as its own target (:attr:`decoder_input`)."""
+        if mask is None:  # the tokenizer's name for it: model(**tokenizer(texts, return_tensors="pt"))
+            mask = kwargs.pop("attention_mask", None)
         attention_mask = None if mask is None else mask.long()
         if input_ids is None:  # the model's own keyword inputs (pixel_values, input_features, ...)
             return self.model(**({"attention_mask": attention_mask} if attention_mask is not None else {}), **kwargs)

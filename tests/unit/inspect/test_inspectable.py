@@ -139,6 +139,8 @@ def test_attnlab_load_opens_a_directory_only_transformers_knows_as_the_command_l
         want = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     real = batch["attention_mask"].bool()
     assert torch.allclose(got[real], want[real], atol=1e-5)
+    with torch.no_grad():  # called as attnlab's encoders are called: the tokenizer's output as keywords
+        assert torch.allclose(model(**batch).logits[real], want[real], atol=1e-5)
     assert next(attnlab.load(tmp_path / "qwen3", dtype="bfloat16").model.parameters()).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="^dropout=0.1: options of the encoders attnlab re-implements"):
         attnlab.load(tmp_path / "qwen3", dropout=0.1)

@@ -73,9 +73,9 @@ def load(
     if not is_transformers_only(source):
         return _attnlab_formats.load(source, device=device, dtype=dtype, tokenizer=tokenizer, task=task,
                                      strict=strict, dropout=dropout, attention_dropout=attention_dropout)
-    given = [f"{key}={value!r}" for key, value in
-             {"task": task, "strict": strict, "dropout": dropout, "attention_dropout": attention_dropout}.items()
-             if value != {"task": "auto", "strict": True}.get(key)]
+    options = {"task": task, "strict": strict, "dropout": dropout, "attention_dropout": attention_dropout}
+    defaults = _attnlab_formats.ENCODER_DEFAULTS
+    given = [f"{key}={value!r}" for key, value in options.items() if value != defaults[key]]
     if given:
         raise ValueError(f"{', '.join(given)}: options of the encoders attnlab re-implements; {source.name} opens "
                          f"through transformers (model_type {source.config.get('model_type')!r}): leave them out")

@@ -66,7 +66,8 @@ __all__ = [
 ]
 
 PathLike = Union[str, Path]
-_ENCODER_DEFAULTS = {"task": "auto", "strict": True, "dropout": None, "attention_dropout": None}
+# the HuggingFace encoders' options at their defaults: any other value is refused for other models
+ENCODER_DEFAULTS = {"task": "auto", "strict": True, "dropout": None, "attention_dropout": None}
 
 
 def detect_format(path_or_name: PathLike) -> str:
@@ -145,7 +146,7 @@ def load(
     source = open_source(path_or_name)
     options = {"task": task, "strict": strict, "dropout": dropout, "attention_dropout": attention_dropout}
     if source.is_attnlab or source.is_decoder:
-        given = [f"{key}={value!r}" for key, value in options.items() if value != _ENCODER_DEFAULTS[key]]
+        given = [f"{key}={value!r}" for key, value in options.items() if value != ENCODER_DEFAULTS[key]]
         if given:
             kind = "a decoder" if source.is_decoder else "an attnlab checkpoint"
             raise ValueError(f"{', '.join(given)}: options of HuggingFace encoders; {source.name} holds {kind}")

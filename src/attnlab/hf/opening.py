@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..inspect.compute.capture import serve_as_attention
-from ..inspect.compute.inspectable import FEATURES, HeadMask, Site, residual_blocks, special_ids_of
+from ..inspect.compute.inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
@@ -115,30 +115,21 @@ class TransformersModel(nn.Module):
 
     def unsupported(self, feature: str) -> Optional[str]:
         name = self.architecture
-        if feature == "intervene":
-            unknown = next((site for site in self.sites if site.heads is None), None)
-            return None if unknown is None else f"{unknown.path} does not say its number of heads"
         if feature == "one_sequence" and self.kind == "encoder-decoder":
             return (f"{name} is an encoder-decoder model (encoder, decoder and cross-attention over two texts): its "
                     f"layers share no token axis; attnlab inspect --source/--target and align read it")
-        if feature == "blocks":
-            return None if self.blocks() else f"{name}'s attention modules sit in no list of layers"
         if feature == "input_embeddings":
             return None if isinstance(self._embedding(), nn.Embedding) else f"{name} has no token embedding"
         if feature == "readout":
             return None if self._readout_parts() is not None else (
                 f"{name}: no final norm ({', '.join(_NORM_NAMES)}) and language-model head found; the logit lens "
                 f"needs a decoder-only language model")
-        if feature == "labels":
-            return None if self.label_names else f"{name} is not a classifier with label names"
         if feature == "generate":
             if self.kind != "decoder" or not callable(getattr(self.model, "generate", None)):
                 return f"{name} is a{'n' if self.kind[0] in 'aeiou' else ''} {self.kind} model; generation with " \
                        f"attention takes decoder-only language models"
             return None
-        if feature in FEATURES:
-            return None
-        raise ValueError(f"unknown feature {feature!r}; one of {', '.join(FEATURES)}")
+        return shared_reason(self, feature)
 
     def record(self, *, layers: Optional[Sequence[str]] = None,
                grad: bool = False) -> "contextlib.AbstractContextManager[AttachedModel]":
@@ -180,6 +171,7 @@ class TransformersModel(nn.Module):
         return residual_blocks(self.model, self.attention_sites())
 
     def _embedding(self) -> Optional[nn.Module]:
+        """The token embedding, or ``None`` (a model with none raises in transformers)."""
         try:
             return self.model.get_input_embeddings()
         except (NotImplementedError, AttributeError):
@@ -326,10 +318,7 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") ->
         raise ValueError(f"{directory}: config.json's sizes do not match the weights (transformers' report above); "
                          f"the config and the weights come from different models") from None
     opened = TransformersModel(model.eval(), name=str(directory))
-    try:
-        embedding = opened.get_input_embeddings()
-    except (NotImplementedError, AttributeError):  # a model with no token embedding (images, audio)
-        embedding = None
+    embedding = opened._embedding()  # None for a model with no token embedding (images, audio)
     if isinstance(embedding, nn.Embedding):
         embedding.register_forward_pre_hook(_vocabulary_check(str(directory)))
     return opened

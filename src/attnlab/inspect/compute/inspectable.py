@@ -42,7 +42,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, P
 from torch import Tensor, nn
 
 __all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "residual_blocks",
-           "special_ids_of"]
+           "shared_reason", "special_ids_of"]
 
 # What a model may offer, with what each name means (the feature matrix's rows ask for these).
 FEATURES: dict[str, str] = {
@@ -178,6 +178,23 @@ def residual_blocks(root: nn.Module, sites: Sequence[Site]) -> list[tuple[str, n
             path = ".".join(parts[:cut + 1])
             found.setdefault(path, root.get_submodule(path))
     return list(found.items())
+
+
+def shared_reason(view: Inspectable, feature: str) -> Optional[str]:
+    """:meth:`Inspectable.unsupported` for what both doors decide alike (heads that say
+    their number, layers that hold the sites, label names); ``None`` for any other known
+    feature, which each door checks before it asks here."""
+    name = view.architecture
+    if feature == "intervene":
+        unknown = next((site for site in view.attention_sites() if site.heads is None), None)
+        return None if unknown is None else f"{unknown.path} does not say its number of heads"
+    if feature == "blocks":
+        return None if view.blocks() else f"{name}'s attention modules sit in no list of layers"
+    if feature == "labels":
+        return None if view.label_names else f"{name} is not a classifier with label names"
+    if feature in FEATURES:
+        return None
+    raise ValueError(f"unknown feature {feature!r}; one of {', '.join(FEATURES)}")
 
 
 def require(view: Inspectable, feature: str, what: str = "") -> None:

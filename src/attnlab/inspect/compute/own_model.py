@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ...attention.cross_modal import CrossModalAttention
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
-from .inspectable import FEATURES, HeadMask, Site, residual_blocks, special_ids_of
+from .inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from .modes import eval_mode
 from .site_statistics import SiteStatistics
 
@@ -91,9 +91,6 @@ class OwnModel:
 
     def unsupported(self, feature: str) -> Optional[str]:
         name = self.architecture
-        if feature == "intervene":
-            unknown = next((site for site in self._sites if site.heads is None), None)
-            return None if unknown is None else f"{unknown.path} does not say its number of heads"
         if feature == "head_outputs":
             for site in self._sites:
                 try:
@@ -101,20 +98,14 @@ class OwnModel:
                 except TypeError as error:
                     return str(error)
             return None
-        if feature == "blocks":
-            return None if self.blocks() else f"{name}'s attention modules sit in no list of layers"
         if feature == "input_embeddings":
             return None if self._embedding() is not None else f"{name} has no token embedding"
         if feature == "readout":
             return None if self._readout_parts() is not None else (
                 f"{name} has no final norm and language-model head; the logit lens needs a decoder")
-        if feature == "labels":
-            return None if self.label_names else f"{name} is not a classifier with label names"
         if feature == "generate":
             return None if is_decoder(self.model) else f"{name} is not a decoder; only decoders generate"
-        if feature in FEATURES:
-            return None
-        raise ValueError(f"unknown feature {feature!r}; one of {', '.join(FEATURES)}")
+        return shared_reason(self, feature)
 
     def _chosen(self, layers: Optional[Sequence[str]]) -> dict[str, nn.Module]:
         by_name = {site.name: site.module for site in self._sites}

@@ -19,13 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from ...attention.cross_modal import CrossModalAttention
+from .attribution_target import is_causal_model
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
 from .inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from .modes import eval_mode
 from .site_statistics import SiteStatistics
 
-__all__ = ["OwnModel", "as_inspectable", "is_decoder"]
+__all__ = ["OwnModel", "as_inspectable"]
 
 
 def _output_projection(module: nn.Module, name: str) -> tuple[nn.Module, int, int]:
@@ -38,11 +39,6 @@ def _output_projection(module: nn.Module, name: str) -> tuple[nn.Module, int, in
             f"{name} ({type(module).__name__}) has no out_proj, num_heads and head_dim; cannot patch its heads"
         )
     return projection, heads, width
-
-
-def is_decoder(model: nn.Module) -> bool:
-    """Whether ``model`` is attnlab's causal language model (it keeps a key-value cache)."""
-    return callable(getattr(model, "new_cache", None))
 
 
 class OwnModel:
@@ -64,7 +60,7 @@ class OwnModel:
         self.model = model
         self.architecture = type(model).__name__
         paths = module_paths(model)
-        causal = is_decoder(model)
+        causal = is_causal_model(model)  # attnlab's decoder
         self._sites = []
         for name, module in modules.items():
             cross = isinstance(module, CrossModalAttention)
@@ -104,7 +100,7 @@ class OwnModel:
             return None if self._readout_parts() is not None else (
                 f"{name} has no final norm and language-model head; the logit lens needs a decoder")
         if feature == "generate":
-            return None if is_decoder(self.model) else f"{name} is not a decoder; only decoders generate"
+            return None if self.kind == "decoder" else f"{name} is not a decoder; only decoders generate"
         return shared_reason(self, feature)
 
     def _chosen(self, layers: Optional[Sequence[str]]) -> dict[str, nn.Module]:
@@ -218,7 +214,7 @@ class OwnModel:
 
     def _readout_parts(self) -> Optional[tuple[nn.Module, nn.Module]]:
         norm, head = getattr(self.model, "norm", None), getattr(self.model, "lm_head", None)
-        if is_decoder(self.model) and isinstance(norm, nn.Module) and isinstance(head, nn.Module):
+        if self.kind == "decoder" and isinstance(norm, nn.Module) and isinstance(head, nn.Module):
             return norm, head
         return None
 
@@ -231,7 +227,7 @@ class OwnModel:
 
     def generate(self, input_ids: Tensor, *, attention_mask: Optional[Tensor] = None, max_new_tokens: int = 20,
                  **options: Any) -> Any:
-        if not is_decoder(self.model):
+        if self.kind != "decoder":
             raise ValueError(f"generate: {self.unsupported('generate')}")
         options.setdefault("output_attentions", True)
         return self.model.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens, **options)

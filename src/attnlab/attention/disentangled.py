@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from .._precision import Linear, linear
-from .functional import AttentionResult, attention
+from .functional import AttentionResult
+from .interface import attend
 from .multihead import MultiHeadAttention
 
 __all__ = ["DisentangledSelfAttention", "RelativePositionTable", "log_bucket_position"]
@@ -193,18 +194,8 @@ class DisentangledSelfAttention(MultiHeadAttention):
         bias = self._position_scores(q, k) * scale  # [B, H, T, S]
         if attn_bias is not None:
             bias = bias + attn_bias
-        out, weights = attention(
-            q,
-            k,
-            v,
-            mask,
-            attn_bias=bias,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=scale,
-            need_weights=need_weights,
-        )  # [B, H, T, D], [B, H, T, S] | None
-        return self._scale_heads(out, weights, head_mask)
+        return attend(self, q, k, v, mask, attn_bias=bias, dropout=self.dropout if self.training else 0.0,
+                      is_causal=is_causal, scale=scale, need_weights=need_weights, head_mask=head_mask)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", terms={self.terms}, share_projections={self.share_projections}"

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from .._checks import check_inputs_match, check_positive_int, check_probability
 from .._precision import Linear, bf16_is_emulated, linear
-from .functional import AttentionResult, attention
+from .functional import AttentionResult
+from .interface import attend, combined_head_mask, scale_heads
 from .masks import (
     combine_masks,
     gather_masks,
@@ -150,6 +151,10 @@ class MultiHeadAttention(nn.Module):
     # for subclasses that add terms to the scores inside _attention_core.
     _attends_by_sequence = True
 
+    # The attention function this module calls (attnlab.attention.interface); the
+    # inspection tools switch it for the length of a block.
+    attn_implementation = "sdpa"
+
     def supports_packing(self) -> bool:
         """Whether an encoder may hand this module packed tokens (``packing=``): plain
         :class:`MultiHeadAttention` and subclasses that say so."""
@@ -218,6 +223,7 @@ class MultiHeadAttention(nn.Module):
         by_sequence = (
             not need_weights
             and self._attends_by_sequence
+            and self.attn_implementation == "sdpa"
             and mask is None
             and attn_bias is None
             and (self.rotary is None or packing.is_prefix)
@@ -227,6 +233,8 @@ class MultiHeadAttention(nn.Module):
             return AttentionResult(self.out_proj(self._attend_by_sequence(qkv, packing, head_mask)), None)
         B, T, E, H, D = packing.batch, packing.length, self.inner_dim, self.num_heads, self.head_dim
         mask = combine_masks(mask, padding_to_attention_mask(packing.mask))  # [B|1, H|1, T, T]
+        if self.attn_implementation != "sdpa":  # another function sees only real query rows too
+            mask = combine_masks(mask, packing.mask[:, None, :, None])  # [B, H|1, T, T]
         qkv = packing.unpack(qkv)  # [B, T, 3HD]
         q, k, v = (part.transpose(1, 2) for part in qkv.view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
         out, weights = self._attention_core(q, k, v, mask, attn_bias, False, need_weights, head_mask)
@@ -247,6 +255,7 @@ class MultiHeadAttention(nn.Module):
             with torch.autocast("cpu", enabled=False):
                 return self._attend_by_sequence(qkv.float(), packing, head_mask).to(qkv.dtype)
         H, D, E = self.num_heads, self.head_dim, self.inner_dim
+        head_mask = combined_head_mask(self, head_mask)
         scale = None if head_mask is None else head_mask_scale(head_mask, H, packing.batch).to(qkv.dtype)
         outputs = []
         q, k, v = qkv.view(-1, 3, H, D).unbind(1)  # each [N, H, D]
@@ -292,28 +301,14 @@ class MultiHeadAttention(nn.Module):
             local = sliding_window_mask(q.shape[2], k.shape[2], window=self.window, device=q.device)
             local = local[None, None]  # [1, 1, T, S]
             mask = local if mask is None else combine_masks(mask, local)  # [B|1, H|1, T, S]
-        out, weights = attention(
-            q,
-            k,
-            v,
-            mask,
-            attn_bias=attn_bias,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            need_weights=need_weights,
-        )  # [B, H, T, D], [B, H, T, S] | None
-        return self._scale_heads(out, weights, head_mask)
+        return attend(self, q, k, v, mask, attn_bias=attn_bias, dropout=self.dropout if self.training else 0.0,
+                      is_causal=is_causal, need_weights=need_weights, head_mask=head_mask)
 
     def _scale_heads(
         self, out: Tensor, weights: Optional[Tensor], head_mask: Optional[Tensor]
     ) -> AttentionResult:
         """Each head's output (and weights) times its ``head_mask`` entry; as they are without one."""
-        if head_mask is not None:
-            scale = head_mask_scale(head_mask, self.num_heads, out.shape[0]).to(out.dtype)  # [B|1, H, 1, 1]
-            out = out * scale
-            if weights is not None:
-                weights = weights * scale
-        return AttentionResult(out, weights)
+        return scale_heads(out, weights, head_mask)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, tensor, width in (

@@ -14,7 +14,8 @@ from typing import Optional
 from torch import Tensor, nn
 
 from .._checks import check_probability
-from .functional import AttentionResult, attention
+from .functional import AttentionResult
+from .interface import attend
 
 __all__ = ["ScaledDotProductAttention"]
 
@@ -36,6 +37,9 @@ class ScaledDotProductAttention(nn.Module):
         ``None`` unless ``need_weights=True``; they are the probabilities before dropout.
     """
 
+    # The attention function this module calls (attnlab.attention.interface).
+    attn_implementation = "sdpa"
+
     def __init__(self, dropout: float = 0.1) -> None:
         super().__init__()
         self.dropout = check_probability("dropout", dropout)
@@ -52,17 +56,9 @@ class ScaledDotProductAttention(nn.Module):
         is_causal: bool = False,
         scale: Optional[float] = None,
     ) -> AttentionResult:
-        return attention(
-            query,
-            key,
-            value,
-            mask,
-            attn_bias=attn_bias,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            scale=scale,
-            need_weights=need_weights,
-        )
+        return attend(self, query, key, value, mask, attn_bias=attn_bias,
+                      dropout=self.dropout if self.training else 0.0, is_causal=is_causal, scale=scale,
+                      need_weights=need_weights)
 
     def extra_repr(self) -> str:
         return f"dropout={self.dropout}"

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Op
 import torch
 from torch import Tensor, nn
 
-from ..inspect.compute.capture import serve_as_attention
+from ..attention.interface import serve_as_attention
 from ..inspect.compute.inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
-from ._routes import route_of
 from ._sites import attention_sites, unrouted_attention
 from .seq2seq import decoder_start
 
@@ -155,17 +154,8 @@ class TransformersModel(nn.Module):
                      replace: Optional[Mapping[str, tuple[Tensor, Tensor]]] = None) -> Iterator[dict[str, Tensor]]:
         """attnlab's attention function records (and replaces) each head's output ``[B, T, H, D]``
         as it returns it, before the module's output projection."""
-        replace = dict(replace or {})
         with attach(self.model) as seen:
-            for layer in dict.fromkeys([*layers, *replace]):
-                route = route_of(seen.module_of(layer))
-                route.record_output = True
-                if layer in replace:
-                    chosen, values = replace[layer]
-                    if route.site.heads is not None and chosen.shape != (route.site.heads,):
-                        raise ValueError(f"{layer} has {route.site.heads} heads; got a choice of {chosen.shape[0]}")
-                    route.patch = (chosen, values)
-            yield seen.head_outputs
+            yield seen.watch_head_outputs(layers, replace)
 
     def blocks(self) -> list[tuple[str, nn.Module]]:
         return residual_blocks(self.model, self.attention_sites())

@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from .._checks import check_positive_int
 from .._precision import Linear
-from ..attention.functional import AttentionResult, attention
-from ..attention.masks import head_mask_scale
+from ..attention.functional import AttentionResult
+from ..attention.interface import attend
 from .kv_cache import KVCache
 from ..attention.rotary import apply_rotary
 
@@ -45,6 +45,10 @@ class CausalSelfAttention(nn.Module):
         ``need_weights=True``; ``None`` otherwise (the fused kernel runs). ``head_mask``
         ``[H]`` or ``[B, H]`` multiplies each head's output (0 switches a head off).
     """
+
+    # The attention function this module calls (attnlab.attention.interface); grouped
+    # key/value heads are passed as they are.
+    attn_implementation = "sdpa"
 
     def __init__(
         self,
@@ -97,31 +101,8 @@ class CausalSelfAttention(nn.Module):
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if cache is not None:
             key, value = cache.update(layer_index, key, value)  # [B, K, S, D]
-        if K != H and T == 1 and not is_causal:
-            # One new token: the H / K query heads of a group become H / K query rows of
-            # their key/value head, so the cache is read as it is, never copied per head.
-            group = H // K
-            output, weights = attention(
-                query.reshape(B, K, group, D), key, value, mask, scale=self.scale, need_weights=need_weights
-            )  # [B, K, H/K, D], [B, K, H/K, S]
-            output = output.reshape(B, H, 1, D)  # [B, H, 1, D]
-            weights = None if weights is None else weights.reshape(B, H, 1, -1)  # [B, H, 1, S]
-            return self._finish(output, weights, head_mask)
-        if K != H:
-            S = key.shape[2]
-            # Each key/value head serves H / K consecutive query heads, as in HuggingFace's repeat_kv.
-            key = key[:, :, None].expand(B, K, H // K, S, D).reshape(B, H, S, D)  # [B, H, S, D]
-            value = value[:, :, None].expand(B, K, H // K, S, D).reshape(B, H, S, D)  # [B, H, S, D]
-        output, weights = attention(
-            query, key, value, mask, is_causal=is_causal, scale=self.scale, need_weights=need_weights
-        )  # [B, H, T, D]
-        return self._finish(output, weights, head_mask)
-
-    def _finish(self, output: Tensor, weights: Optional[Tensor], head_mask: Optional[Tensor]) -> AttentionResult:
-        """Scale heads by ``head_mask``, merge them and project: ``[B, H, T, D]`` -> ``[B, T, E]``."""
-        B, H, T, D = output.shape
-        if head_mask is not None:
-            output = output * head_mask_scale(head_mask, H, B).to(output.dtype)
+        output, weights = attend(self, query, key, value, mask, is_causal=is_causal, scale=self.scale,
+                                 need_weights=need_weights, head_mask=head_mask)  # [B, H, T, D], [B, H, T, S]
         output = output.transpose(1, 2).reshape(B, T, H * D)  # [B, T, H*D]
         return AttentionResult(self.o_proj(output), weights)
 

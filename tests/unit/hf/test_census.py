@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the census needs the hf extra")
 
-from attnlab.hf import _kernel  # noqa: E402
+from attnlab.inspect.compute import routing  # noqa: E402
 from attnlab.hf.census import census, write_table  # noqa: E402
 
 
@@ -53,13 +53,13 @@ def test_an_encoder_whose_attention_sets_no_is_causal_is_served_bidirectional():
 
 def test_weights_that_differ_from_eager_are_reported_not_served(monkeypatch):
     """The census's checks can fail: weights scaled by attnlab's kernel are caught."""
-    exact = _kernel.exact_attention
+    exact = routing.exact_attention
 
     def scaled(*args, **kwargs):
         output, weights = exact(*args, **kwargs)
         return output, None if weights is None else weights * 0.5
 
-    monkeypatch.setattr(_kernel, "exact_attention", scaled)
+    monkeypatch.setattr(routing, "exact_attention", scaled)
     verdict, = census(["llama"])
     assert verdict.verdict == "differs" and "weights differ from eager's" in verdict.reason
 

@@ -12,7 +12,9 @@ transformers = pytest.importorskip("transformers")
 
 import attnlab  # noqa: E402
 import attnlab.hf as hf  # noqa: E402
-from attnlab.hf import _kernel, backend  # noqa: E402
+from attnlab.attention import exact as _kernel  # noqa: E402
+from attnlab.hf import backend  # noqa: E402
+from attnlab.inspect.compute import routing  # noqa: E402
 from attnlab.inspect import HeadStatistics, attribute_tokens, capture_attention, mask_heads  # noqa: E402
 from attnlab.inspect.compute.causal_statistics import CausalStatistics  # noqa: E402
 
@@ -54,7 +56,7 @@ def test_statistics_mode_equals_the_statistics_of_eager_weights(monkeypatch, blo
     model = _llama()
     ids, mask = _left_padded()
     if block_cells is not None:
-        monkeypatch.setattr(backend, "_STATISTICS_BLOCK_CELLS", block_cells)
+        monkeypatch.setattr(routing, "_STATISTICS_BLOCK_CELLS", block_cells)
     with torch.no_grad(), hf.attach(model, statistics=True, token_groups={"first": [int(ids[0, 0])]}) as seen:
         model(input_ids=ids, attention_mask=mask)
     assert seen.attentions.keys() == (), "statistics mode keeps no map"

@@ -20,50 +20,30 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import weakref
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
+from ...attention.interface import is_served, serve_as_attention, served_heads
 from ...attention.multihead import MultiHeadAttention
 from . import modes
-from .inspectable import Inspectable
+from .inspectable import Inspectable, Site
+from .routing import Session, inspecting, route_of
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
            "is_served", "serve_as_attention"]
-
-# Modules of other libraries that attnlab's attention function serves for a while
-# (module -> number of heads), filled and emptied by the code that routes them.
-_SERVED: "weakref.WeakKeyDictionary[nn.Module, Optional[int]]" = weakref.WeakKeyDictionary()
-
-
-def serve_as_attention(modules: dict[nn.Module, Optional[int]], serve: bool = True) -> None:
-    """Count ``modules`` (module -> its number of heads) as attention modules, or no
-    longer (``serve=False``): they take ``need_weights`` and ``head_mask`` and return
-    ``(output, weights)``. Held by weak reference: a module that is gone is forgotten."""
-    for module, heads in modules.items():
-        if serve:
-            _SERVED[module] = heads
-        else:
-            _SERVED.pop(module, None)
-
-
-def is_served(module: nn.Module) -> bool:
-    """Whether :func:`serve_as_attention` counts ``module`` as an attention module now."""
-    return module in _SERVED
-
 
 def attention_heads(module: nn.Module) -> Optional[int]:
     """The number of heads of an attention module, when it says (``num_heads``)."""
     heads = getattr(module, "num_heads", None)
     if isinstance(heads, int) and not isinstance(heads, bool):
         return heads
-    return _SERVED.get(module)
+    return served_heads(module)
 
 
 def _takes_need_weights(module: nn.Module) -> bool:
-    if isinstance(module, MultiHeadAttention) or module in _SERVED:
+    if isinstance(module, MultiHeadAttention) or is_served(module):
         return True
     try:
         parameters = inspect.signature(module.forward).parameters
@@ -209,13 +189,36 @@ def capture_attention(
             f"MultiHeadAttention or a forward with a need_weights keyword)"
         )
     capture = AttentionCapture(paths)
+    # Every module is asked for its weights (need_weights). attnlab's own modules record
+    # them in the inspecting attention function, which serves transformers modules too;
+    # any other module's are taken from its output by a hook.
+    routable = {name: module for name, module in found.items()
+                if isinstance(getattr(module, "attn_implementation", None), str) and route_of(module) is None}
+    sites = [Site(name, paths.get(name, "?"), module, attention_heads(module), False, False)
+             for name, module in routable.items()]
+    session = _CaptureSession(capture, model, sites, detach)
     handles = []
     try:
         for name, module in found.items():
             handles.append(module.register_forward_pre_hook(weights_asker(module), with_kwargs=True))
-            handles.append(module.register_forward_hook(_recorder(capture, name, detach)))
-        with modes.eval_mode(model) if eval_mode else contextlib.nullcontext():
+            if name not in routable:
+                handles.append(module.register_forward_hook(_recorder(capture, name, detach)))
+        with modes.eval_mode(model) if eval_mode else contextlib.nullcontext(), \
+                inspecting(session) if sites else contextlib.nullcontext():
             yield capture
     finally:
         for handle in handles:
             handle.remove()
+
+
+class _CaptureSession(Session):
+    """Every routed module's exact weights, kept in the capture as each call makes them."""
+
+    def __init__(self, capture: AttentionCapture, model: nn.Module, sites: list[Site], detach: bool) -> None:
+        super().__init__(model, sites, {site.name for site in sites}, None, not detach, False, {})
+        self.capture = capture
+        self.refuse_shared_modules = False
+
+    def _record(self, site: Site, weights: Tensor) -> None:
+        super()._record(site, weights)
+        self.capture.attentions[site.name] = weights

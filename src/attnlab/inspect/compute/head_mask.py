@@ -2,35 +2,26 @@
 
 Dimension letters: ``L`` attention modules (layers), ``H`` heads.
 
-The one way heads are switched off, for both doors. attnlab's attention modules get a
-``head_mask`` keyword (``[H]``) from forward pre-hooks; a transformers module served by
-attnlab's attention function (:func:`~attnlab.inspect.compute.capture.serve_as_attention`)
-has its row set in a table that function reads (:func:`head_scale_of`), since not every
-such module's ``forward`` passes a keyword on. No model code changes; hooks and rows are
-removed in ``finally``.
+The one way heads are switched off, for both doors. Every module that calls one of
+attnlab's attention functions (attnlab's own modules, and a transformers module served by
+attnlab's backend) has its row set in a table those functions read
+(:func:`~attnlab.attention.interface.set_head_scale`), since not every module's ``forward``
+passes a keyword on; any other module taking a ``head_mask`` keyword gets it from a
+forward pre-hook. No model code changes; hooks and rows are removed in ``finally``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from .capture import attention_heads, find_attention_modules, is_served
+from ...attention.interface import calls_attention_function, head_scale_of, set_head_scale
+from .capture import attention_heads, find_attention_modules
 
 __all__ = ["head_mask_from", "head_scale_of", "mask_heads"]
-
-# served module -> [H] multipliers of its heads, while mask_heads holds them
-_HEAD_SCALES: "weakref.WeakKeyDictionary[nn.Module, Tensor]" = weakref.WeakKeyDictionary()
-
-
-def head_scale_of(module: nn.Module) -> Optional[Tensor]:
-    """The ``[H]`` multipliers :func:`mask_heads` set for a served module, else ``None``."""
-    return _HEAD_SCALES.get(module)
-
 
 def _refuse(name: str, module: nn.Module) -> TypeError:
     return TypeError(f"{name} ({type(module).__name__}) does not say its number of heads (no int num_heads); "
@@ -105,15 +96,15 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
 
         return hook
 
-    scaled: dict[nn.Module, Optional[Tensor]] = {}  # served module -> the row it had before
+    scaled: dict[nn.Module, Optional[Tensor]] = {}  # module -> the row it had before
     try:
         for module, row in zip(modules.values(), mask):
             heads = attention_heads(module)
             if heads is None:  # a layer that does not say its heads is never named (head_mask_from)
                 continue
-            if is_served(module):
-                earlier = scaled[module] = _HEAD_SCALES.get(module)
-                _HEAD_SCALES[module] = row[:heads] if earlier is None else earlier * row[:heads]
+            if calls_attention_function(module):
+                earlier = scaled[module] = head_scale_of(module)
+                set_head_scale(module, row[:heads] if earlier is None else earlier * row[:heads])
             else:
                 handles.append(module.register_forward_pre_hook(hook_for(row[:heads]), with_kwargs=True))
         yield mask
@@ -121,7 +112,4 @@ def mask_heads(model: nn.Module, head_mask: Union[Tensor, Mapping[str, Iterable[
         for handle in handles:
             handle.remove()
         for module, earlier in scaled.items():
-            if earlier is None:
-                _HEAD_SCALES.pop(module, None)
-            else:
-                _HEAD_SCALES[module] = earlier
+            set_head_scale(module, earlier)

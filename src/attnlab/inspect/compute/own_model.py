@@ -4,10 +4,13 @@ Dimension letters: ``B`` batch, ``H`` heads, ``T`` query length, ``S`` key lengt
 ``E`` width, ``V`` vocabulary.
 
 The attention modules are found as :func:`~attnlab.inspect.capture_attention` finds them
-(every module taking ``need_weights``, innermost first) and are asked for their weights
-through forward pre-hooks, which change nothing in the model. Head interventions go
-through the ``head_mask`` each attention module multiplies its heads' outputs by before
-the output projection (:func:`~attnlab.inspect.mask_heads`).
+(every module taking ``need_weights``, innermost first). attnlab's own modules call their
+attention function by name (:mod:`attnlab.attention.interface`): inside a block they call
+the inspecting function transformers models are served by too
+(:mod:`~attnlab.inspect.compute.routing`), which records weights, reduces them to
+statistics block by block of query rows, masks heads and records or patches each head's
+output before the output projection. A module of another kind that takes
+``need_weights`` is served by forward hooks.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from .capture import attention_heads, capture_attention, find_attention_modules,
 from .head_mask import mask_heads
 from .inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from .modes import eval_mode
+from .routing import Route, Session, inspecting
 from .site_statistics import SiteStatistics
 
 __all__ = ["OwnModel", "as_inspectable"]
@@ -116,44 +120,47 @@ class OwnModel:
         """:func:`~attnlab.inspect.capture_attention` on the chosen layers."""
         return capture_attention(self.model, detach=not grad, modules=self._chosen(layers))
 
+    def _routed(self) -> bool:
+        """Whether every site calls attnlab's attention functions (attnlab's own modules do;
+        a module of another kind taking ``need_weights`` is served by hooks)."""
+        return all(isinstance(getattr(site.module, "attn_implementation", None), str) for site in self._sites)
+
+    def _session(self, *, statistics: bool = False, options: Optional[dict] = None) -> Session:
+        session = Session(self.model, self._sites, set(self._chosen(None)), None, False, statistics, options or {})
+        session.refuse_shared_modules = False
+        return session
+
     @contextlib.contextmanager
     def statistics(self, *, sparsity_threshold: float = 0.1, top_k: int = 3,
                    token_groups: Optional[Mapping[str, Iterable[int]]] = None) -> Iterator[SiteStatistics]:
-        """Each layer's map is reduced to the statistics as soon as the layer made it."""
-        recorder = SiteStatistics(sparsity_threshold=sparsity_threshold, top_k=top_k, token_groups=token_groups)
-        call: dict[str, Optional[Tensor]] = {}
-
-        def remember(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            mask = kwargs.get("mask", kwargs.get("attention_mask", args[1] if len(args) > 1 else None))
-            call["ids"] = ids if isinstance(ids, Tensor) and ids.dim() == 2 else None
-            call["mask"] = mask if isinstance(mask, Tensor) and mask.dim() == 2 else None
+        """Statistics block by block of query rows inside the inspecting attention function
+        (:mod:`~attnlab.inspect.compute.routing`), as on transformers models: no map is kept.
+        A site of another kind hands its whole map, reduced as soon as it is made."""
+        options = {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups}
+        if self._routed():
+            session = self._session(statistics=True, options=options)
+            with eval_mode(self.model), inspecting(session):
+                yield session.recorder
+            return
+        session = self._session(options=options)
+        handles = [self.model.register_forward_pre_hook(session._remember_call, with_kwargs=True)]
 
         def reducer(site: Site):
             def hook(module: nn.Module, args: tuple, output: Any) -> None:
                 weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
                 if weights is None:
                     raise RuntimeError(f"{site.name} ({type(module).__name__}) returned no attention weights")
-                B, _, T, S = weights.shape
-                mask, ids = call.get("mask"), call.get("ids")
-                fits = mask is not None and mask.shape[0] == B
-                query_mask = (mask[:, -T:] if fits and mask.shape[1] >= T and not site.cross
-                              else weights.new_ones(B, T, dtype=bool))
-                key_mask = (mask if fits and mask.shape[1] == S and not site.cross
-                            else weights.new_ones(B, S, dtype=bool))
-                ids = ids if ids is not None and ids.shape == (B, S) and not site.cross else None
-                recorder.add(site.name, weights, query_mask.bool(), key_mask.bool(), causal=site.causal,
-                             input_ids=ids, rows=T)
+                T = weights.shape[-2]
+                session._update_statistics(Route(session, site, True), weights, 0, T)
 
             return hook
 
-        handles = [self.model.register_forward_pre_hook(remember, with_kwargs=True)]
         try:
             for site in self._sites:
                 handles.append(site.module.register_forward_pre_hook(weights_asker(site.module), with_kwargs=True))
                 handles.append(site.module.register_forward_hook(reducer(site)))
             with eval_mode(self.model):
-                yield recorder
+                yield session.recorder
         finally:
             for handle in handles:
                 handle.remove()
@@ -165,8 +172,13 @@ class OwnModel:
     @contextlib.contextmanager
     def head_outputs(self, layers: Sequence[str], *,
                      replace: Optional[Mapping[str, tuple[Tensor, Tensor]]] = None) -> Iterator[dict[str, Tensor]]:
-        """Pre-hooks on each layer's output projection, whose input is the heads side by side
-        ``[B, T, H * D]``."""
+        """The inspecting attention function records (and replaces) each head's output
+        ``[B, T, H, D]`` as it returns it, before the module's output projection, as on
+        transformers models; a site of another kind, through a pre-hook on its output projection."""
+        if self._routed():
+            with inspecting(self._session()) as session:
+                yield session.watch_head_outputs(layers, replace)
+            return
         recorded: dict[str, Tensor] = {}
         replace = dict(replace or {})
 

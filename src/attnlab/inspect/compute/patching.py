@@ -130,7 +130,8 @@ def _record_and_patch(model, source_ids, target_ids, sites, label) -> PatchResul
 
     view = inspectable(model)
     with _eval(model):
-        clean_logits = _run(view, target_ids)
+        with view.head_outputs([]):  # the same kernels as the patched run: a patch of equal values changes nothing
+            clean_logits = _run(view, target_ids)
         label_index = resolve_target(clean_logits, label, view.label_names)
         try:
             for index, (module, pre, _) in enumerate(sites):
@@ -192,7 +193,8 @@ def patch_heads(
         selected[chosen] = True
         chosen_heads[layer] = selected
     with _eval(model):
-        clean_logits = _run(view, target_ids)
+        with view.head_outputs([]):  # the same kernels as the patched run: a patch of equal values changes nothing
+            clean_logits = _run(view, target_ids)
         label_index = resolve_target(clean_logits, label, view.label_names)
         with view.head_outputs(list(chosen_heads)) as recorded:
             source_logits = _run(view, source_ids)

@@ -32,8 +32,9 @@ import functools
 import torch
 from torch import Tensor
 
-from ...layers.kv_cache import KVCache
+from ...attention.interface import head_scale_of
 from ...attention.rotary import apply_rotary
+from ...layers.kv_cache import KVCache
 from ...outputs import LayerAttentions
 from .step_slots import StepSlots
 
@@ -50,9 +51,10 @@ def compiled_capacity(length: int) -> int:
 
 
 def check_no_hooks(model) -> None:
-    """Refuse a model whose modules have forward hooks or a ``forward`` set on the module
-    itself: compiled steps call submodules directly, so hooks (and patched forwards) on the
-    model, its layers or their attention would not run."""
+    """Refuse a model whose modules have forward hooks, a head mask or another attention
+    function set, or a ``forward`` set on the module itself: compiled steps call submodules
+    directly, so hooks (and patched forwards) on the model, its layers or their attention
+    would not run, nor would the attention function that applies the head mask."""
     from torch.nn.modules import module as module_globals
 
     if module_globals._global_forward_hooks or module_globals._global_forward_pre_hooks:
@@ -63,6 +65,12 @@ def check_no_hooks(model) -> None:
             raise ValueError(
                 f"compile=True does not run module hooks, and {name or 'the model'} has forward hooks "
                 "(mask_heads, capture_attention or your own): generate without compile=True"
+            )
+        if getattr(module, "attn_implementation", "sdpa") != "sdpa" or head_scale_of(module) is not None:
+            raise ValueError(
+                f"compile=True does not run module hooks or attention functions, and {name or 'the model'} has a "
+                "head mask or another attention function set (mask_heads, an inspection block or your own): "
+                "generate without compile=True"
             )
         if "forward" in vars(module):
             raise ValueError(f"compile=True may not run {name or 'the model'}'s forward, set on the module "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from torch import Tensor, nn
 
@@ -200,23 +200,12 @@ def grouped_attention(
     return attention(query, key, value, mask, attn_bias=attn_bias, dropout_p=dropout, is_causal=is_causal, **options)
 
 
-def sdpa_attention_function(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    mask: Optional[Tensor] = None,
-    *,
-    attn_bias: Optional[Tensor] = None,
-    dropout: float = 0.0,
-    is_causal: bool = False,
-    scale: Optional[float] = None,
-    need_weights: bool = False,
-    head_mask: Optional[Tensor] = None,
-) -> AttentionResult:
-    """The built-in function, ``"sdpa"``: :func:`grouped_attention`, then the head mask."""
-    output, weights = grouped_attention(query, key, value, mask, attn_bias=attn_bias, dropout=dropout,
-                                        is_causal=is_causal, scale=scale, need_weights=need_weights)
+def sdpa_attention_function(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                            mask: Optional[Tensor] = None, *, head_mask: Optional[Tensor] = None,
+                            **options: Any) -> AttentionResult:
+    """The built-in function, ``"sdpa"``: :func:`grouped_attention` (``options``: ``attn_bias``,
+    ``dropout``, ``is_causal``, ``scale``, ``need_weights``), then the head mask."""
+    output, weights = grouped_attention(query, key, value, mask, **options)
     return scale_heads(output, weights, combined_head_mask(module, head_mask))
 
 

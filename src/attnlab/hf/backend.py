@@ -62,15 +62,9 @@ def implementation(model: nn.Module, name: str) -> Iterator[list[Any]]:
 
 
 class AttachedModel(Session):
-    """What :func:`attach` yields: the weights (or statistics) of the latest forward.
-
-    Attributes:
-        sites: every attention module, named (``layer_1``, ``cross.layer_1``, ...).
-        attentions: the chosen self-attention layers' weights of the latest call of each
-            module, ``[B, H, T, S]`` (``H`` = the chosen heads), as a
-            :class:`~attnlab.outputs.LayerAttentions` keyed by layer name.
-        cross_attentions: the same for cross-attention layers.
-    """
+    """What :func:`attach` yields: a :class:`~attnlab.inspect.compute.routing.Session` (the
+    weights or statistics of the latest forward, by attnlab's names) that reads a
+    transformers model's padding, decoder padding and ``output_attentions``, and sets head masks."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -14,9 +14,13 @@ __all__ = ["run_reporting_errors"]
 def run_reporting_errors(command: str, run: Callable[[argparse.Namespace], object], args: argparse.Namespace) -> int:
     """``run(args)``'s exit code; an interrupt, bad input or an unusable path is one line."""
     from ..train.interrupts import TrainingInterrupted
+    from ..workflows.corpus_pass import AnalysisInterrupted
 
     try:
         return int(run(args) or 0)
+    except AnalysisInterrupted as error:  # a clean stop: the partial statistics are written
+        print(f"attnlab {command}: {error}", file=sys.stderr)
+        return error.exit_code
     except TrainingInterrupted as error:  # a clean stop: the checkpoint is written
         again = f"; continue with: attnlab {command} --out {shlex.quote(str(args.out))} --resume" if (
             error.checkpoint is not None and hasattr(args, "resume") and hasattr(args, "out")) else ""

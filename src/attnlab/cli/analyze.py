@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", nargs="+", default=["png"], choices=["png", "svg"], dest="formats")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--checkpoint-seconds", type=float, default=60.0,
+                        help="with --data: keep the partial statistics in OUT/.analysis-partial at least this often "
+                        "(and on Ctrl-C or SIGTERM); the same command run again resumes from them (default 60)")
     add_dtype_argument(parser)
 
 
@@ -77,6 +80,8 @@ def check_statistics_options(args: argparse.Namespace) -> None:
     if not 0 < args.sparsity_threshold <= 1:  # also refuses nan
         raise ValueError(f"--sparsity-threshold must lie in (0, 1] (a weight below it counts as unattended), "
                          f"got {args.sparsity_threshold}")
+    if not getattr(args, "checkpoint_seconds", 0) >= 0:  # also refuses nan
+        raise ValueError(f"--checkpoint-seconds must be 0 or more, got {args.checkpoint_seconds}")
     if args.max_attention_cells < 1:
         raise ValueError(f"--max-attention-cells must be at least 1 (B*T*T cells a batch), got "
                          f"{args.max_attention_cells}")
@@ -85,10 +90,7 @@ def check_statistics_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here so that `attnlab --help` and other subcommands stay quick
     from .._files import check_output_dir
-    from ..data.texts import load_texts
-    from ..workflows.analyze_texts import write_analysis
-    from ._model_options import dtype_line
-    from ..workflows.resolve import max_length_for, resolve_model
+    from ..train.distributed import init_distributed, shutdown_distributed
 
     if (args.data is None) == (args.images is None):
         raise ValueError("give --data (texts) or --images (a folder of pictures), one of them")
@@ -100,8 +102,25 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_statistics_options(args)
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
+    info = init_distributed()  # under torchrun: each process analyses its shard of the texts
+    say = print if info.is_main else (lambda *args, **kwargs: None)
+    try:
+        return _run_texts(args, say)
+    except BaseException:
+        shutdown_distributed(wait_for_others=False)
+        raise
+    finally:
+        shutdown_distributed()
+
+
+def _run_texts(args: argparse.Namespace, say) -> int:
+    from ..data.texts import load_texts
+    from ..workflows.analyze_texts import write_analysis
+    from ._model_options import dtype_line
+    from ..workflows.resolve import max_length_for, resolve_model
+
     resolved = resolve_model(args.model, dtype=args.dtype)
-    print(dtype_line(resolved))
+    say(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
                       label_names=getattr(resolved.model, "label_names", None))
@@ -110,13 +129,13 @@ def run(args: argparse.Namespace) -> int:
 
         column = choose_text_column(args.data)
         if column != "text":  # train reads "text" unless told: say which column these texts came from
-            print(f"texts: column {column!r} of {args.data} (--text-column to read another; train needs "
-                  f"data.text_column={json.dumps(column)})")
+            say(f"texts: column {column!r} of {args.data} (--text-column to read another; train needs "
+                f"data.text_column={json.dumps(column)})")
     lengths = [len(encoding.ids) for encoding in resolved.tokenizer.encode_batch([text for text, _ in rows])]
     longer = sum(length > max_length for length in lengths)
     if longer:
-        print(f"note: {longer} of {len(rows)} texts are longer than {max_length} tokens and are cut there "
-              f"(--max-length)")
+        say(f"note: {longer} of {len(rows)} texts are longer than {max_length} tokens and are cut there "
+            f"(--max-length)")
     analysis = write_analysis(
         resolved.model,
         resolved.tokenizer,
@@ -130,10 +149,13 @@ def run(args: argparse.Namespace) -> int:
         importance=args.importance,
         head_mask=dict(args.mask_heads) if args.mask_heads else None,
         progress=not args.no_progress,
+        checkpoint_seconds=args.checkpoint_seconds,
         formats=args.formats,
         model_name=args.model,
         data_name=args.data,
     )
+    if analysis is None:  # a process other than the first: process 0 wrote the files
+        return 0
     stats = analysis.statistics
     print(f"{stats.examples} texts, {stats.tokens} tokens, {len(stats.layers)} layers")
     if "decoder_input" in stats.settings:

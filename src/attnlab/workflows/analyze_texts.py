@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
 from ..data.padding import pad_id_for
 from ..data.text_batches import encode_batches
 from ..inspect.compute.analyzer import AttentionAnalyzer, AttentionStatistics
+from ..inspect.compute.heads import importance_from
 from ..inspect.compute.inspectable import inspectable, require
 from ..inspect.compute.token_groups import special_token_groups
 from ..inspect.draw.plots import plot_statistic, save_figure
 from ..inspect.draw.report import inline_frame, render_summary, stats_tables_html
+from ..train.distributed import distributed_info
+from .corpus_pass import CorpusPass, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +70,36 @@ def check_importance_inputs(model: nn.Module, rows: Sequence[tuple[str, Optional
         raise ValueError(f"--importance: label {out_of_range[0]} is not a class of the model (0..{classes - 1})")
 
 
-def analyze_rows(
+def analyze_rows(model: nn.Module, tokenizer: Any, rows: Sequence[tuple[str, Optional[int]]],
+                 **options: Any) -> AttentionStatistics:
+    """Statistics of ``rows`` (texts tokenized and batched lazily), head importance on request.
+
+    Under ``torchrun`` (a process group set up), each process takes every N-th batch and the
+    float64 sums of all processes are added before any mean is taken
+    (:mod:`~attnlab.workflows.corpus_pass`): every process returns the result of the whole data.
+
+    Args:
+        model: the model; tokenizer: its ``tokenizers.Tokenizer``.
+        rows: ``[(text, label or None), ...]``.
+        batch_size, max_length: batching of the texts.
+        max_attention_cells: at most this many ``B * T * T`` cells a batch (long texts
+            come in smaller batches), which keeps peak memory independent of the data;
+            ``None`` for plain ``batch_size`` batches.
+        sparsity_threshold, top_k: see :class:`~attnlab.inspect.AttentionAnalyzer`.
+        importance: also compute head importance (needs labels and a model with logits).
+        head_mask: heads to switch off, ``{"layer_k": [heads]}`` (0-based).
+        progress: show a progress bar (process 0 shows the whole corpus).
+        checkpoint: a directory (the output directory) where partial sums are kept every
+            ``checkpoint_seconds`` and on SIGINT / SIGTERM; a run of the same data, settings,
+            model (``model_name``) and number of processes continues from them, and they go
+            when the result is complete.
+    """
+    statistics, corpus = _analyze_rows(model, tokenizer, rows, **options)
+    corpus.finish()
+    return statistics
+
+
+def _analyze_rows(
     model: nn.Module,
     tokenizer: Any,
     rows: Sequence[tuple[str, Optional[int]]],
@@ -79,21 +112,11 @@ def analyze_rows(
     importance: bool = False,
     head_mask: Optional[Mapping[str, Iterable[int]]] = None,
     progress: bool = False,
-) -> AttentionStatistics:
-    """Statistics of ``rows`` (texts tokenized and batched lazily), head importance on request.
-
-    Args:
-        model: the model; tokenizer: its ``tokenizers.Tokenizer``.
-        rows: ``[(text, label or None), ...]``.
-        batch_size, max_length: batching of the texts.
-        max_attention_cells: at most this many ``B * T * T`` cells a batch (long texts
-            come in smaller batches), which keeps peak memory independent of the data;
-            ``None`` for plain ``batch_size`` batches.
-        sparsity_threshold, top_k: see :class:`~attnlab.inspect.AttentionAnalyzer`.
-        importance: also compute head importance (needs labels and a model with logits).
-        head_mask: heads to switch off, ``{"layer_k": [heads]}`` (0-based).
-        progress: show a progress bar.
-    """
+    checkpoint: Optional[Union[str, Path]] = None,
+    checkpoint_seconds: float = 60.0,
+    model_name: str = "model",
+) -> tuple[AttentionStatistics, CorpusPass]:
+    """:func:`analyze_rows`, and the checkpoints to remove once the result is kept."""
     if importance:  # checked before the statistics pass, not after it
         check_importance_inputs(model, rows)
     pad_id = pad_id_for(tokenizer, model)
@@ -115,20 +138,57 @@ def analyze_rows(
         top_k=top_k,
         token_groups=special_token_groups(tokenizer),
     )
-    statistics = analyzer.analyze_attention_distribution(
-        batches(), head_mask=head_mask, progress=progress, total=len(rows)
-    )
+    settings = {"batch_size": batch_size, "max_length": max_length, "max_attention_cells": max_attention_cells}
+    info = distributed_info()
+    key = fingerprint(rows=list(rows), settings=settings, sparsity_threshold=sparsity_threshold, top_k=top_k,
+                      importance=importance, head_mask=head_mask, model=model_name,
+                      architecture=type(model).__name__, parameters=sum(p.numel() for p in model.parameters()),
+                      processes=info.world_size)
+    corpus = CorpusPass(None if checkpoint is None else Path(checkpoint), key,
+                        checkpoint_seconds=checkpoint_seconds, info=info)
+    with _bar(progress and info.is_main, len(rows), "analyze") as bar:
+        state = corpus.run(
+            "statistics", batches(),
+            lambda own, state, after: analyzer.statistics_pass(own, head_mask=head_mask, state=state,
+                                                               after_batch=after),
+            progress=bar)
+    gradients = None
     if importance:
-        statistics.head_importance = analyzer.head_importance(batches()).tolist()
-    statistics.settings.update(
-        {
-            "batch_size": batch_size,
-            "max_length": max_length,
-            "max_attention_cells": max_attention_cells,
-            "texts": len(rows),
-        }
-    )
-    return statistics
+        with _bar(progress and info.is_main, len(rows), "importance") as bar:
+            gradients = corpus.run("importance", batches(), analyzer.importance_pass,
+                                   progress=bar)
+    state, gradients = corpus.merged((state, gradients))
+    statistics = analyzer.statistics_from(state, head_mask=head_mask)
+    if gradients is not None:
+        statistics.head_importance = importance_from(gradients["total"], gradients["batches"]).tolist()
+    statistics.settings.update({**settings, "texts": len(rows)})
+    return statistics, corpus
+
+
+@contextlib.contextmanager
+def _bar(show: bool, total: int, what: str) -> Iterator[Optional[Callable[[int], None]]]:
+    """Process 0's progress over the whole corpus, shown from the first batch on (an input
+    refused before any batch leaves no bar behind); each of its batches stands for one of
+    every process."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    processes = distributed_info().world_size
+    bar = None
+
+    def advance(examples: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=what if processes == 1 else f"{what} ({processes} processes)", unit="text")
+        bar.update(min(examples * processes, bar.total - bar.n))
+
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def write_analysis(
@@ -141,8 +201,10 @@ def write_analysis(
     model_name: str = "model",
     data_name: str = "data",
     **options: Any,
-) -> Analysis:
-    """Analyse ``rows`` and write ``statistics.json``, ``plots/<statistic>.<fmt>`` and ``summary.html``.
+) -> Optional[Analysis]:
+    """Analyse ``rows`` and write ``statistics.json``, ``plots/<statistic>.<fmt>`` and ``summary.html``
+    (partial sums in ``out/.analysis-partial`` while it runs: the same call resumes from them).
+    Under ``torchrun`` only process 0 writes; the others return ``None``.
 
     Args:
         model, tokenizer, rows: as in :func:`analyze_rows`.
@@ -151,8 +213,12 @@ def write_analysis(
         model_name, data_name: shown in the summary.
         **options: passed to :func:`analyze_rows` (``batch_size``, ``importance``, ...).
     """
-    statistics = analyze_rows(model, tokenizer, rows, **options)
-    return write_statistics(statistics, out, formats=formats, model_name=model_name, data_name=data_name)
+    statistics, corpus = _analyze_rows(model, tokenizer, rows, checkpoint=out, model_name=model_name, **options)
+    analysis = None
+    if corpus.info.is_main:  # under torchrun every process has the result; process 0 writes it
+        analysis = write_statistics(statistics, out, formats=formats, model_name=model_name, data_name=data_name)
+    corpus.finish()  # the checkpoints go once the result is written
+    return analysis
 
 
 def write_statistics(

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -32,8 +32,9 @@ from ..._files import write_json
 from ...data.padding import model_pad_id
 from .modes import eval_mode
 from .batches import as_analysis_batch
-from .heads import LossFn, default_loss, forward_batch, head_importance
+from .heads import LossFn, default_loss, forward_batch, head_gradients, head_importance
 from .inspectable import inspectable
+from .site_statistics import SiteStatistics
 from .statistics import HeadStatistics
 
 __all__ = ["AttentionAnalyzer", "AttentionStatistics", "EvaluationResult"]
@@ -214,29 +215,75 @@ class AttentionAnalyzer:
         Returns:
             :class:`AttentionStatistics`.
         """
+        with _progress(progress, total) as bar:
+            state = self.statistics_pass(
+                dataloader, head_mask=head_mask,
+                after_batch=None if bar is None else (lambda state, size: bar.update(size)))
+        return self.statistics_from(state, head_mask=head_mask)
+
+    def statistics_pass(
+        self,
+        dataloader: Iterable[Any],
+        *,
+        head_mask: Optional[Union[Tensor, Mapping[str, Iterable[int]]]] = None,
+        state: Optional[Mapping[str, Any]] = None,
+        after_batch: Optional[Callable[[dict[str, Any], int], None]] = None,
+    ) -> dict[str, Any]:
+        """The sums behind :meth:`analyze_attention_distribution` over ``dataloader``.
+
+        Args:
+            state: a pass to continue (what this method returned, or the ``state`` handed
+                to ``after_batch``); its sums are added to.
+            after_batch: called after each batch with a callable giving the state so far
+                and the batch's number of examples (a checkpoint, a progress bar).
+
+        Returns:
+            ``{"statistics": SiteStatistics.state(), "examples": n, "tokens": n}``: float64
+            sums and counts, which add exactly across processes
+            (:func:`~attnlab.inspect.compute.site_statistics.add_states`) and give the
+            result through :meth:`statistics_from`.
+        """
         view = self.view
         rollout_layers = self._rollout_layers() if self.rollout else None
-        examples = tokens = 0
+        examples = 0 if state is None else int(state["examples"])
+        tokens = 0 if state is None else int(state["tokens"])
         ablation = view.intervene(head_mask=head_mask) if head_mask is not None else contextlib.nullcontext()
         with (
             torch.no_grad(),
             view.statistics(sparsity_threshold=self.sparsity_threshold, top_k=self.top_k,
                             token_groups=self.token_groups) as recorder,
             ablation,
-            _progress(progress, total) as bar,
         ):
             if rollout_layers:
                 recorder.follow_rollout(rollout_layers, self.residual_weight)
+            if state is not None:
+                recorder.load_state(state["statistics"])
+
+            def so_far() -> dict[str, Any]:
+                return {"statistics": recorder.state(), "examples": examples, "tokens": tokens}
+
             for batch in dataloader:
                 normalised = as_analysis_batch(batch, self.pad_id)
                 recorder.alignment = normalised.alignment
                 forward_batch(self.view, batch, self.pad_id)
                 examples += normalised.input_ids.shape[0]
                 tokens += int(normalised.mask.sum())
-                if bar is not None:
-                    bar.update(normalised.input_ids.shape[0])
-        if examples == 0:
+                if after_batch is not None:
+                    after_batch(so_far, normalised.input_ids.shape[0])
+            return so_far()
+
+    def statistics_from(self, state: Mapping[str, Any], *,
+                        head_mask: Optional[Union[Tensor, Mapping[str, Iterable[int]]]] = None) -> AttentionStatistics:
+        """:class:`AttentionStatistics` of the sums of :meth:`statistics_pass` (of one process,
+        or several added)."""
+        if int(state["examples"]) == 0:
             raise ValueError("dataloader yielded no batch")
+        recorder = SiteStatistics(sparsity_threshold=self.sparsity_threshold, top_k=self.top_k,
+                                  token_groups=self.token_groups)
+        rollout_layers = self._rollout_layers() if self.rollout else None
+        if rollout_layers:
+            recorder.follow_rollout(rollout_layers, self.residual_weight)
+        recorder.load_state(state["statistics"])
         means = recorder.means()
         layers = list(means)
         names = list(dict.fromkeys(name for layer in layers for name in means[layer]))
@@ -257,10 +304,32 @@ class AttentionAnalyzer:
             statistics=table,
             rows=recorder.row_counts(),
             rollout=rollout,
-            examples=examples,
-            tokens=tokens,
+            examples=int(state["examples"]),
+            tokens=int(state["tokens"]),
             settings={**self._settings(), "head_mask": _describe(head_mask)},
         )
+
+    def importance_pass(self, dataloader: Iterable[Any], state: Optional[Mapping[str, Any]] = None,
+                        after_batch: Optional[Callable[[Callable[[], dict[str, Any]], int], None]] = None,
+                        *, loss_fn: Optional[LossFn] = None) -> dict[str, Any]:
+        """The sums behind :meth:`head_importance`: ``{"total": [L, H] float64 |dLoss/d xi|
+        summed over batches, "batches": n}`` (continuing ``state``; ``after_batch`` as in
+        :meth:`statistics_pass`). :func:`~attnlab.inspect.compute.heads.importance_from`
+        gives the importance."""
+        total = None if state is None else state["total"]
+        batches = 0 if state is None else int(state["batches"])
+
+        def so_far() -> dict[str, Any]:
+            return {"total": total, "batches": batches}
+
+        with eval_mode(self.model):
+            for batch in dataloader:
+                gradient = head_gradients(self.view, batch, loss_fn=loss_fn, pad_id=self.pad_id)
+                total = gradient if total is None else total + gradient
+                batches += 1
+                if after_batch is not None:
+                    after_batch(so_far, as_analysis_batch(batch, self.pad_id).input_ids.shape[0])
+        return so_far()
 
     def head_importance(
         self, dataloader: Iterable[Any], *, loss_fn: Optional[LossFn] = None, normalize: bool = False

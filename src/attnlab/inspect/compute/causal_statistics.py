@@ -18,7 +18,7 @@ Values are means over rows, in float64.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -99,6 +99,18 @@ class CausalStatistics:
             self._rows[layer] += rows
         else:
             self._sums[layer], self._rows[layer] = sums, rows
+
+    def state(self) -> dict[str, Any]:
+        """The float64 sums and row counts behind :meth:`means` (copies)."""
+        return {"sums": {layer: {name: value.clone() for name, value in sums.items()}
+                         for layer, sums in self._sums.items()},
+                "rows": {layer: rows.clone() for layer, rows in self._rows.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state`."""
+        self._sums = {layer: {name: value.clone() for name, value in sums.items()}
+                      for layer, sums in state["sums"].items()}
+        self._rows = {layer: rows.clone() for layer, rows in state["rows"].items()}
 
     def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
         """``{statistic: {layer: [one value per head, None where no row counted]}}``."""

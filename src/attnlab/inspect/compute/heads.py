@@ -20,7 +20,8 @@ from .batches import as_analysis_batch
 from .head_mask import head_mask_from, mask_heads  # noqa: F401  (their names here since they began here)
 from .inspectable import inspectable, require
 
-__all__ = ["mask_heads", "head_mask_from", "head_importance", "default_loss", "forward_batch", "language_model_loss"]
+__all__ = ["mask_heads", "head_mask_from", "head_importance", "head_gradients", "importance_from", "default_loss",
+           "forward_batch", "language_model_loss"]
 
 LossFn = Callable[[Any, Any], Tensor]
 
@@ -110,20 +111,34 @@ def head_importance(
     view = inspectable(model)
     require(view, "intervene", "head importance")
     loss_fn = loss_fn or _default_loss_for(view.kind)
-    counts = [site.heads for site in view.attention_sites()]
-    total = torch.zeros(len(counts), max(counts), dtype=torch.float64)
-    batches = 0
-    dtype = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
+    total, batches = None, 0
     with eval_mode(model):
         for batch in dataloader:
-            xi = torch.ones(len(counts), max(counts), dtype=dtype, requires_grad=True)
-            with view.intervene(head_mask=xi):
-                loss = loss_fn(forward_batch(view, batch, pad_id), batch)
-            (gradient,) = torch.autograd.grad(loss, xi)
-            total += gradient.abs().double()
+            gradient = head_gradients(view, batch, loss_fn=loss_fn, pad_id=pad_id)
+            total = gradient if total is None else total + gradient
             batches += 1
     if batches == 0:
         raise ValueError("dataloader yielded no batch")
+    return importance_from(total, batches, normalize=normalize)
+
+
+def head_gradients(view: Any, batch: Any, *, loss_fn: Optional[LossFn] = None, pad_id: Optional[int] = None) -> Tensor:
+    """``|dLoss/d xi|`` ``[L, H]`` (float64) of one batch at the all-ones head mask ``xi``
+    (the model in eval mode is the caller's; ``loss_fn`` as in :func:`head_importance`)."""
+    loss_fn = loss_fn or _default_loss_for(view.kind)
+    counts = [site.heads for site in view.attention_sites()]
+    model = getattr(view, "model", view)
+    dtype = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
+    xi = torch.ones(len(counts), max(counts), dtype=dtype, requires_grad=True)
+    with view.intervene(head_mask=xi):
+        loss = loss_fn(forward_batch(view, batch, pad_id), batch)
+    (gradient,) = torch.autograd.grad(loss, xi)
+    return gradient.abs().double()
+
+
+def importance_from(total: Tensor, batches: int, *, normalize: bool = False) -> Tensor:
+    """Head importance from the summed :func:`head_gradients` of ``batches`` batches (of one
+    process, or several added)."""
     importance = total / batches
     if normalize:
         importance = importance / importance.norm(dim=-1, keepdim=True).clamp_min(1e-20)

@@ -22,7 +22,26 @@ from torch import Tensor
 from .causal_statistics import CausalStatistics
 from .statistics import HeadStatistics
 
-__all__ = ["SiteStatistics", "StreamingRollout"]
+__all__ = ["SiteStatistics", "StreamingRollout", "add_states"]
+
+
+def add_states(first: Any, second: Any) -> Any:
+    """Two :meth:`SiteStatistics.state` (or any such nest of dicts, lists, tensors and
+    numbers) added leaf by leaf: sums and counts add, ``broken`` flags combine, a key only
+    one side has is kept (in the order of ``first``, then ``second``'s new keys)."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+    if isinstance(first, Mapping):
+        joined = {key: add_states(value, second.get(key)) for key, value in first.items()}
+        joined.update({key: value for key, value in second.items() if key not in first})
+        return joined
+    if isinstance(first, bool):
+        return first or bool(second)
+    if isinstance(first, (list, tuple)):
+        return [add_states(a, b) for a, b in zip(first, second, strict=True)]
+    return first + second
 
 
 class StreamingRollout:
@@ -76,6 +95,14 @@ class StreamingRollout:
         sums[2] += float(real.sum())
         if start + t == rows:
             self._previous, self._expected = self._current, index + 1
+
+    def state(self) -> dict[str, Any]:
+        """The sums behind :meth:`means` (between forwards), for :func:`add_states`."""
+        return {"sums": {layer: list(sums) for layer, sums in self._sums.items()}, "broken": self.broken}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self._sums = {layer: list(sums) for layer, sums in state["sums"].items()}
+        self.broken = bool(state["broken"])
 
     def means(self) -> Optional[dict[str, dict[str, float]]]:
         if self.broken:
@@ -148,6 +175,20 @@ class SiteStatistics:
     def row_counts(self) -> dict[str, list[int]]:
         """``{layer: [query rows counted per head]}`` behind :meth:`means`."""
         return self._head.row_counts()
+
+    def state(self) -> dict[str, Any]:
+        """The sufficient statistics behind every mean (float64 sums and counts): saved, loaded
+        (:meth:`load_state`) and added across processes (:func:`add_states`) exactly, never as
+        means of means."""
+        return {"head": self._head.state(), "causal": self._causal.state(),
+                "rollout": None if self._rollout is None else self._rollout.state()}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state` (of a recorder with the same options and rollout)."""
+        self._head.load_state(state["head"])
+        self._causal.load_state(state["causal"])
+        if self._rollout is not None and state.get("rollout") is not None:
+            self._rollout.load_state(state["rollout"])
 
     def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
         """``{layer: {statistic: [one value per head]}}``: the analyzer's statistics (entropy,

@@ -36,7 +36,7 @@ the data into batches differently gives the same result.
 
 from __future__ import annotations
 
-from typing import Collection, Mapping, Optional, Sequence, Union
+from typing import Any, Collection, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -294,6 +294,20 @@ class HeadStatistics:
     @property
     def layers(self) -> list[str]:
         return list(self._sums)
+
+    def state(self) -> dict[str, Any]:
+        """The float64 sums and row counts behind :meth:`means` (copies)."""
+        return {"sums": {layer: {name: value.clone() for name, value in sums.items()}
+                         for layer, sums in self._sums.items()},
+                "rows": {layer: {name: value.clone() for name, value in rows.items()}
+                         for layer, rows in self._rows.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state`."""
+        self._sums = {layer: {name: value.clone() for name, value in sums.items()}
+                      for layer, sums in state["sums"].items()}
+        self._rows = {layer: {name: value.clone() for name, value in rows.items()}
+                      for layer, rows in state["rows"].items()}
 
     def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
         """``{layer: {statistic: [one value per head]}}``; ``None`` where no row counted."""

@@ -11,6 +11,11 @@ tokenizer is the MiniLM WordPiece tokenizer shipped with the installed weights p
 
     python benchmarks/analyze.py            # 1,000 and 10,000
     python benchmarks/analyze.py --sizes 200 --policies passive            # quick look
+    python benchmarks/analyze.py --sizes 2000 --policies passive --processes 1 2   # torchrun shards
+
+With ``--processes``, each size also runs under ``torchrun`` with that many processes (the
+threads shared out between them), timed from the first batch to the merged result on every
+process (the sums exchanged and added).
 
 On a machine where other processes compete for the two cores, torch's OpenMP threads
 spin-wait at every barrier and small-tensor work slows down by an order of magnitude;
@@ -93,9 +98,11 @@ def _model(spec: str | None):
 def child(args: argparse.Namespace) -> None:
     import torch
 
+    from attnlab.train.distributed import init_distributed, shutdown_distributed
     from attnlab.workflows.analyze_texts import analyze_rows, write_statistics
 
-    torch.set_num_threads(args.threads)
+    info = init_distributed()
+    torch.set_num_threads(max(1, args.threads // info.world_size))
     model, tokenizer, name = _model(args.model)
     rows = _sentences(args.child)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -109,6 +116,9 @@ def child(args: argparse.Namespace) -> None:
         write_statistics(statistics, out, model_name=name, data_name="rotten_tomatoes")
         written = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    shutdown_distributed()
+    if not info.is_main:
+        return
     print(
         json.dumps(
             {
@@ -120,14 +130,18 @@ def child(args: argparse.Namespace) -> None:
                 "peak_rss_statistics_mib": peak_statistics,
                 "rss_before_analysis_mib": baseline,
                 "model": name,
+                "processes": info.world_size,
             }
         )
     )
 
 
-def _run(size: int, policy: str, args: argparse.Namespace) -> dict:
+def _run(size: int, policy: str, args: argparse.Namespace, processes: int = 1) -> dict:
+    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone",
+                                          f"--nproc_per_node={processes}"]
     command = [
         sys.executable,
+        *launcher,
         __file__,
         "--child",
         str(size),
@@ -142,6 +156,7 @@ def _run(size: int, policy: str, args: argparse.Namespace) -> dict:
         command += ["--model", args.model]
     environment = dict(os.environ)
     environment.pop("OMP_WAIT_POLICY", None)
+    environment["OMP_NUM_THREADS"] = str(max(1, args.threads // processes))
     if policy == "passive":
         environment["OMP_WAIT_POLICY"] = "PASSIVE"
     finished = subprocess.run(command, capture_output=True, text=True, env=environment)
@@ -150,6 +165,7 @@ def _run(size: int, policy: str, args: argparse.Namespace) -> dict:
     result = json.loads(finished.stdout.strip().splitlines()[-1])
     print(
         f"analyze {result['sentences']:>6} sentences ({result['tokens']} tokens), {args.threads} threads, "
+        f"{processes} process{'es' if processes > 1 else ''}, "
         f"OpenMP wait {policy:>7}: statistics {result['seconds']:7.1f} s "
         f"({result['sentences'] / result['seconds']:6.1f} sentences/s), "
         f"JSON + plots + summary {result['write_seconds']:.1f} s, "
@@ -158,6 +174,16 @@ def _run(size: int, policy: str, args: argparse.Namespace) -> dict:
         flush=True,
     )
     return result
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def main() -> None:
@@ -179,6 +205,8 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="run/checkpoint dir or pretrained name (default: random encoder)"
     )
+    parser.add_argument("--processes", type=int, nargs="+", default=None,
+                        help="also run each size under torchrun with these numbers of processes")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -191,6 +219,16 @@ def main() -> None:
         for policy in (args.policies or ["default", "passive"])
         if args.policies or policy == "passive" or size == sizes[0]
     ]
+    import platform
+
+    print(f"cpu: {_cpu_name() or platform.processor()}, {os.cpu_count()} cores")
+    if args.processes:
+        for size, policy in plan:
+            times = {count: _run(size, policy, args, count)["seconds"] for count in args.processes}
+            first = args.processes[0]
+            print("  " + ", ".join(f"{count} process(es) {times[first] / times[count]:.2f}x the speed of {first}"
+                                   for count in args.processes[1:]))
+        return
     results = {(size, policy): _run(size, policy, args) for size, policy in plan}
     print(f"model: {next(iter(results.values()))['model']}")
     for policy in ("default", "passive"):

@@ -39,7 +39,7 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 def _command(corpus, out: Path, *extra: str) -> list[str]:
     return ["analyze", "--model", str(corpus["model"]), "--data", str(corpus["data"]), "--out", str(out),
-            "--batch-size", "3", "--importance", "--no-progress", *extra]
+            "--batch-size", "2", "--importance", "--no-progress", *extra]
 
 
 def _run(arguments: list[str], processes: int = 1, **options) -> subprocess.CompletedProcess:

@@ -226,8 +226,9 @@ def main() -> None:
         for size, policy in plan:
             times = {count: _run(size, policy, args, count)["seconds"] for count in args.processes}
             first = args.processes[0]
-            print("  " + ", ".join(f"{count} process(es) {times[first] / times[count]:.2f}x the speed of {first}"
-                                   for count in args.processes[1:]))
+            print("  " + ", ".join(
+                f"{count} process(es) {times[first] / times[count]:.2f}x the speed of {first}"
+                for count in args.processes[1:]))
         return
     results = {(size, policy): _run(size, policy, args) for size, policy in plan}
     print(f"model: {next(iter(results.values()))['model']}")

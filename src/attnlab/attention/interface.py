@@ -41,6 +41,7 @@ __all__ = [
     "calls_attention_function",
     "grouped_attention",
     "head_scale_of",
+    "names_attention_function",
     "repeat_kv",
     "sdpa_attention_function",
     "set_head_scale",
@@ -133,10 +134,16 @@ def served_heads(module: nn.Module) -> Optional[int]:
     return _SERVED.get(module)
 
 
+def names_attention_function(module: nn.Module) -> bool:
+    """Whether ``module`` is one of attnlab's attention modules: it carries the name of the
+    function it calls (``attn_implementation``), which :func:`use_attention_function` switches."""
+    return isinstance(getattr(module, "attn_implementation", None), str)
+
+
 def calls_attention_function(module: nn.Module) -> bool:
     """Whether ``module`` calls one of attnlab's attention functions: attnlab's own attention
-    modules (they carry ``attn_implementation``) and the modules of other libraries served now."""
-    return isinstance(getattr(module, "attn_implementation", None), str) or module in _SERVED
+    modules (:func:`names_attention_function`) and the modules of other libraries served now."""
+    return names_attention_function(module) or module in _SERVED
 
 
 def combined_head_mask(module: nn.Module, head_mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -226,7 +233,7 @@ def use_attention_function(model: nn.Module, name: str, *,
     ``name`` inside the block; each gets its own back after. Yields the modules switched."""
     ATTENTION_FUNCTIONS[name]  # refuses an unknown name before anything changes
     chosen = list(model.modules()) if modules is None else list(modules)
-    switched = [module for module in chosen if isinstance(getattr(module, "attn_implementation", None), str)]
+    switched = [module for module in chosen if names_attention_function(module)]
     previous = [(module, module.__dict__.get("attn_implementation")) for module in switched]
     try:
         for module in switched:

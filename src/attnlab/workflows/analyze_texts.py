@@ -140,10 +140,10 @@ def _analyze_rows(
     )
     settings = {"batch_size": batch_size, "max_length": max_length, "max_attention_cells": max_attention_cells}
     info = distributed_info()
-    key = fingerprint(rows=list(rows), settings=settings, sparsity_threshold=sparsity_threshold, top_k=top_k,
-                      importance=importance, head_mask=head_mask, model=model_name,
-                      architecture=type(model).__name__, parameters=sum(p.numel() for p in model.parameters()),
-                      processes=info.world_size)
+    key = None if checkpoint is None else fingerprint(  # what a checkpoint must match to be resumed
+        rows=list(rows), settings=settings, sparsity_threshold=sparsity_threshold, top_k=top_k,
+        importance=importance, head_mask=head_mask, model=model_name, architecture=type(model).__name__,
+        parameters=sum(p.numel() for p in model.parameters()), processes=info.world_size)
     corpus = CorpusPass(None if checkpoint is None else Path(checkpoint), key,
                         checkpoint_seconds=checkpoint_seconds, info=info)
     with _bar(progress and info.is_main, len(rows), "analyze") as bar:

@@ -61,12 +61,12 @@ class CorpusPass:
 
     Args:
         out: the output directory (``None``: no checkpoints).
-        key: :func:`fingerprint` of the data, settings and model.
+        key: :func:`fingerprint` of the data, settings and model (``None`` without ``out``).
         checkpoint_seconds: the most time between two checkpoints (0: after every batch).
         info: this process's rank and the number of processes (default: torch.distributed's).
     """
 
-    def __init__(self, out: Optional[Path], key: str, *, checkpoint_seconds: float = 60.0,
+    def __init__(self, out: Optional[Path], key: Optional[str], *, checkpoint_seconds: float = 60.0,
                  info: Optional[DistributedInfo] = None) -> None:
         if not checkpoint_seconds >= 0:  # also refuses nan
             raise ValueError(f"checkpoint_seconds must be 0 or more, got {checkpoint_seconds}")

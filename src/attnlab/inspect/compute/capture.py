@@ -25,7 +25,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ...attention.interface import is_served, serve_as_attention, served_heads
+from ...attention.interface import is_served, names_attention_function, serve_as_attention, served_heads
 from ...attention.multihead import MultiHeadAttention
 from . import modes
 from .inspectable import Inspectable, Site
@@ -193,7 +193,7 @@ def capture_attention(
     # them in the inspecting attention function, which serves transformers modules too;
     # any other module's are taken from its output by a hook.
     routable = {name: module for name, module in found.items()
-                if isinstance(getattr(module, "attn_implementation", None), str) and route_of(module) is None}
+                if names_attention_function(module) and route_of(module) is None}
     sites = [Site(name, paths.get(name, "?"), module, attention_heads(module), False, False)
              for name, module in routable.items()]
     session = _CaptureSession(capture, model, sites, detach)
@@ -215,9 +215,9 @@ class _CaptureSession(Session):
     """Every routed module's exact weights, kept in the capture as each call makes them."""
 
     def __init__(self, capture: AttentionCapture, model: nn.Module, sites: list[Site], detach: bool) -> None:
-        super().__init__(model, sites, {site.name for site in sites}, None, not detach, False, {})
+        super().__init__(model, sites, {site.name for site in sites}, None, not detach, False, {},
+                         refuse_shared_modules=False)
         self.capture = capture
-        self.refuse_shared_modules = False
 
     def _record(self, site: Site, weights: Tensor) -> None:
         super()._record(site, weights)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ...attention.cross_modal import CrossModalAttention
+from ...attention.interface import names_attention_function
 from .attribution_target import is_causal_model
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
@@ -123,12 +124,11 @@ class OwnModel:
     def _routed(self) -> bool:
         """Whether every site calls attnlab's attention functions (attnlab's own modules do;
         a module of another kind taking ``need_weights`` is served by hooks)."""
-        return all(isinstance(getattr(site.module, "attn_implementation", None), str) for site in self._sites)
+        return all(names_attention_function(site.module) for site in self._sites)
 
     def _session(self, *, statistics: bool = False, options: Optional[dict] = None) -> Session:
-        session = Session(self.model, self._sites, set(self._chosen(None)), None, False, statistics, options or {})
-        session.refuse_shared_modules = False
-        return session
+        return Session(self.model, self._sites, set(self._chosen(None)), None, False, statistics, options or {},
+                       refuse_shared_modules=False)
 
     @contextlib.contextmanager
     def statistics(self, *, sparsity_threshold: float = 0.1, top_k: int = 3,

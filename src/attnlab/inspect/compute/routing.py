@@ -194,7 +194,8 @@ class Session:
     """
 
     def __init__(self, model: nn.Module, sites: list, layers: Optional[set[str]], heads: Optional[list[int]],
-                 grad: bool, statistics: bool, statistics_options: dict) -> None:
+                 grad: bool, statistics: bool, statistics_options: dict, *,
+                 refuse_shared_modules: bool = True) -> None:
         self.model, self.sites = model, sites
         self.layers_asked, self.heads, self.grad = layers, heads, grad
         self.statistics_mode = statistics
@@ -204,7 +205,7 @@ class Session:
         self._padding: dict[str, Optional[Tensor]] = {}
         self._calls: set[nn.Module] = set()  # modules called in the current forward
         self.output_attentions_asked = False  # what the model's own call asked
-        self.refuse_shared_modules = True
+        self.refuse_shared_modules = refuse_shared_modules
 
     # -- what the forward left -------------------------------------------------------
     def _record(self, site: Any, weights: Tensor) -> None:

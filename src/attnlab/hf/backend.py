@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..attention.interface import is_served, serve_as_attention
 from ..inspect.compute.head_mask import mask_heads
+from ..inspect.compute.query_rows import RowChoice
 from ..inspect.compute.routing import Session, route_of, routed, select_layers
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from ._sites import AttentionSite, attention_sites, unrouted_attention
@@ -134,6 +135,7 @@ def attach(
     sparsity_threshold: float = 0.1,
     top_k: int = 3,
     token_groups: Optional[Mapping[str, Iterable[int]]] = None,
+    rows: RowChoice = None,
 ) -> Iterator[AttachedModel]:
     """Run a transformers model's attention through attnlab inside the block.
 
@@ -152,6 +154,10 @@ def attach(
         head_mask: ``[L, H]`` multipliers of each head's output, or
             ``{"layer_2": [0, 3]}`` (heads to remove, 0-based).
         sparsity_threshold, top_k, token_groups: as :class:`~attnlab.inspect.HeadStatistics`.
+        rows: keep the weights of these query rows only, over every key: the last ``k``
+            (an int), a span (``slice(1000, 1100)``) or positions (``[0, -1]``); their
+            positions are in ``seen.query_rows``. The layer's output comes from the fused
+            kernel and no ``[T, S]`` map is made, so this works at any context length.
 
     Yields:
         :class:`AttachedModel`: the chosen self-attention layers' weights in
@@ -189,7 +195,7 @@ def attach(
         chosen = {site.name for site in sites}
     session = AttachedModel(
         model, sites, chosen, heads, grad, statistics,
-        {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups},
+        {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups}, rows=rows,
     )
     register()
     newly_served = {site.module: site.heads for site in sites if not is_served(site.module)}

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.interface import serve_as_attention
+from ..inspect.compute.query_rows import RowChoice
 from ..inspect.compute.inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
@@ -130,11 +131,12 @@ class TransformersModel(nn.Module):
             return None
         return shared_reason(self, feature)
 
-    def record(self, *, layers: Optional[Sequence[str]] = None,
-               grad: bool = False) -> "contextlib.AbstractContextManager[AttachedModel]":
-        """:func:`~attnlab.hf.attach` with exact weights on ``layers`` (default all); the
-        cross-attention layers' weights are in ``.cross_attentions``."""
-        return attach(self.model, layers="all" if layers is None else list(layers), grad=grad)
+    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False,
+               rows: RowChoice = None) -> "contextlib.AbstractContextManager[AttachedModel]":
+        """:func:`~attnlab.hf.attach` with exact weights on ``layers`` (default all), of the
+        query rows ``rows`` (default all); the cross-attention layers' weights are in
+        ``.cross_attentions``."""
+        return attach(self.model, layers="all" if layers is None else list(layers), grad=grad, rows=rows)
 
     @contextlib.contextmanager
     def statistics(self, *, sparsity_threshold: float = 0.1, top_k: int = 3,

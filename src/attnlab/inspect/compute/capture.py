@@ -29,6 +29,7 @@ from ...attention.interface import is_served, names_attention_function, serve_as
 from ...attention.multihead import MultiHeadAttention
 from . import modes
 from .inspectable import Inspectable, Site
+from .query_rows import RowChoice
 from .routing import Session, inspecting, route_of
 
 __all__ = ["AttentionCapture", "capture_attention", "find_attention_modules", "attention_heads",
@@ -92,15 +93,19 @@ class AttentionCapture:
         attentions: ``{"layer_1": [B, H, T, S], ...}`` from the latest call of each
             module (a module called twice in one forward keeps its last call).
         paths: ``{"layer_1": "layers.0.self_attn", ...}``, the module each name stands for.
+        query_rows: ``{"layer_1": positions [R]}``: the query rows behind each layer's
+            weights, when ``rows=`` chose some (``[B, H, R, S]``); empty otherwise.
     """
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.attentions: dict[str, Tensor] = {}
+        self.query_rows: dict[str, Tensor] = {}
         self.paths = paths
 
     def clear(self) -> None:
         """Forget the recorded weights (the hooks stay until the context ends)."""
         self.attentions = {}
+        self.query_rows.clear()
 
     def stacked(self) -> Tensor:
         """All layers as one tensor ``[L, B, H, T, S]`` (layers must share their shapes)."""
@@ -149,6 +154,7 @@ def capture_attention(
     eval_mode: bool = True,
     detach: bool = True,
     modules: Optional[Union[Sequence[nn.Module], Mapping[str, nn.Module]]] = None,
+    rows: RowChoice = None,
 ) -> Iterator[AttentionCapture]:
     """Record per-layer, per-head attention weights of every forward inside the block.
 
@@ -162,6 +168,10 @@ def capture_attention(
         modules: capture exactly these modules (named ``layer_1, ...`` in the given
             order, or by the keys of a ``{name: module}`` mapping) instead of searching
             the model.
+        rows: keep only these query rows' weights over every key (``[B, H, R, S]``): the
+            last ``k`` (an int), a slice, or positions; the module's output comes from its
+            fused kernel and no ``[T, S]`` map is made (modules that call attnlab's attention
+            functions; another kind is refused).
 
     Yields:
         :class:`AttentionCapture` whose ``attentions`` fill in as the model runs.
@@ -194,9 +204,13 @@ def capture_attention(
     # any other module's are taken from its output by a hook.
     routable = {name: module for name, module in found.items()
                 if names_attention_function(module) and route_of(module) is None}
+    if rows is not None and len(routable) < len(found):
+        other = next(name for name in found if name not in routable)
+        raise ValueError(f"rows=: {other} ({type(found[other]).__name__}) does not call attnlab's attention "
+                         f"functions, so its weights come whole; capture without rows, or leave that module out")
     sites = [Site(name, paths.get(name, "?"), module, attention_heads(module), False, False)
              for name, module in routable.items()]
-    session = _CaptureSession(capture, model, sites, detach)
+    session = _CaptureSession(capture, model, sites, detach, rows)
     handles = []
     try:
         for name, module in found.items():
@@ -214,10 +228,12 @@ def capture_attention(
 class _CaptureSession(Session):
     """Every routed module's exact weights, kept in the capture as each call makes them."""
 
-    def __init__(self, capture: AttentionCapture, model: nn.Module, sites: list[Site], detach: bool) -> None:
+    def __init__(self, capture: AttentionCapture, model: nn.Module, sites: list[Site], detach: bool,
+                 rows: RowChoice = None) -> None:
         super().__init__(model, sites, {site.name for site in sites}, None, not detach, False, {},
-                         refuse_shared_modules=False)
+                         refuse_shared_modules=False, rows=rows)
         self.capture = capture
+        self.query_rows = capture.query_rows  # one dict, filled as the session records
 
     def _record(self, site: Site, weights: Tensor) -> None:
         super()._record(site, weights)

@@ -41,6 +41,8 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, P
 
 from torch import Tensor, nn
 
+from .query_rows import RowChoice
+
 __all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "residual_blocks",
            "shared_reason", "special_ids_of"]
 
@@ -115,9 +117,13 @@ class Inspectable(Protocol):
     def unsupported(self, feature: str) -> Optional[str]:
         """Why ``feature`` (a key of :data:`FEATURES`) is not offered, or ``None``."""
 
-    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False) -> ContextManager[Any]:
+    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False,
+               rows: RowChoice = None) -> ContextManager[Any]:
         """Inside the block, forwards keep the weights of ``layers`` (names; default every
-        layer) in ``.attentions`` (``{name: [B, H, T, S]}``), in the graph when ``grad``."""
+        layer) in ``.attentions`` (``{name: [B, H, T, S]}``), in the graph when ``grad``.
+        ``rows`` keeps only chosen query rows' weights (``[B, H, R, S]``, positions in
+        ``.query_rows``): the last ``k``, a slice, or positions
+        (:mod:`~attnlab.inspect.compute.query_rows`); no ``[T, S]`` map is made."""
 
     def statistics(self, *, sparsity_threshold: float = 0.1, top_k: int = 3,
                    token_groups: Optional[Mapping[str, Iterable[int]]] = None) -> ContextManager[Any]:

@@ -28,6 +28,7 @@ from .capture import attention_heads, capture_attention, find_attention_modules,
 from .head_mask import mask_heads
 from .inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
 from .modes import eval_mode
+from .query_rows import RowChoice
 from .routing import Route, Session, inspecting
 from .site_statistics import SiteStatistics
 
@@ -117,9 +118,9 @@ class OwnModel:
             raise ValueError(f"no attention layer {unknown[0]!r}; this model has {', '.join(by_name)}")
         return {layer: by_name[layer] for layer in layers}
 
-    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False):
-        """:func:`~attnlab.inspect.capture_attention` on the chosen layers."""
-        return capture_attention(self.model, detach=not grad, modules=self._chosen(layers))
+    def record(self, *, layers: Optional[Sequence[str]] = None, grad: bool = False, rows: RowChoice = None):
+        """:func:`~attnlab.inspect.capture_attention` on the chosen layers (and query rows)."""
+        return capture_attention(self.model, detach=not grad, modules=self._chosen(layers), rows=rows)
 
     def _routed(self) -> bool:
         """Whether every site calls attnlab's attention functions (attnlab's own modules do;

@@ -40,6 +40,7 @@ from ...attention.interface import (
 )
 from ...attention.masks import head_mask_scale, validate_attention_bias, validate_attention_mask
 from ...outputs import LayerAttentions
+from .query_rows import RowChoice, check_rows, resolve_rows, row_attention
 from .site_statistics import SiteStatistics
 
 __all__ = ["INSPECTING", "Route", "Session", "UnsupportedAttention", "inspected_attention", "route_of", "routed",
@@ -131,6 +132,14 @@ class Route:
             output = torch.where(heads.to(output.device)[:, None], values.to(output.dtype), output)
         return output
 
+    def chose_rows(self, rows: list[int]) -> None:
+        """This call keeps the weights of query rows ``rows`` only."""
+        if self.chunks > 1:
+            raise UnsupportedAttention(
+                f"{self.site.name} attends in several chunks of one sequence (as an image tower attending "
+                f"within each image); rows= cannot choose among them: leave rows out")
+        self.session.query_rows[self.site.name] = torch.tensor(rows)
+
     def returned_weights(self, weights: Optional[Tensor], asked: bool) -> Optional[Tensor]:
         if weights is not None and (self.chosen or asked):
             kept = weights if self.session.heads is None or not self.chosen else weights[:, self.session.heads]
@@ -183,10 +192,15 @@ class Session:
     transformers models: ALBERT shares one layer) or keeps its latest call (attnlab's own
     models, whose modules may be called outside the model's own forward, as in generation).
 
+    ``rows`` keeps the exact weights of chosen query rows only (:func:`check_rows`): the
+    module's output comes from its fused kernel, and the chosen rows' weights over every key
+    are computed beside it, so no ``[T, S]`` map is ever made.
+
     Attributes:
         sites: every attention site, named (``layer_1``, ``cross.layer_1``, ...).
         attentions: the chosen self-attention layers' weights of the latest call of each
-            module, ``[B, H, T, S]`` (``H`` = the chosen heads), as a
+            module, ``[B, H, T, S]`` (``H`` = the chosen heads; ``[B, H, R, S]`` for ``R``
+            chosen rows, whose positions are in ``query_rows``), as a
             :class:`~attnlab.outputs.LayerAttentions` keyed by layer name.
         cross_attentions: the same for cross-attention layers.
         head_outputs: each recorded layer's head outputs ``[B, T, H, D]``.
@@ -195,8 +209,13 @@ class Session:
 
     def __init__(self, model: nn.Module, sites: list, layers: Optional[set[str]], heads: Optional[list[int]],
                  grad: bool, statistics: bool, statistics_options: dict, *,
-                 refuse_shared_modules: bool = True) -> None:
+                 refuse_shared_modules: bool = True, rows: RowChoice = None) -> None:
+        if rows is not None and statistics:
+            raise ValueError("rows= chooses query rows whose weights are kept; statistics are computed over "
+                             "every row: ask for one or the other")
         self.model, self.sites = model, sites
+        self.rows = check_rows(rows)
+        self.query_rows: dict[str, Tensor] = {}  # each layer's rows behind its kept weights
         self.layers_asked, self.heads, self.grad = layers, heads, grad
         self.statistics_mode = statistics
         self._weights: dict[str, Tensor] = {}
@@ -226,6 +245,7 @@ class Session:
     def clear(self) -> None:
         """Forget recorded weights and statistics (the block stays open)."""
         self._weights, self.head_outputs = {}, {}
+        self.query_rows.clear()
         self.recorder.clear()
 
     # -- each forward -----------------------------------------------------------------
@@ -376,30 +396,38 @@ def inspected_attention(
     T = query.shape[2]
     scale = None if head_mask is None else head_mask_scale(head_mask, query.shape[1], query.shape[0])  # [B|1, H, 1, 1]
     statistics = route is not None and route.session.statistics_mode
+    rows = resolve_rows(route.session.rows, T) if exact and route is not None and not statistics else None
     if not exact and softcap is None and sinks is None and fused is not None:
         output, weights = fused(), None
-    elif exact and not statistics and reference is not None:
+    elif exact and not statistics and reference is not None and rows is None:
         output, weights = reference()
     else:
         if causal and attention_mask is None and key.shape[2] > T:  # keys past the last query row: never attended
             key, value = key[:, :, :T], value[:, :, :T]
             position_bias = None if position_bias is None else position_bias[..., :T]
-        on_block = None
-        if statistics:
-            on_block = route.statistics_block if scale is None else (
-                lambda weights, *rest: route.statistics_block(weights * scale.to(weights.dtype), *rest))
-        output, weights = exact_attention(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, causal=causal,
-            softcap=softcap, position_bias=position_bias, sinks=sinks,
-            rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
-            keep_weights=exact and not statistics, on_block=on_block,
-        )
+        if rows is not None:
+            output, weights = row_attention(
+                module, query, key, value, attention_mask, rows, block_cells=_STATISTICS_BLOCK_CELLS, scaling=scaling, dropout=dropout, causal=causal,
+                softcap=softcap, position_bias=position_bias, sinks=sinks, fused=fused)
+        else:
+            on_block = None
+            if statistics:
+                on_block = route.statistics_block if scale is None else (
+                    lambda weights, *rest: route.statistics_block(weights * scale.to(weights.dtype), *rest))
+            output, weights = exact_attention(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, causal=causal,
+                softcap=softcap, position_bias=position_bias, sinks=sinks,
+                rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
+                keep_weights=exact and not statistics, on_block=on_block,
+            )
     if scale is not None:  # each head's weights and output (a switched-off head's weights are zero)
         output = output * scale.transpose(1, 2).to(output.dtype)  # [B|1, 1, H, 1] on [B, T, H, D]
         if weights is not None:
             weights = weights * scale.to(weights.dtype)
     if route is not None:
         output = route.edit_output(output)
+        if rows is not None:
+            route.chose_rows(rows)
         weights = route.returned_weights(weights, asked)
     return output, weights
 

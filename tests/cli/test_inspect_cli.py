@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -81,6 +82,34 @@ def test_inspect_writes_pictures_and_report(run_dir, tmp_path, capsys):
     assert f"report: {out / 'report.html'}" in printed
     page = (out / "report.html").read_text()
     assert "the movie was &lt;script&gt; great" in page and "<script> great" not in page
+
+
+def test_inspect_rows_draws_the_chosen_query_rows_over_every_key(run_dir, tmp_path, capsys):
+    from attnlab import load
+    from attnlab.workflows.inspect_text import write_inspection
+
+    text = "the movie was great , and fun but the plot was bad !"
+    model, tokenizer, _ = load(run_dir)
+    whole = write_inspection(model, tokenizer, text, tmp_path / "whole", formats=["png"])
+    out = tmp_path / "rows"
+    assert main(["inspect", "--model", str(run_dir), "--text", text, "--out", str(out), "--rows", "last:3",
+                 "--format", "png"]) == 0
+    T = len(whole.tokens)
+    page = (out / "report.html").read_text()
+    assert f"3 of {T} query rows ({T - 3}-{T - 1})" in page and f"{T - 1}: [SEP]" in page
+    assert {"report.html", "model.png", "layer_2.png", "head_L2_H1.png"} <= {path.name for path in out.iterdir()}
+    rows = write_inspection(model, tokenizer, text, tmp_path / "again", formats=["png"], rows=[0, 5, 6])
+    for name, weights in whole.attentions.items():
+        assert torch.allclose(rows.attentions[name], weights[:, [0, 5, 6]], atol=1e-6)
+    capsys.readouterr()
+    for spec, message in (("abc", "--rows must be last:K, START:STOP or positions"),
+                          ("0,99", "position 99 is outside this call's")):
+        with pytest.raises(SystemExit) if spec == "abc" else contextlib.nullcontext():
+            code = main(["inspect", "--model", str(run_dir), "--text", text, "--out", str(tmp_path / "bad"),
+                         "--rows", spec])
+            assert code != 0
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_analyze_writes_json_plots_and_summary(run_dir, tmp_path, capsys):

@@ -17,6 +17,22 @@ def _window(value: str) -> tuple[int, int]:
     return start, stop
 
 
+def _rows(value: str):
+    """``--rows``: ``last:K``, ``START:STOP`` (negative counts from the end) or ``P,Q,...``."""
+    text = value.strip()
+    try:
+        if text.startswith("last:"):
+            return int(text[len("last:"):])
+        if ":" in text:
+            start, stop = (int(part) if part.strip() else None for part in text.split(":"))
+            return slice(start, stop)
+        return [int(part) for part in text.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"--rows must be last:K, START:STOP or positions P,Q,... (e.g. last:16, 1000:1100, 0,-1), "
+            f"got {value!r}") from error
+
+
 def _size(value: str) -> tuple[int, int]:
     try:
         height, width = (int(part) for part in value.lower().split("x"))
@@ -42,6 +58,10 @@ def _check_inputs(args: argparse.Namespace) -> str:
         raise ValueError("--image-size, --head-fusion and --discard-ratio apply to --image only")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ValueError(f"--discard-ratio must lie in [0, 1), got {args.discard_ratio}")
+    if args.rows is not None and not (args.text is not None):
+        raise ValueError("--rows applies to --text (chosen query rows of one text)")
+    if args.rows is not None and args.window is not None:
+        raise ValueError("--rows and --window both choose what is drawn: give one")
     if args.prompt is not None and args.image is None:
         raise ValueError("--prompt goes with --image (a vision-language model's prompt about the picture); "
                          "for a text alone give --text")
@@ -109,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=_window, default=None, help="START:STOP positions of the single-head picture"
     )
+    parser.add_argument(
+        "--rows", type=_rows, default=None, metavar="SPEC",
+        help="with --text: draw only these query rows' exact weights over every key, for long texts (no "
+             "T x T map is made): last:K (the last K tokens), START:STOP (a span; write --rows=-16: for a "
+             "negative start) or positions P,Q,... (0,-1)",
+    )
     add_dtype_argument(parser)
 
 
@@ -157,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         window=args.window,
         max_tokens=args.max_tokens,
         model_name=args.model,
+        rows=args.rows,
     )
     print(f"{len(inspection.tokens)} tokens, {len(inspection.attentions)} layers")
     for path in inspection.figures:

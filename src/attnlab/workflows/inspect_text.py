@@ -17,6 +17,7 @@ from ..inspect.compute.inspectable import inspectable, require
 from ..inspect.compute.capture import capture_attention
 from ..inspect.compute.causal_statistics import CAUSAL_STATISTICS, causal_statistics
 from ..inspect.compute.heads import forward_batch
+from ..inspect.compute.query_rows import RowChoice, check_rows
 from ..inspect.compute.rollout import attention_rollout
 from ..inspect.compute.statistics import HeadStatistics
 from ..inspect.compute.token_groups import special_token_groups
@@ -77,6 +78,7 @@ def write_inspection(
     max_tokens: int = 128,
     title: Optional[str] = None,
     model_name: str = "model",
+    rows: RowChoice = None,
 ) -> Inspection:
     """Capture the attention of ``text`` and write pictures and ``report.html`` into ``out``.
 
@@ -96,6 +98,11 @@ def write_inspection(
         max_tokens: beyond this many positions pictures and report pool positions.
         title: report title.
         model_name: shown in the report.
+        rows: draw only these query rows' weights over every key (the last ``k``, a slice,
+            or positions; :mod:`~attnlab.inspect.compute.query_rows`): no ``[T, T]`` map
+            is made, so a long text fits. The maps are then ``[H, R, T]``, their rows
+            labelled with their positions; the rollout and the decoder's per-prefix
+            statistics, which need every row, are left out.
     """
     out = Path(out)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -108,9 +115,13 @@ def write_inspection(
             raise ValueError(f"window must be (start, stop) with 0 <= start < stop and start below the text's "
                              f"{len(tokens)} tokens, got {tuple(window)}")
     mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, T]
-    with torch.no_grad(), capture_attention(model) as captured:
+    positions = None
+    with torch.no_grad(), (capture_attention(model) if rows is None else
+                           inspectable(model).record(rows=check_rows(rows))) as captured:
         forward_batch(model, {"input_ids": input_ids, "mask": mask})
-    attentions = {name: weights[0].float() for name, weights in captured.attentions.items()}  # [H, T, T]
+    attentions = {name: weights[0].float() for name, weights in captured.attentions.items()}  # [H, T|R, T]
+    if rows is not None:
+        positions = next(iter(captured.query_rows.values())).tolist()
     names = list(attentions.keys())
     layer = len(names) if layer is None else layer
     if not 1 <= layer <= len(names):
@@ -123,15 +134,21 @@ def write_inspection(
     statistics = HeadStatistics(token_groups=special_token_groups(tokenizer))
     for name, weights in attentions.items():
         square = weights.shape[-1] == weights.shape[-2]
-        statistics.update(
-            name,
-            weights[None],
-            mask,
-            mask if square else torch.ones(1, weights.shape[-1], dtype=torch.bool),
-            input_ids=input_ids,
-        )
+        for first, stop in _runs(positions) if positions is not None else [(0, weights.shape[-2])]:
+            start = first if positions is None else positions[first]  # the run's first query position
+            statistics.update(
+                name,
+                weights[None, :, first:stop],
+                mask[:, start:start + stop - first],
+                mask if square or positions is not None else torch.ones(1, weights.shape[-1], dtype=torch.bool),
+                input_ids=input_ids,
+                query_start=start,
+            )
     means = statistics.means()
     tables = {stat: [means[name][stat] for name in names] for stat in next(iter(means.values()))}
+    if positions is not None:
+        return _write_rows(out, attentions, tokens, positions, tables, layer=layer, head=head, formats=formats,
+                           max_tokens=max_tokens, title=title, meta={"model": model_name, "text": text})
     if callable(getattr(model, "new_cache", None)):  # a decoder: statistics over each query's allowed prefix
         causal = causal_statistics({name: weights[None] for name, weights in attentions.items()})
         tables = {**{stat: [causal[stat][name] for name in names] for stat in CAUSAL_STATISTICS},
@@ -166,3 +183,47 @@ def write_inspection(
     )
     return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
 
+
+
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """``[(first, stop), ...]``: spans of ``positions`` (indices into it) whose positions
+    follow each other (``10, 11, 12``)."""
+    runs: list[tuple[int, int]] = []
+    for index, position in enumerate(positions):
+        if runs and position == positions[index - 1] + 1:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
+
+
+def _write_rows(out: Path, attentions: dict[str, torch.Tensor], tokens: list[str], positions: list[int],
+                tables: dict, *, layer: int, head: int, formats: Sequence[str], max_tokens: int,
+                title: Optional[str], meta: dict[str, str]) -> Inspection:
+    """The pictures and report of chosen query rows ``[H, R, T]``: rows labelled with their
+    positions, keys pooled past ``max_tokens`` (sums of neighbouring keys)."""
+    names = list(attentions)
+    queries = [f"{position}: {tokens[position]}" for position in positions]
+    shown = f"{len(positions)} of {len(tokens)} query rows ({_ranges(positions)})"
+    figures: list[Path] = []
+    figures += save_figure(plot_model(attentions, title=f"{meta['model']}: {shown}"), out / "model", formats)
+    for index, name in enumerate(names, 1):
+        figure = plot_layer(attentions[name], queries, key_tokens=tokens, title=f"{name}: {shown}",
+                            max_tokens=min(max_tokens, 64))
+        figures += save_figure(figure, out / f"layer_{index}", formats)
+    name = names[layer - 1]
+    figure = plot_head(attentions[name][head - 1], queries, key_tokens=tokens, title=f"{name}, head {head}: {shown}",
+                       max_tokens=max_tokens)
+    figures += save_figure(figure, out / f"head_L{layer}_H{head}", formats)
+    report = write_report(
+        out / "report.html", attentions, queries, key_tokens=tokens, sides=("chosen query rows", "keys"),
+        title=title or "attnlab attention report",
+        meta={**meta, "tokens": str(len(tokens)), "query rows": shown}, statistics=tables, max_tokens=max_tokens,
+    )
+    return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
+
+
+def _ranges(positions: Sequence[int]) -> str:
+    """``"0, 10-19, 4095"``: positions as ranges."""
+    return ", ".join(str(positions[first]) if stop == first + 1 else f"{positions[first]}-{positions[stop - 1]}"
+                     for first, stop in _runs(positions))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._model_options import add_dtype_argument
+from ._model_options import add_dtype_argument, add_placement_arguments, placement_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden-layer", type=int, default=None,
                         help="with argmax/itermax: the layer whose hidden states are compared (default the middle)")
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def _numbers(value: str, flag: str) -> list[int]:
@@ -97,7 +98,7 @@ def _align_with_model(args: argparse.Namespace) -> list:
     pairs = _read_pairs(args.pairs)
     layers = _numbers(args.layers, "--layers") if args.layers else None
     heads = [h - 1 for h in _numbers(args.heads, "--heads")] if args.heads else None
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     print(dtype_line(resolved))
     model = getattr(resolved.model, "model", resolved.model)
     if not getattr(model.config, "is_encoder_decoder", False):

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
 def _heads(value: str) -> tuple[str, list[int]]:
@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --data: keep the partial statistics in OUT/.analysis-partial at least this often "
                         "(and on Ctrl-C or SIGTERM); the same command run again resumes from them (default 60)")
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def check_statistics_options(args: argparse.Namespace) -> None:
@@ -119,7 +120,7 @@ def _run_texts(args: argparse.Namespace, say) -> int:
     from ._model_options import dtype_line
     from ..workflows.resolve import max_length_for, resolve_model
 
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     say(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=128)
     rows = load_texts(args.data, split=args.split, text_column=args.text_column, limit=args.limit,
@@ -183,7 +184,7 @@ def _run_images(args: argparse.Namespace) -> int:
     files = image_files(args.images, limit=args.limit)
     check_output_dir(args.out, "--out", "statistics.json, plots/ and summary.html")
     model, preprocessing = open_vision_model(
-        args.model, flag="--images", dtype=args.dtype,
+        args.model, flag="--images", dtype=args.dtype, placement=placement_from_args(args),
         takes="vision model directory (ViT, DeiT, DINOv2, CLIP: config.json + safetensors)")
     steps = image_steps(model.model, preprocessing=preprocessing)
     images = (load_image(path, argument="--images") for path in files)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also compare head importance (needs labels and classifiers)",
     )
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_output_dir(args.out, "--out", "comparison.json and .html")
-    resolved = [resolve_model(spec, dtype=args.dtype) for spec in args.models]
+    placement = placement_from_args(args)  # each model's offloaded layers in a folder of its own: DIR/A, DIR/B
+    resolved = [resolve_model(spec, dtype=args.dtype, placement=None if placement is None else placement.within(which))
+                for spec, which in zip(args.models, "AB")]
     print("; ".join(dtype_line(model) for model in resolved))
     max_length = min(max_length_for(model, args.max_length, fallback=128) for model in resolved)
     names_a, names_b = (getattr(model.model, "label_names", None) for model in resolved)

@@ -8,7 +8,7 @@ import argparse
 
 from ..inspect.compute.generation_attribution import GENERATION_METHODS
 from ..inspect.compute.token_attribution import METHODS
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens kept from the text (default: as many as the model takes)",
     )
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ..workflows.resolve import max_length_for, resolve_model
 
     check_output_dir(args.out, "--out", "explanation.json, .png and .html")
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     resolved.refuse_encoder_decoder("explain scores one sequence's tokens",
                                     "attnlab inspect --source/--target draws its cross-attention")
     print(dtype_line(resolved))
@@ -134,7 +135,7 @@ def _run_generation(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     check_output_dir(args.out, "--out", "explanation.json, .png, .html and logit_lens.png")
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     resolved.refuse_encoder_decoder("--prompt explains a decoder-only language model's continuation",
                                     "attnlab generate --prompt continues it, attnlab inspect --source/--target "
                                     "draws its cross-attention")
@@ -197,7 +198,7 @@ def _run_image(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out", "explanation.png, explanation.json and report.html")
     image = load_image(args.image, argument="--image")
     model, preprocessing = open_vision_model(
-        args.model, flag="--image", dtype=args.dtype,
+        args.model, flag="--image", dtype=args.dtype, placement=placement_from_args(args),
         takes="image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification: config.json + safetensors)")
     written = write_image_explanation(model, image, args.out, methods=args.methods or IMAGE_METHODS,
                                       target=args.target, preprocessing=preprocessing, model_name=args.model,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._model_options import add_dtype_argument
+from ._model_options import add_dtype_argument, add_placement_arguments, placement_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                          f"or leave {'it' if len(shaping) == 1 else 'them'} out")
     if args.report is not None:
         check_output_dir(args.report, "--report", "report.html, generation.json and statistics.json")
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     print(dtype_line(resolved))
     prompt = args.prompt
     if args.chat:

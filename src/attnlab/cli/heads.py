@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=None,
                         help="score the heads on this text instead of repeated random tokens (no losses then)")
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def _special_ids(model) -> tuple:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt must be a non-empty text")
     check_output_dir(args.out, "--out", "heads.json and heads-ROLE.png")
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     resolved.refuse_encoder_decoder("heads finds the roles of a decoder-only language model's heads",
                                     "attnlab analyze --data gives its per-head statistics")
     if not is_causal_model(resolved.model):

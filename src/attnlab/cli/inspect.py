@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
 def _window(value: str) -> tuple[int, int]:
@@ -136,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "negative start) or positions P,Q,... (0,-1)",
     )
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_image(args)
     if kind == "audio":
         return _run_audio(args)
-    resolved = resolve_model(args.model, dtype=args.dtype)
+    resolved = resolve_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     print(dtype_line(resolved))
     max_length = max_length_for(resolved, args.max_length, fallback=512)
     if kind == "pair":
@@ -226,6 +227,7 @@ def _run_image(args: argparse.Namespace) -> int:
                          f"about the picture, and attnlab draws what each generated token looked at in it")
     model, preprocessing = open_vision_model(
         args.model, flag="--image", dtype=args.dtype, resized=bool(args.image_size),
+        placement=placement_from_args(args),
         takes="vision model directory (ViT, DeiT, DINOv2, CLIP: config.json + safetensors)")
     inspection = write_image_inspection(model, image, args.out, size=args.image_size, head_fusion=args.head_fusion,
                                         discard_ratio=args.discard_ratio, model_name=args.model,
@@ -251,7 +253,8 @@ def _run_vision_language(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the question or instruction about the picture")
     image = load_image(args.image, argument="--image")
-    model, tokenizer, preprocessing, settings = open_vision_language_model(args.model, dtype=args.dtype)
+    model, tokenizer, preprocessing, settings = open_vision_language_model(args.model, dtype=args.dtype,
+                                                                           placement=placement_from_args(args))
     layers = None if args.layer is None else [args.layer]
     inspection = write_vision_language_inspection(
         model, tokenizer, image, args.prompt, args.out, max_new_tokens=new_tokens, layers=layers,
@@ -278,7 +281,7 @@ def _run_audio(args: argparse.Namespace) -> int:
     if not Path(args.model).is_dir() or not is_transformers_only(args.model):
         raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
                          f"safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype)
+    model = open_transformers(args.model, dtype=args.dtype, placement=placement_from_args(args))
     inner = model.model
     print(f"{args.model}: {type(inner).__name__} through transformers, attention served by attnlab")
     if not getattr(inner.config, "is_encoder_decoder", False) or not hasattr(inner.config, "num_mel_bins"):

@@ -15,7 +15,7 @@ import secrets
 import signal
 import socket
 
-from ._model_options import MODEL_HELP, add_dtype_argument
+from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 __all__ = ["add_arguments", "run", "is_loopback"]
 
@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64,
                         help="tokens a prompt may be continued by, step by step (default 64)")
     add_dtype_argument(parser)
+    add_placement_arguments(parser)
 
 
 def _check_port(host: str, port: int) -> None:
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--token is empty; give a token, or leave --token out")
     _check_port(args.host, args.port)
     limits = ServeLimits(max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens)
-    session = open_session(args.model, dtype=args.dtype, limits=limits)
+    session = open_session(args.model, dtype=args.dtype, limits=limits, placement=placement_from_args(args))
     explorer = session.explorer
     print(f"{args.model}: {explorer.kind}, {len(explorer.heads)} layers x {max(explorer.heads)} heads")
     app = create_app(session, token=token, local_only=local)

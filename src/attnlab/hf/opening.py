@@ -31,6 +31,7 @@ from .seq2seq import decoder_start
 
 if TYPE_CHECKING:
     from ..checkpoints.source import Source
+    from .placement import Placement
 
 __all__ = ["TransformersModel", "as_inspectable", "open_transformers", "is_transformers_only", "transformers_module"]
 
@@ -266,16 +267,22 @@ def as_inspectable(model: nn.Module) -> TransformersModel:
     return TransformersModel(model, name=type(model).__name__)
 
 
-def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") -> TransformersModel:
+def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
+                      placement: Optional["Placement"] = None) -> TransformersModel:
     """Open ``directory`` with transformers (the class its config names) under attnlab's attention.
 
     Args:
         directory: a HuggingFace directory (``config.json`` and safetensors, sharded or not).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's own).
+        placement: accelerate's device map, memory budgets and offload folder
+            (:func:`~attnlab.hf.placement.placement`); ``None``: the whole model on the CPU.
+            Offloaded layers are brought in for their own forward, and attnlab's attention
+            function serves each layer on the device it runs on.
 
     Raises:
         ImportError: transformers is not installed (the message names the extra).
-        ValueError: ``dtype`` is not one of those, or the architecture is unknown to transformers.
+        ValueError: ``dtype`` is not one of those, the architecture is unknown to transformers,
+            or the device map put layers on disk and ``placement`` has no offload folder.
     """
     try:
         import transformers
@@ -298,9 +305,10 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") ->
     if model_class is None:
         model_class = transformers.AutoModel
     _check_weight_files(directory, model_class, config)
+    placed = {} if placement is None else placement.from_pretrained_options()
     try:
         model = model_class.from_pretrained(
-            directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa"
+            directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa", **placed
         )
     except OSError as error:  # transformers' word for missing or unreadable weight files
         raise ValueError(f"{directory}: {str(error).splitlines()[0]}") from None
@@ -309,6 +317,8 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32") ->
             raise
         raise ValueError(f"{directory}: config.json's sizes do not match the weights (transformers' report above); "
                          f"the config and the weights come from different models") from None
+    if placement is not None:
+        placement.check_dispatched(model)
     opened = TransformersModel(model.eval(), name=str(directory))
     embedding = opened._embedding()  # None for a model with no token embedding (images, audio)
     if isinstance(embedding, nn.Embedding):

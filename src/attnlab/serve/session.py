@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 from .image_views import ImageExplorer, is_image_model
 from .limits import RequestError, ServeLimits
 from .text_views import TextExplorer
+
+if TYPE_CHECKING:
+    from ..hf.placement import Placement
 
 __all__ = ["ModelSession", "open_session"]
 
@@ -64,9 +67,11 @@ class ModelSession:
             self._waiting -= 1
 
 
-def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLimits] = None) -> ModelSession:
+def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLimits] = None,
+                 placement: Optional["Placement"] = None) -> ModelSession:
     """Open the model ``spec`` names (what ``attnlab.load`` opens, a transformers directory, or a
-    vision transformer directory) and its explorer.
+    vision transformer directory) and its explorer; ``placement``: accelerate's device map
+    (``--device-map``).
 
     Raises:
         FileNotFoundError, ValueError: ``spec`` opens no model the explorer can show (the
@@ -76,10 +81,10 @@ def open_session(spec: str, *, dtype: str = "float32", limits: Optional[ServeLim
 
     limits = limits or ServeLimits()
     if Path(spec).is_dir() and is_image_model(directory_config(spec)):
-        model, preprocessing = open_vision_model(spec, flag="--model", dtype=dtype,
+        model, preprocessing = open_vision_model(spec, flag="--model", dtype=dtype, placement=placement,
                                                  takes="vision model directory (ViT, DeiT, DINOv2)")
         return ModelSession(ImageExplorer(model, preprocessing, spec, limits), limits)
-    resolved = resolve_model(spec, dtype=dtype)
+    resolved = resolve_model(spec, dtype=dtype, placement=placement)
     resolved.refuse_encoder_decoder("the explorer reads one sequence's attention",
                                     "attnlab inspect --source --target draws its encoder, decoder and cross maps")
     return ModelSession(TextExplorer(resolved.model, resolved.tokenizer, spec, limits), limits)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    from ..hf.placement import Placement
 
 __all__ = ["VisionLanguageInspection", "open_vision_language_model", "refuse_unlaid_vision_language",
            "vision_language_type",
@@ -51,7 +54,8 @@ def refuse_unlaid_vision_language(directory: str, model_type: str) -> None:
                          f"of {', '.join(FAMILIES)} only, so it cannot draw this one's words over the picture")
 
 
-def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any, Any, Optional[dict]]:
+def open_vision_language_model(directory: str, *, dtype: str, placement: Optional["Placement"] = None
+                               ) -> tuple[Any, Any, Any, Optional[dict]]:
     """The model, its tokenizer, LLaVA's image preprocessing (``None`` otherwise) and a tiled
     family's processor settings (``preprocessor_config.json``; ``None`` otherwise)."""
     from .._files import read_json
@@ -66,7 +70,7 @@ def open_vision_language_model(directory: str, *, dtype: str) -> tuple[Any, Any,
     if not Path(directory).is_dir() or not is_transformers_only(directory):
         raise ValueError(f"--prompt with --image takes a transformers vision-language model directory "
                          f"({', '.join(FAMILIES)}); {directory} is not one")
-    model = open_transformers(directory, dtype=dtype)
+    model = open_transformers(directory, dtype=dtype, placement=placement)
     if not is_vision_language(model):
         raise ValueError(f"--prompt with --image needs a vision-language model ({', '.join(FAMILIES)}); "
                          f"{directory} is a {model.config.model_type} model: drop --prompt to draw its image "

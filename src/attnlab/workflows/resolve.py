@@ -7,7 +7,9 @@ such as ``minilm`` or ``smollm2``; every command that takes ``--model`` takes wh
 re-implement (Gemma 3, Qwen3, T5, ...) opens through ``transformers`` under attnlab's
 attention function (:mod:`attnlab.hf`). The loaders are imported only when used. Every
 command that loads a model takes ``--dtype`` (float32 by default, :data:`DEFAULT_DTYPE`) and
-prints the dtype it used in one line (:mod:`attnlab.cli._model_options`).
+prints the dtype it used in one line (:mod:`attnlab.cli._model_options`), and ``--device-map``,
+``--max-memory``, ``--offload-dir``: a :class:`~attnlab.hf.placement.Placement`, with which a
+HuggingFace directory of any family opens through transformers, its layers where the map puts them.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import nn
 
 from .._moved import moved_names
+
+if TYPE_CHECKING:
+    from ..hf.placement import Placement
 
 __all__ = ["DEFAULT_DTYPE", "ResolvedModel", "max_length_for", "open_vision_model", "resolve_model"]
 
@@ -57,13 +62,17 @@ class ResolvedModel:
                              f"two texts); {reads}: {instead}")
 
 
-def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
+def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE,
+                  placement: Optional["Placement"] = None) -> ResolvedModel:
     """Load the model and tokenizer ``spec`` names (see the module docstring), in ``dtype``
-    (``--dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``).
+    (``--dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``); with a
+    ``placement`` (``--device-map``), a HuggingFace directory of any family opens through
+    transformers, its layers where the map puts them.
 
     Raises:
         FileNotFoundError: ``spec`` is a path that does not exist.
-        ValueError: when nothing can be loaded from ``spec``; the message says why.
+        ValueError: when nothing can be loaded from ``spec``, or ``placement`` is given for an
+            attnlab run or checkpoint or a GGUF file; the message says why.
     """
     path = Path(spec)
     if not path.exists() and (os.sep in spec or spec.startswith(".")):
@@ -76,6 +85,11 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE) -> ResolvedModel:
     from ..checkpoints.source import open_source
 
     found = open_source(spec)  # looked at once: load (or transformers) is handed what was read
+    if placement is not None:
+        from ..hf.placement import refuse_unplaceable
+
+        refuse_unplaceable(found, placement.names)
+        return _resolve_transformers(spec, dtype, placement, found.directory)
     if is_transformers_only(found):
         return _resolve_transformers(spec, dtype)
     loaded = load(found, dtype=dtype)
@@ -113,20 +127,26 @@ def _refuse_other_modalities(spec: str) -> None:
                          f"(inspect, explain) or --images (analyze)")
 
 
-def _resolve_transformers(spec: str, dtype: str) -> ResolvedModel:
+def _resolve_transformers(spec: str, dtype: str, placement: Optional["Placement"] = None,
+                          directory: Optional[Path] = None) -> ResolvedModel:
+    """``spec`` (or the ``directory`` it names: a packaged name's) through transformers."""
     from ..hf.opening import open_transformers
+    from ..hf.placement import describe_map, is_dispatched
     from ..checkpoints.encoders.loading import load_tokenizer
 
-    _refuse_other_modalities(spec)
+    where = str(directory) if directory is not None else spec
+    _refuse_other_modalities(where)
     try:
-        tokenizer = load_tokenizer(spec)
+        tokenizer = load_tokenizer(where)
     except FileNotFoundError:
         raise ValueError(f"{spec} holds a model but no tokenizer.json; inspecting text needs one") from None
-    model = open_transformers(spec, dtype=dtype)
+    model = open_transformers(where, dtype=dtype, placement=placement)
     limit = getattr(model.config, "max_position_embeddings", None)
     tokenizer.model_max_length = limit if isinstance(limit, int) and limit > 0 else None
     print(f"{spec}: {type(model.model).__name__} through transformers, attention served by attnlab "
           f"(exact weights where asked, fused sdpa elsewhere)")
+    if is_dispatched(model.model):
+        print(f"device map: {describe_map(model.model)}")
     return ResolvedModel(model, tokenizer, spec, "transformers", dtype)
 
 
@@ -150,11 +170,13 @@ def max_length_for(resolved: ResolvedModel, requested: Optional[int], *, fallbac
     return requested
 
 
-def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: bool = False) -> tuple[Any, Any]:
+def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: bool = False,
+                      placement: Optional["Placement"] = None) -> tuple[Any, Any]:
     """The transformers vision model in directory ``spec`` and its image preprocessing
     (``None``: ViT's defaults), for the commands that take ``flag`` (``--image``,
     ``--images``); prints which preprocessing serves. ``takes`` says which directories the
     flag takes, for the refusal. ``resized``: ``--image-size`` replaces the model's size and crop.
+    ``placement``: accelerate's device map (``--device-map``).
 
     Raises:
         ValueError: ``spec`` is not a transformers model directory.
@@ -164,7 +186,7 @@ def open_vision_model(spec: str, *, flag: str, takes: str, dtype: str, resized: 
 
     if not Path(spec).is_dir() or not is_transformers_only(spec):
         raise ValueError(f"{flag} takes a transformers {takes}; {spec} is not one")
-    model = open_transformers(spec, dtype=dtype)
+    model = open_transformers(spec, dtype=dtype, placement=placement)
     preprocessing = read_image_preprocessing(spec)
     if preprocessing is None:
         print("preprocessing: no preprocessor_config.json in the model directory; ViT's defaults "

@@ -228,6 +228,8 @@ class Session:
 
     # -- what the forward left -------------------------------------------------------
     def _record(self, site: Any, weights: Tensor) -> None:
+        if getattr(self.model, "hf_device_map", None) and weights.device.type != "cpu":
+            weights = weights.to("cpu")  # a model spread over devices (a device map): every layer's maps in one place
         self._weights[site.name] = weights
 
     def _layer_attentions(self, cross: bool) -> LayerAttentions:
@@ -287,7 +289,7 @@ class Session:
         B, H, t, S = weights.shape
         query_mask, key_mask = self._masks_for(site, B, T, S, weights.device)
         ids = self._padding.get("input_ids")
-        ids = ids if ids is not None and ids.shape == (B, S) and not site.cross else None
+        ids = ids.to(weights.device) if ids is not None and ids.shape == (B, S) and not site.cross else None
         self.recorder.add(site.name, weights, query_mask[:, start:start + t], key_mask, input_ids=ids, start=start,
                           rows=T, causal=self._causal(site))
 

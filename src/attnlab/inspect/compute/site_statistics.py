@@ -82,7 +82,7 @@ class StreamingRollout:
         eye = torch.eye(S, device=weights.device)[start:start + t]  # [t, S]
         mixed = self.residual_weight * mixed + (1.0 - self.residual_weight) * eye
         mixed = mixed / mixed.sum(-1, keepdim=True).clamp_min(1e-12)
-        block = mixed @ self._previous  # [B, t, S]
+        block = mixed @ self._previous.to(weights.device)  # [B, t, S]; layers may run on different devices
         self._current[:, start:start + t] = block
         p = block * keys
         p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)

@@ -407,10 +407,19 @@ def inspected_attention(
         if causal and attention_mask is None and key.shape[2] > T:  # keys past the last query row: never attended
             key, value = key[:, :, :T], value[:, :, :T]
             position_bias = None if position_bias is None else position_bias[..., :T]
+        dtype = query.dtype
+        if (statistics or rows is not None) and bf16_is_emulated(query):
+            # no bfloat16 products on this CPU (emulated, ~30x slower than float32's): the
+            # weights that are reduced or chosen are computed in float32, as attnlab's own
+            # modules attend there
+            query, key, value, position_bias, sinks = (
+                None if tensor is None else tensor.float() for tensor in (query, key, value, position_bias, sinks))
         if rows is not None:
             output, weights = row_attention(
-                module, query, key, value, attention_mask, rows, block_cells=_STATISTICS_BLOCK_CELLS, scaling=scaling, dropout=dropout, causal=causal,
-                softcap=softcap, position_bias=position_bias, sinks=sinks, fused=fused)
+                module, query, key, value, attention_mask, rows, block_cells=_STATISTICS_BLOCK_CELLS,
+                scaling=scaling, dropout=dropout, causal=causal, softcap=softcap, position_bias=position_bias,
+                sinks=sinks, fused=fused)
+            output, weights = output.to(dtype), weights.to(dtype)
         else:
             on_block = None
             if statistics:
@@ -422,6 +431,7 @@ def inspected_attention(
                 rows_per_block=route.rows_per_block(query, key) if route is not None and exact else None,
                 keep_weights=exact and not statistics, on_block=on_block,
             )
+            output = output.to(dtype)
     if scale is not None:  # each head's weights and output (a switched-off head's weights are zero)
         output = output * scale.transpose(1, 2).to(output.dtype)  # [B|1, 1, H, 1] on [B, T, H, D]
         if weights is not None:

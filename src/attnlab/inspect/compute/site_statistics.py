@@ -79,8 +79,9 @@ class StreamingRollout:
             self._current = torch.empty(B, S, S, device=weights.device)
         keys = key_mask.float()[:, None, :]  # [B, 1, S]
         mixed = weights.float().mean(1) * keys * query_mask.float()[:, :, None]  # [B, t, S]
-        eye = torch.eye(S, device=weights.device)[start:start + t]  # [t, S]
-        mixed = self.residual_weight * mixed + (1.0 - self.residual_weight) * eye
+        mixed = self.residual_weight * mixed
+        diagonal = torch.arange(t, device=weights.device)
+        mixed[:, diagonal, start + diagonal] += 1.0 - self.residual_weight  # the identity's rows, not an [S, S] eye
         mixed = mixed / mixed.sum(-1, keepdim=True).clamp_min(1e-12)
         block = mixed @ self._previous.to(weights.device)  # [B, t, S]; layers may run on different devices
         self._current[:, start:start + t] = block

@@ -14,7 +14,7 @@ UV_VERSION := 0.13.9
 # torch first: this pin takes the CPU build that lies on the machine.
 TORCH := torch==2.13.0
 
-.PHONY: demo test bench lock test-oldest test-latest ends census clean
+.PHONY: demo test bench lock test-oldest test-latest ends census clean test-cuda
 
 # $(call venv,DIR): a virtual environment with the pinned pip and torch.
 define venv
@@ -75,6 +75,22 @@ bench: $(STAMP)
 census: $(STAMP)
 	$(PY) -m attnlab.hf.census --out docs/hf_backend_architectures.md
 
+# The device suite on a GPU: the locked packages with PyPI's CUDA build of torch (several GB)
+# in a virtual environment of its own, then the parity and transformers-backend tests with
+# `--device cuda` (tests/parity/test_device_parity.py runs attnlab there against the CPU).
+# DEVICE=cuda:1 picks another GPU. `make test` runs the same suite on the CPU.
+DEVICE ?= cuda
+CUDA_VENV := .venv-cuda
+test-cuda:
+	test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(CUDA_VENV)/bin/python -m pip install --quiet --isolated torch==2.13.0
+	awk '/^torch==/ {skip = 1; next} skip && /^    --hash/ {next} {skip = 0; print}' $(LOCK) > $(CUDA_VENV)/requirements.txt
+	$(CUDA_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(CUDA_VENV)/requirements.txt
+	$(CUDA_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(CUDA_VENV)/bin/python -c "import torch; assert torch.cuda.is_available(), 'this torch sees no CUDA device'"
+	$(CUDA_VENV)/bin/python -m pytest --device $(DEVICE) tests/parity tests/unit/hf
+
 # Remakes the lock files: the newest versions that pyproject.toml and requirements/*.in allow,
 # with every file's hash. Commit them; every other target installs exactly what they say.
 LOCK_FLAGS := --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes \
@@ -113,4 +129,4 @@ ends:
 	ATTNLAB_WHOLE_CENSUS=$(WHOLE_CENSUS) $(ENV_DIR)/bin/python -m pytest tests
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-latest build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-oldest .venv-latest $(CUDA_VENV) build src/*.egg-info .pytest_cache

@@ -20,6 +20,35 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device", default="cpu",
+        help="the device the device suite (tests taking the `device` fixture: tests/parity/test_device_parity.py) "
+             "runs attnlab on, against references on the CPU: cpu (default), cuda, cuda:1, mps",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("--device")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise pytest.UsageError(f"--device {name}: not a device torch knows (cpu, cuda, cuda:1, mps)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {name}: this torch sees no CUDA device (a CPU build, or no GPU); "
+                                f"`make test-cuda` installs a CUDA build")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise pytest.UsageError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise pytest.UsageError(f"--device {name}: this torch sees no MPS device")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device ``--device`` names (default the CPU)."""
+    return torch.device(request.config.getoption("--device"))
+
+
 CHROMIUM_PATH = Path("/usr/bin/chromium")
 
 

@@ -114,7 +114,7 @@ def _run(size: int, mode: str, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -123,16 +123,16 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--rows", type=int, default=16, help="last query rows kept in the rows mode")
-    parser.add_argument("--quick", action="store_true", help="width 256, 8 / 2 heads, 2 layers, 256 and 512 tokens")
+    parser.add_argument("--quick", action="store_true", help="width 256, 8 / 2 heads, 2 layers, 256 tokens")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(args)
-        return
+        return 0
     if args.quick:
-        args.sizes, args.layers, args.width, args.heads, args.kv_heads = [256, 512], 2, 256, 8, 2
+        args.sizes, args.layers, args.width, args.heads, args.kv_heads = [256], 2, 256, 8, 2
     print(machine_line())
     print(f"random Llama {args.layers} x {args.width} ({args.heads} heads / {args.kv_heads} kv), bfloat16; "
           f"rows: the last {args.rows} query rows of every layer; memory: peak resident above the loaded model "
@@ -149,7 +149,8 @@ def main() -> None:
             cells.append(f"{result['seconds']:8.1f} s {above:6.2f} GiB ({result['peak'] / 2**30:5.2f})")
         full_map = args.heads * size * size * 2 / 2**30  # bfloat16
         print(f"{size:>7} {full_map:>12.2f} GiB  " + "  ".join(cells), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

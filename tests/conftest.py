@@ -43,6 +43,27 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--device {name}: this torch sees no MPS device")
 
 
+@pytest.fixture
+def run_benchmark():
+    """``run_benchmark("offload", [...])``: ``benchmarks/offload.py``'s ``main`` called with
+    those arguments, the script loaded as a module for the call (its exit code returned)."""
+    import importlib.util
+    import sys
+
+    def run(name: str, arguments: list[str]) -> int:
+        script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"attnlab_benchmark_{name}", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+            return module.main(arguments)
+        finally:
+            sys.modules.pop(spec.name, None)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def device(request: pytest.FixtureRequest) -> torch.device:
     """The device ``--device`` names (default the CPU)."""

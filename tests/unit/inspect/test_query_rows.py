@@ -137,3 +137,6 @@ def test_the_last_rows_of_a_decoding_step_are_its_one_row():
     assert query_rows.resolve_rows(3, 10) == [7, 8, 9]
     assert query_rows.resolve_rows([-2], 10) == [8]
     assert query_rows.resolve_rows(slice(-3, None), 10) == [7, 8, 9]
+    assert query_rows.resolve_rows(query_rows.check_rows(range(0, 10, 4)), 10) == [0, 4, 8]  # its step kept
+    with pytest.raises(ValueError, match="position 12 is outside"):
+        query_rows.resolve_rows(query_rows.check_rows(range(8, 14, 4)), 10)

@@ -23,13 +23,15 @@ __all__ = ["RowChoice", "check_rows", "resolve_rows", "row_attention"]
 
 # Query rows whose weights are kept: the last k (an int), a span (a slice or range), or
 # positions (a sequence of ints; negative ones count from the end). ``None``: every row.
-RowChoice = Union[None, int, slice, range, Sequence[int]]
+RowChoice = Union[None, int, slice, range, Sequence[int]]  # a range is its positions
 
 
 def check_rows(rows: RowChoice) -> RowChoice:
     """``rows`` as given, once its kind is checked (its positions are checked against each
     call's length by :func:`resolve_rows`)."""
-    if rows is None or isinstance(rows, (slice, range)):
+    if isinstance(rows, range):
+        rows = list(rows)  # positions, its step included
+    if rows is None or isinstance(rows, slice):
         if isinstance(rows, slice) and rows.step not in (None, 1):
             raise ValueError(f"rows={rows!r}: a span of query rows takes no step; list the positions instead")
         return rows
@@ -56,12 +58,9 @@ def resolve_rows(rows: RowChoice, T: int) -> Optional[list[int]]:
         return None
     if isinstance(rows, int):
         return list(range(max(0, T - rows), T))
-    if isinstance(rows, (slice, range)):
-        start, stop = rows.start, rows.stop
-        if isinstance(rows, slice):
-            start, stop, _ = slice(start, stop).indices(T)
-        chosen = list(range(start, stop))
-        if not chosen or chosen[0] < 0 or chosen[-1] >= T:
+    if isinstance(rows, slice):
+        chosen = list(range(*slice(rows.start, rows.stop).indices(T)))
+        if not chosen:
             raise ValueError(f"rows={rows!r} holds no query row of this call, which has {T} (0 .. {T - 1})")
         return chosen
     outside = [row for row in rows if not -T <= row < T]

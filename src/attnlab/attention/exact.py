@@ -17,7 +17,7 @@ rule everywhere; transformers' eager spreads it uniformly over masked keys).
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +27,18 @@ from .. import _large_buffers as large_buffers
 from .. import _native
 from .._dispatch import native_unavailable_reason
 
-__all__ = ["exact_attention"]
+__all__ = ["exact_attention", "query_rows_of"]
 
 _CAUSAL_SOFTMAX = "causal_softmax"
 
 
-def _query_rows(tensor: Optional[Tensor], rows: slice) -> Optional[Tensor]:
-    """The rows ``rows`` of a ``[.., T|1, S]`` mask or bias (broadcast rows stay as they are)."""
+def query_rows_of(tensor: Optional[Tensor], rows: Union[slice, Tensor]) -> Optional[Tensor]:
+    """The rows ``rows`` (a slice, or positions ``[R]``) of a ``[.., T|1, S]`` mask, bias or
+    per-row sinks (a broadcast row stays as it is)."""
     if tensor is None or tensor.shape[-2] == 1:
         return tensor
+    if isinstance(rows, Tensor):
+        return tensor.index_select(-2, rows.to(tensor.device))
     return tensor[..., rows, :]
 
 
@@ -143,10 +146,10 @@ def exact_attention(
         if softcap is not None:  # out of place: tanh keeps its output for the backward
             scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
-            scores.add_(_query_rows(position_bias, rows)[..., :keys])
+            scores.add_(query_rows_of(position_bias, rows)[..., :keys])
         allowed, additive_mask = None, False
         if attention_mask is not None:
-            block_mask = _query_rows(attention_mask, rows)
+            block_mask = query_rows_of(attention_mask, rows)
             if block_mask.dtype == torch.bool:
                 allowed = block_mask
             else:
@@ -177,7 +180,7 @@ def exact_attention(
             scores.masked_fill_(empty, 0.0)
         if sinks is not None:
             # one logit per head (GPT-OSS), or per head and query row (Inkling 2: [B, H, T, 1])
-            sink = sinks.reshape(1, H, 1, 1) if sinks.dim() == 1 else _query_rows(sinks, rows)
+            sink = sinks.reshape(1, H, 1, 1) if sinks.dim() == 1 else query_rows_of(sinks, rows)
             sink = sink.to(scores.dtype).expand(B, H, t, 1)
             combined = torch.cat([scores, sink], dim=-1)
             combined = combined - combined.max(dim=-1, keepdim=True).values

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ...attention.exact import exact_attention
+from ...attention.exact import exact_attention, query_rows_of
 
 __all__ = ["RowChoice", "check_rows", "resolve_rows", "row_attention"]
 
@@ -88,22 +88,15 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
         output, _ = exact_attention(module, query, key, value, attention_mask, causal=causal,
                                     position_bias=position_bias, sinks=sinks, **options)
     index = torch.tensor(rows, device=query.device)
-    mask = _rows_of(attention_mask, index)
+    mask = query_rows_of(attention_mask, index)
     if causal:
         allowed = torch.arange(key.shape[2], device=query.device)[None, :] <= index[:, None]  # [R, S]
         if mask is None or mask.dtype == torch.bool:
             mask = allowed if mask is None else mask & allowed
         else:
             mask = mask.float().masked_fill(~allowed, float("-inf"))
-    chosen_sinks = sinks if sinks is None or sinks.dim() == 1 else _rows_of(sinks, index)
+    chosen_sinks = sinks if sinks is None or sinks.dim() == 1 else query_rows_of(sinks, index)
     _, weights = exact_attention(module, query.index_select(2, index), key, value, mask, causal=False,
-                                 position_bias=_rows_of(position_bias, index), sinks=chosen_sinks,
+                                 position_bias=query_rows_of(position_bias, index), sinks=chosen_sinks,
                                  keep_weights=True, **options)
     return output, weights
-
-
-def _rows_of(tensor: Optional[Tensor], index: Tensor) -> Optional[Tensor]:
-    """The rows ``index`` of a ``[.., T|1, S]`` mask or bias (a broadcast row stays as it is)."""
-    if tensor is None or tensor.shape[-2] == 1:
-        return tensor
-    return tensor.index_select(-2, index.to(tensor.device))

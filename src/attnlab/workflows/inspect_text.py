@@ -146,27 +146,37 @@ def write_inspection(
             )
     means = statistics.means()
     tables = {stat: [means[name][stat] for name in names] for stat in next(iter(means.values()))}
-    if positions is not None:
-        return _write_rows(out, attentions, tokens, positions, tables, layer=layer, head=head, formats=formats,
-                           max_tokens=max_tokens, title=title, meta={"model": model_name, "text": text})
-    if callable(getattr(model, "new_cache", None)):  # a decoder: statistics over each query's allowed prefix
-        causal = causal_statistics({name: weights[None] for name, weights in attentions.items()})
-        tables = {**{stat: [causal[stat][name] for name in names] for stat in CAUSAL_STATISTICS},
-                  **{stat: values for stat, values in tables.items() if stat not in CAUSAL_STATISTICS}}
-    square = all(weights.shape[-1] == weights.shape[-2] == len(tokens) for weights in attentions.values())
-    rollout = attention_rollout({n: w[None] for n, w in attentions.items()}, mask)[:, 0] if square else None
+    meta = {"model": model_name, "text": text, "tokens": str(len(tokens))}
+    rollout, queries, sides, shown = None, tokens, {}, ""
+    if positions is not None:  # rows labelled with their positions, over every key
+        queries = [f"{position}: {tokens[position]}" for position in positions]
+        sides = {"key_tokens": tokens, "sides": ("chosen query rows", "keys")}
+        meta["query rows"] = f"{len(positions)} of {len(tokens)} query rows ({_ranges(positions)})"
+        shown = f": {meta['query rows']}"
+        window = None
+    else:  # the decoder's per-prefix statistics and the rollout need every row
+        if callable(getattr(model, "new_cache", None)):  # a decoder: statistics over each query's allowed prefix
+            causal = causal_statistics({name: weights[None] for name, weights in attentions.items()})
+            tables = {**{stat: [causal[stat][name] for name in names] for stat in CAUSAL_STATISTICS},
+                      **{stat: values for stat, values in tables.items() if stat not in CAUSAL_STATISTICS}}
+        square = all(weights.shape[-1] == weights.shape[-2] == len(tokens) for weights in attentions.values())
+        rollout = attention_rollout({n: w[None] for n, w in attentions.items()}, mask)[:, 0] if square else None
 
     figures: list[Path] = []
     figures += save_figure(
-        plot_model(attentions, title=f"{model_name}: attention per layer and head"), out / "model", formats
+        plot_model(attentions, title=f"{model_name}{shown or ': attention per layer and head'}"), out / "model",
+        formats,
     )
+    key_tokens = sides.get("key_tokens")
     for index, name in enumerate(names, 1):
-        figure = plot_layer(attentions[name], tokens, title=f"{name}", max_tokens=min(max_tokens, 64))
+        figure = plot_layer(attentions[name], queries, key_tokens=key_tokens, title=f"{name}{shown}",
+                            max_tokens=min(max_tokens, 64))
         figures += save_figure(figure, out / f"layer_{index}", formats)
     figure = plot_head(
         attentions[names[layer - 1]][head - 1],
-        tokens,
-        title=f"{names[layer - 1]}, head {head}",
+        queries,
+        key_tokens=key_tokens,
+        title=f"{names[layer - 1]}, head {head}{shown}",
         window=window,
         max_tokens=max_tokens,
     )
@@ -174,15 +184,15 @@ def write_inspection(
     report = write_report(
         out / "report.html",
         attentions,
-        tokens,
+        queries,
         title=title or "attnlab attention report",
-        meta={"model": model_name, "text": text, "tokens": str(len(tokens))},
+        meta=meta,
         statistics=tables,
         rollout=rollout,
         max_tokens=max_tokens,
+        **sides,
     )
     return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
-
 
 
 def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
@@ -195,32 +205,6 @@ def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
         else:
             runs.append((index, index + 1))
     return runs
-
-
-def _write_rows(out: Path, attentions: dict[str, torch.Tensor], tokens: list[str], positions: list[int],
-                tables: dict, *, layer: int, head: int, formats: Sequence[str], max_tokens: int,
-                title: Optional[str], meta: dict[str, str]) -> Inspection:
-    """The pictures and report of chosen query rows ``[H, R, T]``: rows labelled with their
-    positions, keys pooled past ``max_tokens`` (sums of neighbouring keys)."""
-    names = list(attentions)
-    queries = [f"{position}: {tokens[position]}" for position in positions]
-    shown = f"{len(positions)} of {len(tokens)} query rows ({_ranges(positions)})"
-    figures: list[Path] = []
-    figures += save_figure(plot_model(attentions, title=f"{meta['model']}: {shown}"), out / "model", formats)
-    for index, name in enumerate(names, 1):
-        figure = plot_layer(attentions[name], queries, key_tokens=tokens, title=f"{name}: {shown}",
-                            max_tokens=min(max_tokens, 64))
-        figures += save_figure(figure, out / f"layer_{index}", formats)
-    name = names[layer - 1]
-    figure = plot_head(attentions[name][head - 1], queries, key_tokens=tokens, title=f"{name}, head {head}: {shown}",
-                       max_tokens=max_tokens)
-    figures += save_figure(figure, out / f"head_L{layer}_H{head}", formats)
-    report = write_report(
-        out / "report.html", attentions, queries, key_tokens=tokens, sides=("chosen query rows", "keys"),
-        title=title or "attnlab attention report",
-        meta={**meta, "tokens": str(len(tokens)), "query rows": shown}, statistics=tables, max_tokens=max_tokens,
-    )
-    return Inspection(report=report, figures=figures, tokens=tokens, attentions=attentions)
 
 
 def _ranges(positions: Sequence[int]) -> str:

@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
+ESPEAK := /usr/bin/espeak-ng
 LOCK := requirements/dev.lock
 DATA_LOCK := requirements/data.lock
 PIP_VERSION := 26.3
@@ -54,13 +55,22 @@ $(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK)
 demo: $(STAMP)
 	$(PY) -m attnlab.cli.demo
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(ESPEAK)
 	$(PY) -m pytest tests
 
-# The report tests drive a real headless browser: Debian's chromium, installed once.
-$(CHROMIUM):
+# $(call apt,PACKAGE): one Debian package, installed once.
+define apt
 	if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium
+	$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y $(1)
+endef
+
+# The report tests drive a real headless browser: Debian's chromium.
+$(CHROMIUM):
+	$(call apt,chromium)
+
+# The real Whisper's tests hear sentences spoken by Debian's espeak-ng.
+$(ESPEAK):
+	$(call apt,espeak-ng)
 
 # Timings mean something only on an otherwise idle machine. `make bench BENCH_ARGS=--quick`
 # runs the attention benchmark on small sizes.
@@ -107,9 +117,9 @@ lock:
 # new release's break is found before users find it. Neither is part of `make test`. torch
 # stays the machine's CPU build at both ends (the newest release the bound admits is a CUDA
 # build of several GB). `test-latest` also runs the whole census (tests/unit/hf/test_census.py).
-test-oldest: $(CHROMIUM)
+test-oldest: $(CHROMIUM) $(ESPEAK)
 	$(MAKE) ends END=oldest RESOLUTION=lowest-direct
-test-latest: $(CHROMIUM)
+test-latest: $(CHROMIUM) $(ESPEAK)
 	$(MAKE) ends END=latest RESOLUTION=highest WHOLE_CENSUS=1
 
 ENV_DIR = .venv-$(END)

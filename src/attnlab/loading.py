@@ -127,11 +127,18 @@ def _open_with_transformers(source: Source, *, device: Any, dtype: Union[torch.d
     from .data.tokenizer import Tokenizer
     from .hf.opening import open_transformers
 
-    model = open_transformers(source.directory, dtype=_TRANSFORMERS_DTYPES[dtype], placement=placement)
+    if source.gguf is not None:  # an architecture attnlab does not re-implement: transformers' GGUF reader
+        from .hf.opening import gguf_tokenizer
+
+        model = open_transformers(source.gguf.parent, dtype=_TRANSFORMERS_DTYPES[dtype], gguf_file=source.gguf.name)
+    else:
+        model = open_transformers(source.directory, dtype=_TRANSFORMERS_DTYPES[dtype], placement=placement)
     if device is not None:
         model.to(device)
     backend = None
-    if tokenizer:
+    if tokenizer and source.gguf is not None:
+        backend = gguf_tokenizer(source.gguf)
+    elif tokenizer:
         try:
             backend = load_tokenizer(source.directory)  # tokenizer.json, padding and truncation off
         except FileNotFoundError:

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 from .._files import CorruptFileError, check_path_argument, read_json
 from .attnlab_layout import CONFIG_FILE, MODEL_FILE, is_attnlab_config, is_decoder_config, run_checkpoint
-from .decoders.loading import DECODER_MODEL_TYPES, DECODER_NAMES, packaged_gguf
+from .decoders.loading import DECODER_MODEL_TYPES, PACKAGED_GGUF_NAMES, packaged_gguf
 from .encoders import FAMILIES, Family
 from .encoders.loading import PRETRAINED_NAMES, packaged_name, pretrained_dir
 
@@ -87,13 +87,13 @@ def open_source(path_or_name: Union[PathLike, Source]) -> Source:
         return path_or_name
     check_path_argument("path_or_name", path_or_name)  # None, a number, "": one line, not pathlib's
     name = str(path_or_name)
-    if isinstance(path_or_name, str) and name.lower() in DECODER_NAMES:
+    if isinstance(path_or_name, str) and name.lower() in PACKAGED_GGUF_NAMES:
         return Source(name, "huggingface", True, gguf=packaged_gguf(name.lower()))
     if isinstance(path_or_name, str) and packaged_name(name) is not None:
         return _directory(name, pretrained_dir(name))
     path = Path(path_or_name)
     if not path.exists():
-        names = ", ".join([*PRETRAINED_NAMES, *DECODER_NAMES])
+        names = ", ".join([*PRETRAINED_NAMES, *PACKAGED_GGUF_NAMES])
         raise FileNotFoundError(
             f"no model at {name!r}: the path does not exist and it is neither a directory nor a known "
             f"pretrained name (known: {names}); nothing is downloaded"

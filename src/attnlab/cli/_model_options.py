@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["MODEL_HELP", "add_dtype_argument", "add_placement_arguments", "dtype_line", "placement_from_args"]
 
 MODEL_HELP = ("what attnlab.load opens: a run or checkpoint directory, a HuggingFace directory, "
-              "a .gguf file, or a packaged name (minilm, smollm2)")
+              "a .gguf file, or a packaged name (minilm, smollm2, gemma3-270m)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:

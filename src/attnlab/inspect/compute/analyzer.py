@@ -33,7 +33,7 @@ from ...data.padding import model_pad_id
 from .modes import eval_mode
 from .batches import as_analysis_batch
 from .heads import LossFn, default_loss, forward_batch, head_gradients, head_importance
-from .inspectable import inspectable
+from .inspectable import inspectable, sliding_window
 from .site_statistics import SiteStatistics
 from .statistics import HeadStatistics
 
@@ -280,6 +280,8 @@ class AttentionAnalyzer:
             raise ValueError("dataloader yielded no batch")
         recorder = SiteStatistics(sparsity_threshold=self.sparsity_threshold, top_k=self.top_k,
                                   token_groups=self.token_groups)
+        window = sliding_window(self.view.attention_sites())
+        recorder.window = window
         rollout_layers = self._rollout_layers() if self.rollout else None
         if rollout_layers:
             recorder.follow_rollout(rollout_layers, self.residual_weight)
@@ -306,7 +308,7 @@ class AttentionAnalyzer:
             rollout=rollout,
             examples=int(state["examples"]),
             tokens=int(state["tokens"]),
-            settings={**self._settings(), "head_mask": _describe(head_mask)},
+            settings={**self._settings(), "head_mask": _describe(head_mask), "sliding_window": window},
         )
 
     def importance_pass(self, dataloader: Iterable[Any], state: Optional[Mapping[str, Any]] = None,

@@ -13,6 +13,13 @@ with ``n_t`` the real keys it may attend (its allowed prefix):
   (2023); rows with ``n_t = 1`` are left out (all their mass is there by force).
 * ``mean_distance``: ``sum_s p_s (t - s)``, how far back the row looks, in real tokens.
 
+Given a model's sliding window ``W`` (Mistral, Gemma 2 and 3, Qwen2: a local layer's query
+sees only the keys ``s`` with ``t - s < W``, positions counted as the mask counts them), also
+
+* ``beyond_window``: ``sum_{s <= t - W} p_s``, the mass on keys the window leaves out,
+  over the rows with such keys (``t >= W``). A local layer gives exactly 0; a global layer
+  of the same model shows how much it reads from beyond the window.
+
 Values are means over rows, in float64.
 """
 
@@ -23,9 +30,21 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["CAUSAL_STATISTICS", "CausalStatistics", "causal_statistics"]
+__all__ = ["BEYOND_WINDOW", "CAUSAL_STATISTICS", "CausalStatistics", "causal_statistics", "describe_window"]
 
 CAUSAL_STATISTICS = ("normalized_entropy", "sink_mass", "mean_distance")
+BEYOND_WINDOW = "beyond_window"  # measured when a sliding window is given
+
+
+def _beyond_window(weights: Tensor, keep: Tensor, first_query: int, window: int) -> tuple[Tensor, Tensor]:
+    """Per-head sums ``[H]`` of the mass on keys at least ``window`` positions back, over the
+    real query rows that have such keys, and those rows ``[H]``."""
+    B, H, T, S = weights.shape
+    queries = torch.arange(first_query, first_query + T, device=weights.device)
+    far = queries[:, None] - torch.arange(S, device=weights.device)[None, :] >= window  # [T, S]
+    mass = (weights.double() * (far[None, None] & keep[:, None, None, :])).sum(-1)  # [B, H, T]
+    rows = (keep[:, first_query:first_query + T] & far.any(-1)[None, :]).double()  # [B, T]
+    return (mass * rows[:, None, :]).sum((0, 2)), rows.sum().expand(H).clone()
 
 
 def _layer_sums(weights: Tensor, keep: Tensor, first_query: int) -> tuple[dict[str, Tensor], Tensor]:
@@ -61,9 +80,11 @@ class CausalStatistics:
         >>> stats.means()["sink_mass"]["layer_1"]   # one float per head
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window: Optional[int] = None) -> None:
+        self.window = window  # the model's sliding window: measure beyond_window too
         self._sums: dict[str, dict[str, Tensor]] = {}
         self._rows: dict[str, Tensor] = {}
+        self._window_rows: dict[str, Tensor] = {}
 
     def update(
         self, layer: str, weights: Tensor, attention_mask: Optional[Tensor] = None, *,
@@ -93,38 +114,49 @@ class CausalStatistics:
                 raise ValueError(f"attention_mask must be [B, S] = [{B}, {S}], got {tuple(attention_mask.shape)}")
             keep = attention_mask.bool().to(weights.device)
         sums, rows = _layer_sums(weights, keep, first_query)
+        window_rows = None
+        if self.window is not None:
+            sums[BEYOND_WINDOW], window_rows = _beyond_window(weights, keep, first_query, self.window)
         if layer in self._sums:
             for name, value in sums.items():
-                self._sums[layer][name] += value
+                self._sums[layer][name] = self._sums[layer][name] + value if name in self._sums[layer] else value
             self._rows[layer] += rows
         else:
             self._sums[layer], self._rows[layer] = sums, rows
+        if window_rows is not None:
+            self._window_rows[layer] = self._window_rows.get(layer, 0) + window_rows
 
     def state(self) -> dict[str, Any]:
         """The float64 sums and row counts behind :meth:`means` (copies)."""
         return {"sums": {layer: {name: value.clone() for name, value in sums.items()}
                          for layer, sums in self._sums.items()},
-                "rows": {layer: rows.clone() for layer, rows in self._rows.items()}}
+                "rows": {layer: rows.clone() for layer, rows in self._rows.items()},
+                "window_rows": {layer: rows.clone() for layer, rows in self._window_rows.items()}}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state`."""
         self._sums = {layer: {name: value.clone() for name, value in sums.items()}
                       for layer, sums in state["sums"].items()}
         self._rows = {layer: rows.clone() for layer, rows in state["rows"].items()}
+        self._window_rows = {layer: rows.clone() for layer, rows in state.get("window_rows", {}).items()}
 
     def means(self) -> dict[str, dict[str, list[Optional[float]]]]:
-        """``{statistic: {layer: [one value per head, None where no row counted]}}``."""
-        result: dict[str, dict[str, list[Optional[float]]]] = {name: {} for name in CAUSAL_STATISTICS}
+        """``{statistic: {layer: [one value per head, None where no row counted]}}``
+        (``beyond_window`` too when a window was given)."""
+        names = CAUSAL_STATISTICS + ((BEYOND_WINDOW,) if self._window_rows else ())
+        result: dict[str, dict[str, list[Optional[float]]]] = {name: {} for name in names}
         for layer, sums in self._sums.items():
-            rows = self._rows[layer]
-            for name in CAUSAL_STATISTICS:
+            for name in names:
+                rows = self._window_rows.get(layer) if name == BEYOND_WINDOW else self._rows[layer]
+                if rows is None or name not in sums:
+                    continue
                 result[name][layer] = [None if count == 0 else float(total / count)
                                        for total, count in zip(sums[name].tolist(), rows.tolist())]
         return result
 
 
 def causal_statistics(
-    attentions: Mapping[str, Tensor], attention_mask: Optional[Tensor] = None
+    attentions: Mapping[str, Tensor], attention_mask: Optional[Tensor] = None, *, window: Optional[int] = None,
 ) -> dict[str, dict[str, list[Optional[float]]]]:
     """``{statistic: {layer name: [one value per head]}}`` of a decoder's weights.
 
@@ -134,6 +166,7 @@ def causal_statistics(
             last ``T`` of the ``S`` positions.
         attention_mask: ``[B, S]`` keep mask, ``True`` / 1 on real tokens (left or right
             padding); ``None`` = all real.
+        window: the model's sliding window: ``beyond_window`` is measured too.
 
     Example:
         >>> out = model(ids, output_attentions=True)
@@ -143,7 +176,40 @@ def causal_statistics(
     items = list(attentions.items())
     if not items:
         raise ValueError("attentions is empty: pass {layer name: [B, H, T, S] weights}")
-    statistics = CausalStatistics()
+    statistics = CausalStatistics(window)
     for layer, weights in items:
         statistics.update(layer, weights, attention_mask)
     return statistics.means()
+
+
+def _spans(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def describe_window(beyond: Mapping[str, list[Optional[float]]], window: int) -> str:
+    """One line on what each layer reads beyond the sliding window, from ``beyond_window``
+    (``{layer_k: [per head]}``): the layers that read exactly nothing there (local) and
+    the others, with their range of head means."""
+    measured = {int(layer.rsplit("_", 1)[-1]): [v for v in values if v is not None]
+                for layer, values in beyond.items() if layer.startswith("layer_")}
+    measured = {layer: values for layer, values in measured.items() if values}
+    if not measured:
+        return (f"sliding window {window}: no text is longer than the window, so what layers read beyond it "
+                f"was not measured (give texts of more than {window} tokens)")
+    local = sorted(layer for layer, values in measured.items() if max(values) == 0.0)
+    wide = sorted(layer for layer in measured if layer not in local)
+    parts = []
+    if local:
+        parts.append(f"layer{'s' if len(local) > 1 else ''} {_spans(local)} put exactly 0 beyond it")
+    if wide:
+        values = [value for layer in wide for value in measured[layer]]
+        parts.append(f"layer{'s' if len(wide) > 1 else ''} {_spans(wide)} put {min(values):.3g}-{max(values):.3g} "
+                     f"of each row there (head means)")
+    return f"sliding window {window} tokens: " + "; ".join(parts)

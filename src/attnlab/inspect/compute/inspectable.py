@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from .query_rows import RowChoice
 
 __all__ = ["FEATURES", "Inspectable", "NotOffered", "Site", "inspectable", "require", "residual_blocks",
-           "shared_reason", "special_ids_of"]
+           "shared_reason", "sliding_window", "special_ids_of"]
 
 # What a model may offer, with what each name means (the feature matrix's rows ask for these).
 FEATURES: dict[str, str] = {
@@ -74,6 +74,8 @@ class Site:
         heads: its number of query heads, when it says.
         cross: whether its keys come from another sequence.
         causal: whether each query sees only the keys before it.
+        window: a local layer's sliding window ``W`` (its query at ``t`` sees the keys
+            ``s`` with ``t - s < W``); ``None`` for a global layer.
     """
 
     name: str
@@ -82,6 +84,14 @@ class Site:
     heads: Optional[int]
     cross: bool
     causal: bool
+    window: Optional[int] = None
+
+
+def sliding_window(sites: Iterable[Site]) -> Optional[int]:
+    """The widest sliding window of a model's causal self-attention sites, ``None`` when none
+    has one: the statistics measure what every layer reads beyond it (``beyond_window``)."""
+    windows = [site.window for site in sites if site.causal and not site.cross and site.window]
+    return max(windows) if windows else None
 
 
 class NotOffered(ValueError):

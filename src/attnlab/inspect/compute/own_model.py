@@ -26,7 +26,7 @@ from ...attention.interface import names_attention_function
 from .attribution_target import is_causal_model
 from .capture import attention_heads, capture_attention, find_attention_modules, module_paths, weights_asker
 from .head_mask import mask_heads
-from .inspectable import HeadMask, Site, residual_blocks, shared_reason, special_ids_of
+from .inspectable import HeadMask, Site, residual_blocks, shared_reason, sliding_window, special_ids_of
 from .modes import eval_mode
 from .query_rows import RowChoice
 from .routing import Route, Session, inspecting
@@ -67,10 +67,12 @@ class OwnModel:
         self.architecture = type(model).__name__
         paths = module_paths(model)
         causal = is_causal_model(model)  # attnlab's decoder
+        window = getattr(getattr(model, "config", None), "sliding_window", None) if causal else None
         self._sites = []
         for name, module in modules.items():
             cross = isinstance(module, CrossModalAttention)
-            self._sites.append(Site(name, paths[name], module, attention_heads(module), cross, causal and not cross))
+            self._sites.append(Site(name, paths[name], module, attention_heads(module), cross, causal and not cross,
+                                    window if isinstance(window, int) and not cross else None))
         if causal:
             self.kind = "decoder"
         elif any(site.cross for site in self._sites):
@@ -140,10 +142,12 @@ class OwnModel:
         options = {"sparsity_threshold": sparsity_threshold, "top_k": top_k, "token_groups": token_groups}
         if self._routed():
             session = self._session(statistics=True, options=options)
+            session.recorder.window = sliding_window(self._sites)
             with eval_mode(self.model), inspecting(session):
                 yield session.recorder
             return
         session = self._session(options=options)
+        session.recorder.window = sliding_window(self._sites)
         handles = [self.model.register_forward_pre_hook(session._remember_call, with_kwargs=True)]
 
         def reducer(site: Site):

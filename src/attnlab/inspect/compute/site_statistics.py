@@ -130,12 +130,23 @@ class SiteStatistics:
         self.heads = heads
         self.alignment: Optional[Tensor] = None
         self._rollout: Optional[StreamingRollout] = None
+        self._window: Optional[int] = None
         self.clear()
+
+    @property
+    def window(self) -> Optional[int]:
+        """The model's sliding window, set by the model whose statistics these are: causal
+        layers then measure ``beyond_window`` (:mod:`~attnlab.inspect.compute.causal_statistics`)."""
+        return self._window
+
+    @window.setter
+    def window(self, value: Optional[int]) -> None:
+        self._window = self._causal.window = value
 
     def clear(self) -> None:
         """Forget what was added."""
         self._head = HeadStatistics(**self.options)
-        self._causal = CausalStatistics()
+        self._causal = CausalStatistics(self._window)
         if self._rollout is not None:
             self._rollout = StreamingRollout(self._rollout.layers, self._rollout.residual_weight)
 

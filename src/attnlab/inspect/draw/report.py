@@ -163,6 +163,7 @@ STATISTIC_DESCRIPTIONS = {
     "alignment_argmax": "how often the most attended key is a reference key",
     "mean_offset": "mean attended offset s - t (negative = looks back)",
     "mean_distance": "mean attended distance |s - t|",
+    "beyond_window": "mass on keys the sliding window leaves out (t - s >= W), rows t >= W; exactly 0 on local layers",
     "mean_attention_distance": "patches: mean attended distance in pixels on the image (ViT's figure 7)",
     "class_prefix_mass": "class token's mass on the tokens before the patches (itself, distillation, registers)",
     "class_patch_entropy": "entropy (nats) of the class token's attention over the patches",

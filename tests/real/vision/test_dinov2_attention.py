@@ -2,8 +2,8 @@
 model of the same shape does not, and it shows no artifact token (a planted one is found).
 
 Margins from the measurements (``measure_object_attention.py``, the horse on three textures at
-two places and two sizes): the real model's heads-mean share of the horse is 3.7 to 7.8 times
-its share of the area and the rollout's 1.8 to 2.9 times; a random ``Dinov2Model`` stays within
+two places and two sizes): the real model's heads-mean share of the horse is 3.7 to 7.7 times
+its share of the area and the rollout's 1.7 to 2.9 times; a random ``Dinov2Model`` stays within
 1.05 times. The largest patch norm of the real model is at most 1.45 times the median on
 scikit-image's photographs and 1.12 times on the scenes.
 """

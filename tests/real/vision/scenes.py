@@ -15,7 +15,7 @@ import numpy as np
 
 SIDE = 224
 TEXTURES = ("grass", "gravel", "brick")
-# (name, top, left) in pixels of the 224 x 224 canvas, and the horse's longer side
+# where the horse's box goes: (top, left) in pixels of the 224 x 224 canvas; and its longer side in pixels
 POSITIONS = {"upper left": (14, 14), "lower right": None}  # None: flush with the lower right, 14 px in
 SIZES = {"small": 84, "large": 154}
 

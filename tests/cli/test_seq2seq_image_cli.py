@@ -110,6 +110,11 @@ def test_inspect_an_image_writes_overlays_rollout_statistics_and_the_page(tmp_pa
     assert main(["inspect", "--model", str(model), "--image", str(image), "--image-size", "24x48",
                  "--out", str(out2)]) == 0
     assert json.loads((out2 / "statistics.json").read_text())["grid"] == [3, 6]
+    # regression: a grid of one patch stopped the artifact-token detector
+    out3 = tmp_path / "one"
+    assert main(["inspect", "--model", str(model), "--image", str(image), "--image-size", "8x8",
+                 "--out", str(out3)]) == 0, capsys.readouterr().err
+    assert json.loads((out3 / "statistics.json").read_text())["artifact_tokens"]["tokens"] == []
 
 
 def test_a_missing_or_unreadable_image_is_one_line_and_nothing_is_written(tmp_path, capsys):
@@ -121,6 +126,10 @@ def test_a_missing_or_unreadable_image_is_one_line_and_nothing_is_written(tmp_pa
     bad.write_text("not an image")
     assert main(["inspect", "--model", str(model), "--image", str(bad), "--out", str(out)]) == 2
     assert "not an image Pillow can read" in capsys.readouterr().err
+    # regression: a folder was reported as "no such file"
+    assert main(["inspect", "--model", str(model), "--image", str(tmp_path), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "is a folder; give one PNG or JPEG file" in error and len(error.strip().splitlines()) == 1
     assert not out.exists()
 
 

@@ -235,6 +235,9 @@ def _run_image(args: argparse.Namespace) -> int:
     grid = inspection.grid
     print(f"{grid[0]} x {grid[1]} patches, {inspection.prefix} token(s) before them, "
           f"{len(inspection.class_maps)} layers")
+    named = ", ".join(f"({token.row}, {token.column}) at {token.norm_ratio:.1f} x the median norm"
+                      for token in inspection.artifact_tokens)
+    print(f"artifact tokens (high-norm patches, row and column): {named or 'none'}")
     for path in inspection.figures:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")

@@ -34,11 +34,13 @@ def load_image(path: Union[str, Path], *, argument: str = "--image"):
     """An RGB ``PIL.Image`` from a PNG or JPEG file (Pillow ships with matplotlib).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: Pillow cannot read it.
+        FileNotFoundError: no such file. ValueError: a folder, or Pillow cannot read it.
     """
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{argument} {str(path)!r} is a folder; give one PNG or JPEG file")
     if not path.is_file():
         raise FileNotFoundError(f"{argument} {str(path)!r}: no such file")
     try:

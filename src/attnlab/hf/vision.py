@@ -10,6 +10,13 @@ the tokens before the patches are ``P = N - gh * gw``: 1 for ViT and DINOv2 (cla
 DeiT (class, distillation), ``1 + registers`` for DINOv2 with registers, 0 for SigLIP.
 Images of another size than the model's go through ``interpolate_pos_encoding`` where the
 model takes it (ViT, DeiT, CLIP; DINOv2 always interpolates).
+
+The same pass keeps each patch's output norm (the last block's output, before the model's
+final norm: a LayerNorm divides every token by its own spread and would hide a token that is
+large in every channel), which :meth:`ImageAttention.artifact_tokens` compares with the median
+patch to name Darcet et al.'s high-norm artifact tokens. :func:`attention_share` measures how
+much of the class token's attention (per head, the heads' mean, and the rollout) falls on a
+region given as a pixel mask, against the region's share of the area.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ from torch import Tensor, nn
 
 from .._moved import moved_names
 from ..data.images import ImagePreprocessing, read_image_preprocessing
+from ..inspect.compute.artifact_tokens import ArtifactToken, find_artifact_tokens
+from ..inspect.compute.patch_regions import ObjectShare, patch_coverage, region_share
+from ..inspect.compute.rollout import attention_rollout
 from .backend import attach
 
-__all__ = ["ImageAttention", "image_attention", "image_steps", "pixels_for", "read_image_preprocessing", "vision_config"]
+__all__ = ["ImageAttention", "attention_share", "image_attention", "image_steps", "pixels_for",
+           "read_image_preprocessing", "vision_config"]
 
 
 @dataclass
@@ -37,12 +48,15 @@ class ImageAttention:
         grid: ``(gh, gw)`` patches.
         prefix: ``P``, tokens before the patches (the class token is token 0 when ``P > 0``).
         patch_size: side of a patch in pixels.
+        patch_norms: ``[gh, gw]`` each patch's output norm (the last block's output), or ``None``
+            where the model returned no hidden states.
     """
 
     attentions: dict[str, Tensor]
     grid: tuple[int, int]
     prefix: int
     patch_size: int
+    patch_norms: Optional[Tensor] = None
 
     def class_token_maps(self) -> dict[str, Tensor]:
         """``{layer: [H, gh, gw]}``: what the class token (token 0) gives each patch."""
@@ -51,6 +65,17 @@ class ImageAttention:
                              "or a patch's own row")
         gh, gw = self.grid
         return {name: weights[:, 0, self.prefix:].reshape(-1, gh, gw) for name, weights in self.attentions.items()}
+
+    def artifact_tokens(self, *, norm_ratio: float = 2.0) -> list[ArtifactToken]:
+        """The patches whose output norm is at least ``norm_ratio`` times the median patch's, with the
+        class token's last-layer attention (heads averaged) on each
+        (:func:`~attnlab.inspect.compute.artifact_tokens.find_artifact_tokens`)."""
+        if self.patch_norms is None:
+            raise ValueError("this model returned no hidden states, so there are no patch norms to compare")
+        attention = None
+        if self.prefix > 0:
+            attention = list(self.class_token_maps().values())[-1].mean(0)  # [gh, gw]
+        return find_artifact_tokens(self.patch_norms, attention, norm_ratio=norm_ratio)
 
 
 def vision_config(model: nn.Module) -> Any:
@@ -139,9 +164,10 @@ def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
     part = _vision_part(model)
     extra = _position_options(model, part, pixel_values)
     with torch.no_grad(), attach(model, layers="all") as seen:
-        part(pixel_values=pixel_values, **extra)
+        outputs = part(pixel_values=pixel_values, output_hidden_states=True, **extra)
         weights = {name: value[0].detach().float() for name, value in seen.attentions.items()
                    if not name.startswith("text.")}
+    hidden = getattr(outputs, "hidden_states", None)
     if not weights:
         raise ValueError(f"{type(model).__name__}: no attention was recorded for the image")
     gh, gw = pixel_values.shape[2] // patch, pixel_values.shape[3] // patch
@@ -150,7 +176,40 @@ def image_attention(model: nn.Module, pixel_values: Tensor) -> ImageAttention:
     if prefix < 0:
         raise ValueError(f"the model saw {N} tokens, fewer than the {gh} x {gw} patches of the image; "
                          f"attnlab cannot place them on a grid")
-    return ImageAttention(weights, (gh, gw), prefix, patch)
+    norms = None
+    if hidden:
+        norms = hidden[-1][0, prefix:].float().norm(dim=-1).reshape(gh, gw)  # [gh, gw]
+    return ImageAttention(weights, (gh, gw), prefix, patch, norms)
+
+
+def attention_share(seen: ImageAttention, mask, *, layer: Optional[str] = None, head_fusion: str = "mean",
+                    discard_ratio: float = 0.0) -> ObjectShare:
+    """How much of the class token's attention falls on the region ``mask`` covers.
+
+    Args:
+        seen: :func:`image_attention`'s result.
+        mask: ``[height, width]`` bool pixel mask of the image as the model saw it, ``True`` on the region.
+        layer: whose attention (default the last layer's).
+        head_fusion, discard_ratio: the rollout's (:func:`~attnlab.inspect.compute.rollout.attention_rollout`;
+            default the paper's mean of heads, nothing discarded).
+
+    Returns:
+        :class:`~attnlab.inspect.compute.patch_regions.ObjectShare`: each head's share, the share of
+        the heads' mean map and of the class token's rollout row, and the region's share of the area
+        (what even attention would give).
+    """
+    maps = seen.class_token_maps()
+    name = layer or list(maps)[-1]
+    if name not in maps:
+        raise ValueError(f"layer {name!r} is not one of the model's: {', '.join(maps)}")
+    coverage = patch_coverage(mask, seen.grid, seen.patch_size)  # [gh, gw]
+    per_head = region_share(maps[name], coverage)  # [H]
+    fused = float(region_share(maps[name].mean(0), coverage))
+    stacked = [weights[None] for weights in seen.attentions.values()]  # [1, H, N, N]
+    rollout = attention_rollout(stacked, head_fusion=head_fusion, discard_ratio=discard_ratio)[-1, 0]  # [N, N]
+    rolled = float(region_share(rollout[0, seen.prefix:], coverage))
+    return ObjectShare(per_head.float(), fused, float(coverage.mean()), rolled,
+                       {"layer": name, "rollout_head_fusion": head_fusion, "rollout_discard_ratio": discard_ratio})
 
 
 __getattr__ = moved_names(__name__)  # load_image: attnlab.data.images

@@ -6,6 +6,7 @@ Dimension letters: ``L`` layers, ``H`` heads, ``N`` tokens, ``gh x gw`` the patc
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -13,6 +14,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from ..inspect.compute.artifact_tokens import ARTIFACT_CRITERION, ArtifactToken
 from ..inspect.compute.rollout import attention_rollout
 from ..inspect.draw.image_overlay import plot_patch_overlay
 from ..inspect.draw.report import inline_frame, render_summary
@@ -31,6 +33,7 @@ class ImageInspection:
         grid: ``(gh, gw)`` patches; ``prefix``: tokens before them.
         class_maps: ``{layer: [H, gh, gw]}`` the class token's attention over the patches.
         rollout: ``[gh, gw]`` the class token's rollout after the last layer.
+        artifact_tokens: the patches named as artifact tokens (high output norm), largest first.
     """
 
     report: Path
@@ -39,6 +42,7 @@ class ImageInspection:
     prefix: int = 0
     class_maps: dict[str, torch.Tensor] = field(default_factory=dict)
     rollout: Optional[torch.Tensor] = None
+    artifact_tokens: list[ArtifactToken] = field(default_factory=list)
 
     def _repr_html_(self) -> str:
         return inline_frame(self.report.read_text(encoding="utf-8"), height=900)
@@ -55,6 +59,7 @@ def write_image_inspection(
     model_name: str = "model",
     image_name: str = "image",
     preprocessing: Optional[Any] = None,
+    artifact_norm_ratio: float = 2.0,
 ) -> ImageInspection:
     """Write ``layer_<k>.png`` (each head's and the heads' mean class-token map over the image),
     ``rollout.png``, ``statistics.json`` and ``report.html`` into ``out``.
@@ -69,6 +74,8 @@ def write_image_inspection(
         model_name, image_name: shown on the page.
         preprocessing: the model directory's :class:`~attnlab.data.images.ImagePreprocessing`
             (``read_image_preprocessing(directory)``); default ViT's (the model's size, mean and std 0.5).
+        artifact_norm_ratio: a patch whose output norm is at least this many times the median patch's
+            is named an artifact token (Darcet et al. 2023), on the page and in ``statistics.json``.
     """
     from ..hf.opening import transformers_module
     from ..hf.vision import image_attention, image_steps
@@ -106,6 +113,7 @@ def write_image_inspection(
                               title="class token's rollout after the last layer")
     figures.append(path)
     images["rollout"] = path
+    artifacts = _artifacts(seen, artifact_norm_ratio)
     prefix_mass = {name: (1.0 - weights[:, 0, seen.prefix:].sum(-1)).tolist()
                    for name, weights in seen.attentions.items()}
     statistics = {
@@ -115,6 +123,7 @@ def write_image_inspection(
                           "class_to_patches": [m.flatten().tolist() for m in class_maps[name]]} for name in names},
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio,
                     "class_to_patches": rollout_map.flatten().tolist()},
+        "artifact_tokens": artifacts,
     }
     write_json(out / "statistics.json", statistics)
     page = render_summary(
@@ -124,7 +133,41 @@ def write_image_inspection(
               "patch grid": f"{seen.grid[0]} x {seen.grid[1]} patches of {seen.patch_size} px, "
                             f"{seen.prefix} token(s) before them (class token first)"},
         images=images,
+        extra_tables={"Artifact tokens": _artifacts_html(artifacts)},
     )
     report = out / "report.html"
     report.write_text(page, encoding="utf-8")
-    return ImageInspection(report, figures, seen.grid, seen.prefix, class_maps, rollout_map)
+    found = [ArtifactToken(**token) for token in artifacts["tokens"]]
+    return ImageInspection(report, figures, seen.grid, seen.prefix, class_maps, rollout_map, found)
+
+
+def _artifacts(seen: Any, norm_ratio: float) -> dict[str, Any]:
+    """``statistics.json``'s ``artifact_tokens``: the criterion, the median norm and the tokens named."""
+    if seen.patch_norms is None:
+        return {"criterion": "not measured: the model returned no hidden states", "tokens": []}
+    tokens = seen.artifact_tokens(norm_ratio=norm_ratio)
+    norms = seen.patch_norms
+    return {"criterion": ARTIFACT_CRITERION.format(ratio=norm_ratio), "norm_ratio": norm_ratio,
+            "norm": "the last block's output, before the final norm", "median_norm": float(norms.median()),
+            "largest_norm_ratio": float(norms.max() / norms.median()),
+            "attention": "the class token's last-layer attention over the patches, heads averaged",
+            "tokens": [token.as_dict() for token in tokens]}
+
+
+def _artifacts_html(artifacts: dict[str, Any]) -> str:
+    """The page's section: the criterion and one row per named patch (escaped)."""
+    criterion = html.escape(artifacts["criterion"])
+    if "median_norm" not in artifacts:
+        return f"<p>{criterion}</p>"
+    lead = (f"<p>Criterion: {criterion}. Median patch norm {artifacts['median_norm']:.3g}; the largest is "
+            f"{artifacts['largest_norm_ratio']:.2f} x the median.</p>")
+    if not artifacts["tokens"]:
+        return lead + "<p>No patch meets it: this image shows no artifact token.</p>"
+    rows = "".join(
+        f"<tr><td>{t['row']}</td><td>{t['column']}</td><td>{t['norm']:.4g}</td><td>{t['norm_ratio']:.2f}</td>"
+        f"<td>{'' if t['attention'] is None else format(t['attention'], '.4f')}</td>"
+        f"<td>{'' if t['attention_ratio'] is None else format(t['attention_ratio'], '.2f')}</td></tr>"
+        for t in artifacts["tokens"])
+    return (lead + '<table class="artifacts"><thead><tr><th>row</th><th>column</th><th>norm</th>'
+            "<th>norm / median</th><th>class token's attention</th><th>attention x patches</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")

@@ -79,3 +79,21 @@ def synthesise(words: Sequence[str], path: Union[str, Path]) -> list[TimedWord]:
         writer.setframerate(RATE)
         writer.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
     return timed
+
+
+def words_of(text: str) -> list[str]:
+    """Lower-case words without punctuation (how a transcript is compared with its reference)."""
+    kept = "".join(mark if mark.isalnum() or mark in " '" else " " for mark in text.lower())
+    return kept.split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance (substitutions, insertions, deletions) over the reference's words."""
+    truth, said = words_of(reference), words_of(hypothesis)
+    distances = list(range(len(said) + 1))
+    for i, word in enumerate(truth, 1):
+        diagonal, distances[0] = distances[0], i
+        for j, other in enumerate(said, 1):
+            diagonal, distances[j] = distances[j], min(distances[j] + 1, distances[j - 1] + 1,
+                                                        diagonal + (word != other))
+    return distances[-1] / max(1, len(truth))

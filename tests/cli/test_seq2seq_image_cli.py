@@ -319,11 +319,15 @@ def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_pat
     assert {"report.html", "encoder.html", "decoder.html", "generation.html", "cross_layer_1.png",
             "statistics.json"} <= {path.name for path in out.iterdir()}
     statistics = json.loads((out / "statistics.json").read_text())
-    assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 50
+    # the 0.5 s clip covers 25 of the window's 50 positions: the padding's columns are cut
+    assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 25
+    assert statistics["layers"]["cross.layer_1"]["keys"] == "source" and "25 encoder positions" in printed
+    words = json.loads((out / "words.json").read_text())["words"]
+    assert all(0.0 <= word["start"] <= word["end"] <= 0.5 for word in words)
     assert statistics["layers"]["cross.layer_2"]["keys"] == "source"
     page = (out / "report.html").read_text()
     data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
-    assert data["sides"] == ["target", "source"] and data["tokens"][0] == "<s>"
+    assert data["sides"] == ["target", "time (s)"] and data["tokens"][0] == "<s>"
 
 
 def test_the_clips_features_are_the_feature_extractors_and_a_target_is_scored(tmp_path, capsys):

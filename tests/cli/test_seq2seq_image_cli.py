@@ -328,11 +328,15 @@ def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_pat
     assert {"report.html", "encoder.html", "decoder.html", "generation.html", "cross_layer_1.png",
             "statistics.json"} <= {path.name for path in out.iterdir()}
     statistics = json.loads((out / "statistics.json").read_text())
-    assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 50
+    # the 0.5 s clip covers 25 of the window's 50 positions: the padding's columns are cut
+    assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 25
+    assert statistics["layers"]["cross.layer_1"]["keys"] == "source" and "25 encoder positions" in printed
+    words = json.loads((out / "words.json").read_text())["words"]
+    assert all(0.0 <= word["start"] <= word["end"] <= 0.5 for word in words)
     assert statistics["layers"]["cross.layer_2"]["keys"] == "source"
     page = (out / "report.html").read_text()
     data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
-    assert data["sides"] == ["target", "source"] and data["tokens"][0] == "<s>"
+    assert data["sides"] == ["target", "time (s)"] and data["tokens"][0] == "<s>"
 
 
 def test_the_clips_features_are_the_feature_extractors_and_a_target_is_scored(tmp_path, capsys):
@@ -393,3 +397,21 @@ def test_align_takes_the_rows_that_predict_each_target_token_or_those_that_read_
     pair = pair_attention(bart, torch.tensor([3, 4, 5, 6]), torch.tensor([1, 7, 8, 9, 10, 11]))  # start token first
     want = attention_alignment({name: weights[:, kept] for name, weights in pair.cross.items()})
     assert out.read_text().strip() == format_pharaoh(want)
+
+
+def test_align_audio_times_words_and_refuses_text_models_and_wavs_as_pairs(tmp_path, capsys):
+    whisper, bart, clip = _whisper_dir(tmp_path), _bart_dir(tmp_path), _wav(tmp_path / "clip.wav")
+    out = tmp_path / "words.json"
+    assert main(["align", "--model", str(whisper), "--audio", str(clip), "--target", "w3 w4", "--out",
+                 str(out)]) == 0, capsys.readouterr().err
+    written = json.loads(out.read_text())
+    assert [word["word"] for word in written["words"]] == ["w3", "w4"]
+    assert all(0.0 <= word["start"] <= word["end"] <= 0.5 for word in written["words"])  # seconds, not frames
+    out.unlink()
+    assert main(["align", "--model", str(bart), "--audio", str(clip), "--out", str(out)]) == 2
+    assert "--audio needs a speech encoder-decoder (Whisper)" in capsys.readouterr().err
+    assert main(["align", "--model", str(bart), "--pairs", str(clip), "--out", str(out)]) == 2
+    assert "is not UTF-8 text (a WAV clip goes to --audio" in capsys.readouterr().err
+    assert main(["inspect", "--model", str(bart), "--audio", str(clip), "--out", str(tmp_path / "x")]) == 2
+    assert "--audio needs a speech encoder-decoder (Whisper)" in capsys.readouterr().err
+    assert not out.exists()

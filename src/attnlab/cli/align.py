@@ -20,6 +20,11 @@ reordering: AER 0.04-0.10 by the predicting rows, about 0.8 (chance) by the read
 
 Words are whitespace-separated; links count words from 0 (source first). A word split
 into several tokens gets the mean over its tokens.
+
+A speech model aligns words with time instead: ``attnlab align --model WHISPER_DIR --audio CLIP.wav
+--out WORDS.json [--target TEXT]`` writes each word of the transcript (the model's greedy one, or
+``--target``) with its start and end in seconds, from the alignment heads' cross-attention and dynamic
+time warping, as openai-whisper's ``word_timestamps``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gold", default=None, help="the gold Pharaoh file: i-j sure, i?j possible links")
     parser.add_argument("--model", default=None, help="an encoder-decoder directory (T5, BART, Marian) to align with")
     parser.add_argument("--pairs", default=None, help="with --model: one 'source ||| target' line per pair")
+    parser.add_argument("--audio", default=None,
+                        help="with --model on a speech model (Whisper): a PCM WAV clip; --out gets its words' "
+                             "start and end in seconds (JSON)")
+    parser.add_argument("--target", default=None,
+                        help="with --audio: the transcript to time (default the model's greedy transcript)")
     parser.add_argument("--out", default=None, help="with --model: the Pharaoh file written")
     parser.add_argument("--method", default="attention", choices=["attention", "argmax", "itermax"],
                         help="cross-attention (default), or SimAlign's argmax / itermax on hidden states")
@@ -68,8 +78,13 @@ def _read_pairs(path: str) -> list[tuple[list[str], list[str]]]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"--pairs {path!r}: no such file")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"--pairs {file.name} is not UTF-8 text (a WAV clip goes to --audio, with a Whisper "
+                         f"--model)") from None
     pairs = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         parts = line.split("|||")
         if len(parts) != 2 or not parts[0].split() or not parts[1].split():
             raise ValueError(f"--pairs {file.name} line {number}: expected 'source words ||| target words'")
@@ -132,11 +147,62 @@ def _align_with_model(args: argparse.Namespace) -> list:
     return predicted
 
 
+def _align_audio(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .._files import write_json
+    from ..checkpoints.encoders.loading import load_tokenizer
+    from ..data.audio import read_wav
+    from ..hf.audio import audio_features
+    from ..hf.opening import is_transformers_only, open_transformers
+    from ..workflows.inspect_speech import speech_pair
+
+    if args.out is None:
+        raise ValueError("--audio needs --out WORDS.json (the words' times are written there)")
+    if Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a directory; name the JSON file to write")
+    samples, rate = read_wav(args.audio, argument="--audio")
+    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
+        raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
+                         f"safetensors); {args.model} is not one")
+    model = open_transformers(args.model, dtype=args.dtype, placement=placement_from_args(args)).model
+    if not getattr(model.config, "is_encoder_decoder", False) or not hasattr(model.config, "num_mel_bins"):
+        raise ValueError(f"--audio needs a speech encoder-decoder (Whisper); {args.model} holds "
+                         f"{type(model).__name__}: align its text with --pairs")
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except FileNotFoundError:
+        raise ValueError(f"{args.model} has no tokenizer.json; attnlab needs it to split the transcript into "
+                         f"words") from None
+    clip = audio_features(args.model, model, samples, rate)
+    clip.features = clip.features.to(next(model.parameters()).dtype)
+    speech = speech_pair(model, tokenizer, clip, target=args.target, max_new_tokens=128)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_json(Path(args.out), {"audio": Path(args.audio).name, "seconds": round(clip.seconds, 3),
+                                "transcript": speech.transcript, "words": [w.to_dict() for w in speech.words]})
+    print(f"{Path(args.audio).name}: {speech.transcript!r}")
+    for word in speech.words:
+        print(f"{word.start:7.2f} {word.end:7.2f}  {word.word}")
+    print(f"wrote {args.out} ({len(speech.words)} words, seconds)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..inspect.compute.word_alignment import alignment_error_rate, format_pharaoh, read_alignments
 
+    if args.audio is not None or args.target is not None:
+        if args.audio is None:
+            raise ValueError("--target goes with --audio (the transcript of the clip to time)")
+        if args.model is None or args.pairs is not None or args.alignments is not None or args.gold is not None:
+            raise ValueError("--audio takes --model (a Whisper directory) and --out WORDS.json, without --pairs, "
+                             "--alignments or --gold")
+        if args.layers or args.heads or args.hidden_layer is not None or args.method != "attention" \
+                or args.rows != "predicting":
+            raise ValueError("--layers, --heads, --method, --rows and --hidden-layer apply to --pairs; --audio "
+                             "uses the model's alignment heads")
+        return _align_audio(args)
     if args.model is None and args.alignments is None:
         raise ValueError("give --alignments PRED --gold GOLD to score, or --model DIR --pairs PAIRS --out PRED "
                          "to align")

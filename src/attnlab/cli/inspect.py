@@ -300,16 +300,16 @@ def _run_audio(args: argparse.Namespace) -> int:
     clip = audio_features(args.model, inner, samples, rate)
     print(f"{Path(args.audio).name}: {clip.seconds:.2f} s at {rate} Hz -> {clip.features.shape[0]} mel channels x "
           f"{clip.features.shape[1]} frames (the model directory's feature extractor)")
-    features = clip.features.to(next(inner.parameters()).dtype)
-    labels = clip.position_labels(features.shape[1] // 2)  # the encoder halves the frames
+    clip.features = clip.features.to(next(inner.parameters()).dtype)
     inspection = write_pair_inspection(model, tokenizer, Path(args.audio).name, args.out, target=args.target,
                                        max_new_tokens=args.max_new_tokens or 20, formats=args.formats,
-                                       max_tokens=args.max_tokens, model_name=args.model,
-                                       source_features=features, source_labels=labels)
+                                       max_tokens=args.max_tokens, model_name=args.model, clip=clip)
     if args.target is None:
-        print(f"transcript (greedy, the model's own first choices): {' '.join(inspection.target_tokens[1:])}")
-    print(f"{len(inspection.source_tokens)} encoder positions ({clip.seconds_per_position * 1000:.0f} ms each) and "
-          f"{len(inspection.target_tokens)} target tokens, {len(inspection.cross)} cross-attention layers")
+        print(f"transcript (greedy, the model's own first choices): {''.join(inspection.target_tokens[1:])!r}")
+    print(f"{len(inspection.source_tokens)} encoder positions of the clip ({clip.seconds_per_position * 1000:.0f} ms "
+          f"each) and {len(inspection.target_tokens)} target tokens, {len(inspection.cross)} cross-attention layers")
+    if inspection.alignment:
+        print(f"words (start-end in seconds): {inspection.alignment}")
     for path in inspection.figures + inspection.pages[1:]:
         print(f"wrote {path}")
     print(f"report: {inspection.report}")

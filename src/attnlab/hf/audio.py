@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from .._moved import moved_names
 from ..data.audio import resample
 
-__all__ = ["AudioFeatures", "audio_features", "greedy_target"]
+__all__ = ["AudioFeatures", "audio_features", "greedy_target", "speech_prompt"]
 
 
 @dataclass
@@ -44,6 +44,11 @@ class AudioFeatures:
     features: Tensor
     seconds_per_position: float
     seconds: float
+
+    @property
+    def positions(self) -> int:
+        """The encoder positions the clip covers (at least 1; the rest of the window is padding)."""
+        return max(1, int(self.seconds / self.seconds_per_position + 1e-6))
 
     def position_labels(self, count: int) -> list[str]:
         """``["0.00s", "0.02s", ...]``: the start time of each of ``count`` encoder positions."""
@@ -87,20 +92,61 @@ def audio_features(directory: Union[str, Path], model: nn.Module, samples: np.nd
     return AudioFeatures(features, 2 * hop / target, len(samples) / target)
 
 
-def greedy_target(model: nn.Module, source_features: Tensor, *, start: int, max_new_tokens: int = 20) -> Tensor:
-    """``[1 + G]``: the start token and the tokens a speech model picks greedily, one forward per
-    token, until its end token or ``max_new_tokens`` (no forced language or task tokens, no
-    timestamp rules: the model's own first choices).
+def speech_prompt(model: nn.Module) -> list[int]:
+    """The decoder's prompt for a transcript without timestamps: the start token, then the tokens the
+    generation config forces (``forced_decoder_ids``: Whisper's language and task) or, without those,
+    its ``no_timestamps_token_id``. A model whose config names neither gets its start token alone.
+    """
+    from .seq2seq import decoder_start
+
+    prompt = [decoder_start(model)]
+    generation = getattr(model, "generation_config", None)
+    forced = getattr(generation, "forced_decoder_ids", None) or []
+    for position, token in sorted(forced):
+        if position == len(prompt) and isinstance(token, int):
+            prompt.append(token)
+    no_timestamps = getattr(generation, "no_timestamps_token_id", None)
+    if isinstance(no_timestamps, int) and no_timestamps not in prompt:
+        prompt.append(no_timestamps)
+    return prompt
+
+
+def _suppressed(model: nn.Module, prompt: Sequence[int], vocabulary: int) -> tuple[Tensor, Tensor]:
+    """Boolean ``[V]`` masks of the tokens never chosen and of those not chosen first (the generation
+    config's ``suppress_tokens`` and ``begin_suppress_tokens``; timestamp tokens after the no-timestamps
+    token)."""
+    generation = getattr(model, "generation_config", None)
+    always, first = torch.zeros(vocabulary, dtype=torch.bool), torch.zeros(vocabulary, dtype=torch.bool)
+    always[[t for t in getattr(generation, "suppress_tokens", None) or [] if 0 <= t < vocabulary]] = True
+    first[[t for t in getattr(generation, "begin_suppress_tokens", None) or [] if 0 <= t < vocabulary]] = True
+    no_timestamps = getattr(generation, "no_timestamps_token_id", None)
+    if isinstance(no_timestamps, int) and no_timestamps in prompt:
+        always[no_timestamps + 1:] = True  # Whisper's timestamp tokens follow it
+    return always, first
+
+
+def greedy_target(model: nn.Module, source_features: Tensor, *, start: Optional[int] = None,
+                  prompt: Optional[Sequence[int]] = None, max_new_tokens: int = 20) -> Tensor:
+    """``[K + G]``: the decoder's prompt (``prompt``, else ``[start]``) and the tokens a speech model
+    picks greedily, one forward per token, until its end token or ``max_new_tokens``. Tokens the
+    generation config suppresses are never picked (see :func:`speech_prompt` for Whisper's prompt).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if (prompt is None) == (start is None):
+        raise ValueError("give the decoder's start token (start=) or its whole prompt (prompt=), one of them")
+    prompt = [int(start)] if prompt is None else [int(token) for token in prompt]
     end = getattr(model.config, "eos_token_id", None)
-    ids = torch.tensor([start])
+    ids = torch.tensor(prompt)
     with torch.no_grad():
         encoded = model.get_encoder()(input_features=source_features[None].to(next(model.parameters()).dtype))
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             logits = model(encoder_outputs=encoded, decoder_input_ids=ids[None], use_cache=False).logits  # [1, T, V]
-            chosen = int(logits[0, -1].argmax())
+            scores = logits[0, -1].float()
+            if step == 0:
+                always, first = _suppressed(model, prompt, scores.numel())
+                scores = scores.masked_fill(first, float("-inf"))
+            chosen = int(scores.masked_fill(always, float("-inf")).argmax())
             ids = torch.cat([ids, torch.tensor([chosen])])
             if chosen == end:
                 break

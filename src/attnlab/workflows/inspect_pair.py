@@ -21,6 +21,7 @@ from ..inspect.draw.generation_report import write_generation_report
 from ..inspect.draw.plots import plot_layer, save_figure
 from ..inspect.draw.report import inline_frame, write_report
 from .._files import write_json
+from ..hf.audio import AudioFeatures
 
 __all__ = ["PairInspection", "encode_side", "write_pair_inspection"]
 
@@ -73,6 +74,10 @@ def _token_text(tokenizer: Any, index: int) -> str:
     return text if text is not None else f"<{int(index)}>"
 
 
+def _words_line(words) -> str:
+    return ", ".join(f"{word.word} {word.start:.2f}-{word.end:.2f}" for word in words)
+
+
 def _statistics(maps: dict[str, torch.Tensor], cross: bool) -> dict[str, dict[str, list]]:
     statistics = HeadStatistics()
     for name, weights in maps.items():
@@ -102,8 +107,7 @@ def write_pair_inspection(
     formats: Sequence[str] = ("png",),
     max_tokens: int = 128,
     model_name: str = "model",
-    source_features: Optional[torch.Tensor] = None,
-    source_labels: Optional[Sequence[str]] = None,
+    clip: Optional[AudioFeatures] = None,
 ) -> PairInspection:
     """Run ``source`` and ``target`` (or a target generated from ``source`` when ``target`` is
     ``None``) through an encoder-decoder model and write into ``out``: ``report.html`` (the
@@ -123,26 +127,21 @@ def write_pair_inspection(
         formats: picture formats.
         max_tokens: beyond this many positions pages and pictures pool positions.
         model_name: shown on the pages.
-        source_features: ``[C, F]`` a speech model's input features instead of a source text
-            (``source`` then names the clip); the target is generated greedily when not given
-            (:func:`~attnlab.hf.audio.greedy_target`).
-        source_labels: with ``source_features``: one label per encoder position (its time).
+        clip: a speech clip's features (:func:`~attnlab.hf.audio.audio_features`) instead of a source
+            text (``source`` then names the clip): the source side is the clip's time, cut to the
+            positions it covers and labelled in seconds; the target (greedy when not given, see
+            :func:`~attnlab.workflows.inspect_speech.speech_pair`) is labelled as text, and its words'
+            times in seconds go to ``words.json`` and the page instead of ``alignment.txt``.
     """
-    from ..hf.audio import greedy_target
     from ..hf.opening import transformers_module
     from ..hf.seq2seq import decoder_start, generate_pair, pair_attention
+    from .inspect_speech import speech_pair
 
     inner = transformers_module(model)
-    if source_features is not None:
-        start = decoder_start(inner)
-        if target is None:
-            decoder_ids = greedy_target(inner, source_features, start=start, max_new_tokens=max_new_tokens)
-        else:
-            target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
-            decoder_ids = torch.cat([torch.tensor([start]), target_ids])  # [T]: start token first
-        pair = pair_attention(inner, None, decoder_ids, source_features=source_features)
-        S = next(iter(pair.cross.values())).shape[-1]
-        source_tokens = list(source_labels or [])[:S] or [f"frame {index}" for index in range(S)]
+    speech = None
+    if clip is not None:
+        speech = speech_pair(inner, tokenizer, clip, target=target, max_new_tokens=max_new_tokens)
+        pair, source_tokens = speech.pair, speech.source_tokens
     else:
         source_ids, source_tokens = encode_side(tokenizer, source, max_length, "--source")
         if target is None:
@@ -151,16 +150,22 @@ def write_pair_inspection(
             target_ids, _ = encode_side(tokenizer, target, max_length - 1, "--target")
             decoder_ids = torch.cat([torch.tensor([decoder_start(inner)]), target_ids])  # [T]: start token first
             pair = pair_attention(inner, source_ids, decoder_ids)
-    target_tokens = [_token_text(tokenizer, index) for index in pair.target_ids.tolist()]
+    target_tokens = speech.target_tokens if speech else [_token_text(tokenizer, i) for i in pair.target_ids.tolist()]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    sides = ("target", "source")
+    sides = ("target", "source") if speech is None else ("target", "time (s)")
     meta = {"model": model_name, "source": source,
             "target": target if target is not None else " ".join(target_tokens[1:]) + "  (generated, greedy)"}
+    if speech is not None:
+        meta["target"] = (target if target is not None else speech.transcript + "  (generated, greedy)")
+        meta["clip"] = f"{clip.seconds:.2f} s: {len(source_tokens)} encoder positions of " \
+                       f"{clip.seconds_per_position * 1000:g} ms (the window's padding left out)"
+        meta["words (s)"] = _words_line(speech.words) or "(no tokenizer: no words)"
     figures: list[Path] = []
     for index, (name, weights) in enumerate(pair.cross.items(), 1):
+        columns = "source (columns)" if speech is None else "time in seconds (columns)"
         figure = plot_layer(weights, target_tokens, key_tokens=source_tokens,
-                            title=f"{name}: target (rows) x source (columns)", max_tokens=min(max_tokens, 64))
+                            title=f"{name}: target (rows) x {columns}", max_tokens=min(max_tokens, 64))
         figures += save_figure(figure, out / f"cross_layer_{index}", formats)
     statistics = {"cross": _statistics(pair.cross, cross=True), "encoder": _statistics(pair.encoder, cross=False),
                   "decoder": _statistics(pair.decoder, cross=False)}
@@ -173,10 +178,20 @@ def write_pair_inspection(
     pages.append(write_report(out / "decoder.html", pair.decoder, target_tokens, title="decoder self-attention",
                               meta=meta, statistics=_tables(statistics["decoder"]), max_tokens=max_tokens))
     # decoder position k predicts target_tokens[k + 1]: target token j (after the start token) is row j
-    links = attention_alignment({name: weights[:, :-1] for name, weights in pair.cross.items()}) if len(
-        target_tokens) > 1 else frozenset()
-    alignment = format_pharaoh(links)
-    (out / "alignment.txt").write_text(alignment + "\n", encoding="utf-8")
+    if speech is None:
+        links = attention_alignment({name: weights[:, :-1] for name, weights in pair.cross.items()}) if len(
+            target_tokens) > 1 else frozenset()
+        alignment = format_pharaoh(links)
+        (out / "alignment.txt").write_text(alignment + "\n", encoding="utf-8")
+        about = {"from": "cross-attention, every layer and head averaged; each target token (counted from 0 after "
+                         "the start token) to the source token the decoder attends to most at the step that "
+                         "predicts it", "pharaoh": alignment}
+    else:
+        alignment = _words_line(speech.words)
+        write_json(out / "words.json", {"transcript": speech.transcript,
+                                        "words": [word.to_dict() for word in speech.words]})
+        about = {"from": "word timestamps in seconds, as openai-whisper's: the alignment heads' cross-attention "
+                         "over the clip, dynamic time warping", "words": [w.to_dict() for w in speech.words]}
     write_json(out / "statistics.json", {
         "model": model_name, "source_tokens": source_tokens, "target_tokens": target_tokens,
         "layers": {
@@ -185,19 +200,18 @@ def write_pair_inspection(
                                                ("cross", "target", "source"))
             for name, values in statistics[kind].items()
         },
-        "alignment": {"from": "cross-attention, every layer and head averaged; each target token (counted from 0 "
-                              "after the start token) to the source token the decoder attends to most at the step "
-                              "that predicts it", "pharaoh": alignment},
+        "alignment": about,
     })
-    if target is None and len(target_tokens) > 1:
-        G, S = len(target_tokens) - 1, len(source_tokens)
+    first = 1 if speech is None else len(speech.prompt)  # the rows of generated tokens start here
+    if target is None and len(target_tokens) > first:
+        G, S = len(target_tokens) - first, len(source_tokens)
         names = list(pair.cross)
         stacked = torch.stack([pair.cross[name] for name in names])  # [L, H, T, S]
         rows = torch.zeros(G, len(names), stacked.shape[1], S + G)  # [G, L, H, N]
-        # generated token g was produced at decoder position g (its input: the token before it)
-        rows[:, :, :, :S] = stacked[:, :, :G].permute(2, 0, 1, 3)
+        # generated token g was produced at decoder position first - 1 + g (its input: the token before it)
+        rows[:, :, :, :S] = stacked[:, :, first - 1:first - 1 + G].permute(2, 0, 1, 3)
         pages.append(write_generation_report(
-            out / "generation.html", rows, source_tokens + target_tokens[1:], S, layers=names,
+            out / "generation.html", rows, source_tokens + target_tokens[first:], S, layers=names,
             title="attnlab generation: each target token's cross-attention over the source",
             meta={**meta, "rows": "the cross-attention of the decoder step that produced each token"}))
     return PairInspection(report, pages, figures, source_tokens, target_tokens, pair.cross, alignment)

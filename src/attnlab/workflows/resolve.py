@@ -127,7 +127,8 @@ def _refuse_other_modalities(spec: str) -> None:
     name = (config.get("architectures") or [config.get("model_type", "model")])[0]
     if "num_mel_bins" in config:
         raise ValueError(f"{spec} is a speech model ({name}): its encoder reads audio, not text; "
-                         f"attnlab inspect --model {spec} --audio CLIP.wav draws its attention")
+                         f"attnlab inspect --model {spec} --audio CLIP.wav draws its attention, attnlab align "
+                         f"--model {spec} --audio CLIP.wav --out WORDS.json times its words")
     text = "vocab_size" in config or "text_config" in config
     if not text and ("patch_size" in config or "image_size" in config):
         raise ValueError(f"{spec} is an image model ({name}): it reads pictures, not text; give --image "

@@ -131,7 +131,7 @@ def _token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
 def _one_token(tokenizer: Any, text: Optional[str], argument: str) -> Optional[int]:
     if text is None:
         return None
-    ids = tokenizer.encode(text).ids
+    ids = tokenizer.encode(text, add_special_tokens=False).ids  # a token, without the prompt's <bos>
     if len(ids) != 1:
         raise ValueError(f"{argument} {text!r} is {len(ids)} tokens; a contrastive question compares single "
                          f"tokens (a leading space often makes a word one token: {' ' + text.strip()!r})")
@@ -223,7 +223,8 @@ def explain_generation(
         raise ValueError(f"{named['max_new_tokens']} must be an int >= 1, got {max_new_tokens!r}")
     target_id = _one_token(tokenizer, target, named["target"])
     foil_id = _one_token(tokenizer, foil, named["foil"])
-    given = tokenizer.encode(continuation).ids if continuation is not None else None
+    # text after the prompt: no <bos> (Gemma's tokenizer adds one to every text it encodes)
+    given = tokenizer.encode(continuation, add_special_tokens=False).ids if continuation is not None else None
     if given is not None and not given:
         raise ValueError(f"the tokenizer produced no token for {named['continuation']} {continuation!r}")
     explained = len(given) if given is not None else 1 if (target_id is not None or foil_id is not None) \

@@ -317,9 +317,14 @@ def _wav(path, seconds=0.5, rate=8000, channels=2, width=2):
     return path
 
 
-def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_path, capsys):
+def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_path, capsys, monkeypatch):
+    from attnlab.workflows import inspect_pair
+
     model, clip = _whisper_dir(tmp_path), _wav(tmp_path / "clip.wav")
     out = tmp_path / "audio"
+    drawn, save = [], inspect_pair.save_figure
+    monkeypatch.setattr(inspect_pair, "save_figure",
+                        lambda figure, *rest: drawn.append(figure) or save(figure, *rest))
     code = main(["inspect", "--model", str(model), "--audio", str(clip), "--max-new-tokens", "3",
                  "--out", str(out), "--format", "png"])
     assert code == 0, capsys.readouterr().err
@@ -327,6 +332,9 @@ def test_inspect_a_clip_through_whisper_writes_cross_attention_over_time(tmp_pat
     assert "0.50 s at 8000 Hz -> 8 mel channels x 100 frames" in printed
     assert {"report.html", "encoder.html", "decoder.html", "generation.html", "cross_layer_1.png",
             "statistics.json"} <= {path.name for path in out.iterdir()}
+    # the pictures' time axis reads in seconds, not in encoder positions
+    ticks = [[label.get_text() for label in ax.get_xticklabels()] for ax in drawn[0].axes if ax.get_xlabel()]
+    assert ticks and all(labels == ["0.0 s", "0.1 s", "0.2 s", "0.3 s", "0.4 s", "0.5 s"] for labels in ticks)
     statistics = json.loads((out / "statistics.json").read_text())
     # the 0.5 s clip covers 25 of the window's 50 positions: the padding's columns are cut
     assert statistics["source_tokens"][:3] == ["0.00s", "0.02s", "0.04s"] and len(statistics["source_tokens"]) == 25

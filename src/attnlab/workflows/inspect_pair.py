@@ -165,7 +165,8 @@ def write_pair_inspection(
     for index, (name, weights) in enumerate(pair.cross.items(), 1):
         columns = "source (columns)" if speech is None else "time in seconds (columns)"
         figure = plot_layer(weights, target_tokens, key_tokens=source_tokens,
-                            title=f"{name}: target (rows) x {columns}", max_tokens=min(max_tokens, 64))
+                            title=f"{name}: target (rows) x {columns}", max_tokens=min(max_tokens, 64),
+                            key_seconds=None if speech is None else clip.seconds_per_position)
         figures += save_figure(figure, out / f"cross_layer_{index}", formats)
     statistics = {"cross": _statistics(pair.cross, cross=True), "encoder": _statistics(pair.encoder, cross=False),
                   "decoder": _statistics(pair.decoder, cross=False)}

@@ -11,9 +11,15 @@ import pytest
 from attnlab.cli import main
 
 
-def test_inspect_audio_labels_tokens_as_text_and_time_in_seconds(whisper_tiny, spoken, tmp_path, capsys):
+def test_inspect_audio_labels_tokens_as_text_and_time_in_seconds(whisper_tiny, spoken, tmp_path, capsys,
+                                                                 monkeypatch):
+    from attnlab.workflows import inspect_pair
+
     sentence = spoken[0]
     out = tmp_path / "inspect"
+    drawn, save = [], inspect_pair.save_figure
+    monkeypatch.setattr(inspect_pair, "save_figure",
+                        lambda figure, *rest: drawn.append(figure) or save(figure, *rest))
     assert main(["inspect", "--model", str(whisper_tiny), "--audio", str(sentence.wav), "--out", str(out),
                  "--format", "png"]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
@@ -33,6 +39,12 @@ def test_inspect_audio_labels_tokens_as_text_and_time_in_seconds(whisper_tiny, s
     assert "<b>words (s):</b> The 0.00-" in page and "<b>clip:</b> 5.13 s: 256 encoder positions" in page
     assert "words (start-end in seconds): The 0.00-" in printed
     assert not (out / "alignment.txt").exists()
+    # Regression: cross_layer_<k>.png ticked its time axis with pooled positions ("0-3", "12-15")
+    assert (out / "cross_layer_4.png").is_file() and len(drawn) == 4
+    bottom = [ax for ax in drawn[-1].axes if ax.get_xlabel() == "time (s)"]
+    assert len(bottom) == 3  # six heads in two rows of three: the bottom row carries the axis
+    for ax in bottom:
+        assert [label.get_text() for label in ax.get_xticklabels()] == [f"{s} s" for s in range(6)]
 
 
 def test_align_audio_writes_word_timestamps_in_seconds(whisper_tiny, spoken, tmp_path, capsys):

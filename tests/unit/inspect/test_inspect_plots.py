@@ -13,6 +13,7 @@ from attnlab.inspect.draw.plots import (
     plot_model,
     plot_statistic,
     save_figure,
+    time_ticks,
 )
 
 
@@ -110,3 +111,31 @@ def test_the_model_view_has_a_colour_bar():
     layer = torch.softmax(torch.randn(2, 6, 6), -1)
     figure = plot_model({"layer_1": layer, "layer_2": layer})
     assert len(figure.axes) == 2 and "largest weight" in figure.axes[1].get_ylabel()
+
+
+def test_time_ticks_fall_at_round_seconds_among_pooled_columns():
+    # 256 positions of 20 ms (5.12 s) pooled into 64 columns of 4: 1 s is position 50, inside column 12
+    x, labels = time_ticks(256, 64, 0.02, most=6)
+    assert labels == ["0 s", "1 s", "2 s", "3 s", "4 s", "5 s"]
+    assert x[0] == pytest.approx(-0.5) and x[1] == pytest.approx(12.0)
+    x, labels = time_ticks(25, 25, 0.02)  # 0.5 s unpooled: one column a position
+    assert labels == ["0.0 s", "0.1 s", "0.2 s", "0.3 s", "0.4 s", "0.5 s"] and x[-1] == pytest.approx(24.5)
+    _, labels = time_ticks(10, 10, 0.02, first=100)  # a window from 2.00 s to 2.20 s
+    assert labels[0] == "2.00 s" and labels[-1] == "2.20 s"
+    with pytest.raises(ValueError, match="seconds_per_position"):
+        time_ticks(10, 10, 0.0)
+
+
+def test_a_key_axis_in_seconds_is_ticked_in_seconds_and_text_keys_keep_their_ranges():
+    # Regression: a speech clip's cross-attention PNG showed pooled position ranges ("0-3", "12-15")
+    weights = torch.softmax(torch.randn(2, 5, 256), -1)  # [H, T, S]
+    queries, times = [f"w{i}" for i in range(5)], [f"{i * 0.02:.2f}s" for i in range(256)]
+    figure = plot_layer(weights, queries, key_tokens=times, key_seconds=0.02)
+    bottom = [ax for ax in figure.axes if ax.images and ax.get_xticklabels()]
+    assert bottom and all([label.get_text() for label in ax.get_xticklabels()]
+                          == ["0 s", "1 s", "2 s", "3 s", "4 s", "5 s"] for ax in bottom)
+    assert all(ax.get_xlabel() == "time (s)" for ax in bottom)
+    head = plot_head(weights[0], queries, key_tokens=times, key_seconds=0.02).axes[0]
+    assert head.get_xlabel() == "time (s)" and head.get_xticklabels()[1].get_text() == "0.5 s"
+    text = plot_layer(weights, queries, key_tokens=times)  # no time axis: position ranges as before
+    assert text.axes[-2].get_xticklabels()[0].get_text() == "0-3" and text.axes[-2].get_xlabel() == ""

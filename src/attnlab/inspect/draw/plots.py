@@ -11,6 +11,10 @@ Long inputs stay readable and fast in two ways:
 * past ``max_tokens`` positions, neighbouring positions are pooled into buckets: query
   rows are averaged and key columns summed, so every row of the picture still sums to
   the attention mass it had, and labels name the bucket's position range.
+
+A key axis that is time (a speech encoder's positions) is drawn in seconds instead:
+``key_seconds`` (the seconds one key position covers) puts ticks at round seconds where
+they fall among the pooled columns, under the title "time (s)".
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["bucket_attention", "plot_head", "plot_layer", "plot_model", "plot_statistic", "save_figure"]
+__all__ = ["bucket_attention", "plot_head", "plot_layer", "plot_model", "plot_statistic", "save_figure",
+           "time_ticks"]
 
 ArrayLike = Union[Tensor, np.ndarray]
 CMAP = "viridis"
 
 logger = logging.getLogger(__name__)
 _MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from")
+# tick spacings in seconds: round numbers a reader counts in
+_TIME_STEPS = (0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
 
 
 def _numpy(weights: ArrayLike) -> np.ndarray:
@@ -104,6 +111,47 @@ def bucket_attention(
     return matrix, labels_q, labels_k
 
 
+def time_ticks(
+    S: int, columns: int, seconds_per_position: float, *, first: int = 0, most: int = 8
+) -> tuple[list[float], list[str]]:
+    """Ticks at round seconds on a key axis of ``S`` positions drawn as ``columns`` columns.
+
+    Key position ``s`` starts at ``s * seconds_per_position`` seconds. The columns are
+    :func:`bucket_attention`'s buckets, so a time lands inside its bucket in proportion to
+    the positions before it; the axis ends at the last position's end.
+
+    Args:
+        S: key positions shown (after the window).
+        columns: columns drawn (``S``, or fewer when pooled).
+        seconds_per_position: the seconds one position covers (20 ms for Whisper).
+        first: the first shown position (a window's start).
+        most: most ticks; the spacing is the smallest round step that keeps to it.
+
+    Returns:
+        ``(x, labels)``: tick places in column coordinates and labels such as ``"0.5 s"``.
+
+    Example:
+        ``time_ticks(256, 64, 0.02)`` -> ticks at 0 s, 1 s, ..., 5 s.
+    """
+    if not (math.isfinite(seconds_per_position) and seconds_per_position > 0):
+        raise ValueError(f"seconds_per_position must be a positive number of seconds, "
+                         f"got {seconds_per_position}")
+    if not 1 <= columns <= S:
+        raise ValueError(f"columns must be between 1 and S = {S}, got {columns}")
+    start, end = first * seconds_per_position, (first + S) * seconds_per_position
+    tiny = 1e-9 * max(1.0, end)  # float slack: 5.12 s must not fall short of itself
+    step = next((step for step in _TIME_STEPS
+                 if math.floor((end + tiny) / step) - math.ceil((start - tiny) / step) + 1 <= most), None)
+    if step is None:
+        step = _TIME_STEPS[-1] * math.ceil((end - start) / (_TIME_STEPS[-1] * max(1, most - 1)))
+    times = np.arange(math.ceil((start - tiny) / step), math.floor((end + tiny) / step) + 1) * step
+    # column c covers positions edges[c]..edges[c + 1] and is drawn from c - 0.5 to c + 0.5
+    edges = np.append(_bucket_starts(S, columns), S) + first
+    x = np.interp(times / seconds_per_position, edges, np.arange(columns + 1) - 0.5)
+    decimals = len(f"{step:g}".partition(".")[2])
+    return x.tolist(), [f"{time:.{decimals}f} s" for time in times]
+
+
 def _scale_top(matrices: Sequence[np.ndarray]) -> float:
     """Top of the colour scale: the largest weight drawn, so a long map shows its structure.
 
@@ -116,13 +164,19 @@ def _scale_top(matrices: Sequence[np.ndarray]) -> float:
 
 
 def _draw_map(
-    ax, matrix: np.ndarray, labels_q: Sequence[str], labels_k: Sequence[str], *, ticks: int, vmax=None
+    ax, matrix: np.ndarray, labels_q: Sequence[str], labels_k: Sequence[str], *, ticks: int, vmax=None,
+    key_time: Optional[tuple[list[float], list[str]]] = None,
 ):
     image = ax.imshow(matrix, cmap=CMAP, vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
-    for axis_labels, set_ticks, set_labels, rotation in (
-        (labels_k, ax.set_xticks, ax.set_xticklabels, 90),
-        (labels_q, ax.set_yticks, ax.set_yticklabels, 0),
-    ):
+    axes = [(labels_q, ax.set_yticks, ax.set_yticklabels, 0)]
+    if key_time is None:
+        axes.insert(0, (labels_k, ax.set_xticks, ax.set_xticklabels, 90))
+    elif labels_k:  # the time axis: round seconds where they fall, upright (few and short)
+        ax.set_xticks(key_time[0], key_time[1], fontsize=7)
+        ax.set_xlabel("time (s)", fontsize=8)
+    else:
+        ax.set_xticks([])
+    for axis_labels, set_ticks, set_labels, rotation in axes:
         if ticks <= 0:
             set_ticks([])
             continue
@@ -143,6 +197,7 @@ def plot_head(
     window: Optional[tuple[int, int]] = None,
     max_tokens: int = 128,
     max_ticks: int = 48,
+    key_seconds: Optional[float] = None,
 ) -> Figure:
     """Heatmap of one head with token labels (rows: queries, columns: keys).
 
@@ -154,6 +209,8 @@ def plot_head(
         title: figure title.
         window, max_tokens: see :func:`bucket_attention`.
         max_ticks: most labels per axis (every n-th label beyond it).
+        key_seconds: the seconds one key position covers: the key axis is then time, ticked
+            at round seconds (see :func:`time_ticks`) and titled "time (s)".
 
     Shape:
         ``weights`` ``[T, S]``.
@@ -164,13 +221,25 @@ def plot_head(
     side = min(12.0, 3.0 + 0.12 * max(len(labels_q), len(labels_k)))
     figure = Figure(figsize=(side + 1.2, side))
     ax = figure.add_subplot()
-    image = _draw_map(ax, matrix, labels_q, labels_k, ticks=max_ticks, vmax=_scale_top([matrix]))
-    ax.set_xlabel("key")
+    S = len(tokens if key_tokens is None else key_tokens)
+    key_time = _key_time(S, matrix.shape[1], window, key_seconds, most=12)
+    image = _draw_map(ax, matrix, labels_q, labels_k, ticks=max_ticks, vmax=_scale_top([matrix]),
+                      key_time=key_time)
+    if key_time is None:
+        ax.set_xlabel("key")
     ax.set_ylabel("query")
     if title:
         ax.set_title(title, parse_math=False)
     figure.colorbar(image, ax=ax, shrink=0.8, label=_bar_label(matrix.shape, len(tokens), key_tokens, window))
     return figure
+
+
+def _key_time(S: int, columns: int, window, key_seconds: Optional[float], *, most: int):
+    """:func:`time_ticks` of a key axis in seconds (``None``: keys are tokens)."""
+    if key_seconds is None:
+        return None
+    first, stop = (0, S) if window is None else (window[0], min(window[1], S))
+    return time_ticks(stop - first, columns, key_seconds, first=first, most=most)
 
 
 def _bar_label(shape: tuple[int, ...], T: int, key_tokens, window) -> str:
@@ -186,10 +255,13 @@ def plot_layer(
     title: Optional[str] = None,
     window: Optional[tuple[int, int]] = None,
     max_tokens: int = 64,
+    key_seconds: Optional[float] = None,
 ) -> Figure:
     """One layer's heads as a grid of heatmaps (labels on the left column and bottom row).
 
     The heads share one colour scale, from 0 to the layer's largest (pooled) weight.
+    ``key_seconds`` (the seconds one key position covers) draws the key axis as time, as
+    :func:`plot_head` does.
 
     Shape:
         ``weights`` ``[H, T, S]``.
@@ -205,6 +277,8 @@ def plot_layer(
     image = None
     pooled = [bucket_attention(head, tokens, key_tokens, window=window, max_tokens=max_tokens) for head in stack]
     top = _scale_top([matrix for matrix, _, _ in pooled])  # one scale for the layer: heads compare
+    S = len(tokens if key_tokens is None else key_tokens)
+    key_time = _key_time(S, pooled[0][0].shape[1], window, key_seconds, most=6) if pooled else None
     for index, ax in enumerate(axes.flat):
         if index >= H:
             ax.set_axis_off()
@@ -218,6 +292,7 @@ def plot_layer(
             labels_k if index // columns == rows - 1 else [],
             ticks=ticks,
             vmax=top,
+            key_time=key_time,
         )
         ax.set_title(f"head {index + 1}", fontsize=9)
     if title:

@@ -196,9 +196,6 @@ def _run_images(args: argparse.Namespace) -> int:
     analysis = write_statistics(statistics, args.out, formats=args.formats, model_name=args.model,
                                 data_name=args.images, examples_name="images")
     print(f"{statistics.examples} images, {statistics.tokens} tokens, {len(statistics.layers)} layers")
-    window = stats.settings.get("sliding_window")
-    if window is not None:
-        print(describe_window(stats.statistics.get(BEYOND_WINDOW, {}), window))
     print(f"statistics: {analysis.json}")
     print(f"plots: {analysis.json.parent / 'plots'}")
     print(f"summary: {analysis.summary}")

@@ -154,21 +154,15 @@ def _align_audio(args: argparse.Namespace) -> int:
     from ..checkpoints.encoders.loading import load_tokenizer
     from ..data.audio import read_wav
     from ..hf.audio import audio_features
-    from ..hf.opening import is_transformers_only, open_transformers
-    from ..workflows.inspect_speech import speech_pair
+    from ..workflows.inspect_speech import open_speech_model, speech_pair
 
     if args.out is None:
         raise ValueError("--audio needs --out WORDS.json (the words' times are written there)")
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a directory; name the JSON file to write")
     samples, rate = read_wav(args.audio, argument="--audio")
-    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
-        raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
-                         f"safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype, placement=placement_from_args(args)).model
-    if not getattr(model.config, "is_encoder_decoder", False) or not hasattr(model.config, "num_mel_bins"):
-        raise ValueError(f"--audio needs a speech encoder-decoder (Whisper); {args.model} holds "
-                         f"{type(model).__name__}: align its text with --pairs")
+    model = open_speech_model(args.model, dtype=args.dtype, placement=placement_from_args(args),
+                              otherwise=": align its text with --pairs").model
     try:
         tokenizer = load_tokenizer(args.model)
     except FileNotFoundError:

@@ -275,21 +275,15 @@ def _run_audio(args: argparse.Namespace) -> int:
     from ..checkpoints.encoders.loading import load_tokenizer
     from ..data.audio import read_wav
     from ..hf.audio import audio_features
-    from ..hf.opening import is_transformers_only, open_transformers
     from ..workflows.inspect_pair import write_pair_inspection
+    from ..workflows.inspect_speech import open_speech_model
 
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     samples, rate = read_wav(args.audio, argument="--audio")
-    if not Path(args.model).is_dir() or not is_transformers_only(args.model):
-        raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
-                         f"safetensors); {args.model} is not one")
-    model = open_transformers(args.model, dtype=args.dtype, placement=placement_from_args(args))
+    model = open_speech_model(args.model, dtype=args.dtype, placement=placement_from_args(args))
     inner = model.model
     print(f"{args.model}: {type(inner).__name__} through transformers, attention served by attnlab")
-    if not getattr(inner.config, "is_encoder_decoder", False) or not hasattr(inner.config, "num_mel_bins"):
-        raise ValueError(f"--audio needs a speech encoder-decoder (Whisper); {args.model} holds "
-                         f"{type(inner).__name__}")
     try:
         tokenizer = load_tokenizer(args.model)
     except FileNotFoundError:

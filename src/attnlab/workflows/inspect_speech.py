@@ -18,7 +18,30 @@ from ..hf.audio import AudioFeatures, greedy_target, speech_prompt
 from ..hf.seq2seq import PairAttention, pair_attention
 from ..hf.speech_alignment import WordTiming, word_timestamps
 
-__all__ = ["SpeechPair", "speech_pair", "token_label"]
+__all__ = ["SpeechPair", "open_speech_model", "speech_pair", "token_label"]
+
+
+def open_speech_model(spec: str, *, dtype: str, placement: Any = None, otherwise: str = "") -> Any:
+    """``--model`` for ``--audio``: a transformers speech encoder-decoder directory (Whisper),
+    opened under attnlab's attention (a :class:`~attnlab.hf.opening.TransformersModel`).
+
+    Raises:
+        ValueError: ``spec`` is not a transformers directory, or holds no speech
+            encoder-decoder (``otherwise`` ends the message: what to do with that model).
+    """
+    from pathlib import Path
+
+    from ..hf.opening import is_transformers_only, open_transformers
+
+    if not Path(spec).is_dir() or not is_transformers_only(spec):
+        raise ValueError(f"--audio takes a transformers speech model directory (Whisper: config.json + "
+                         f"safetensors); {spec} is not one")
+    model = open_transformers(spec, dtype=dtype, placement=placement)
+    config = model.model.config
+    if not getattr(config, "is_encoder_decoder", False) or not hasattr(config, "num_mel_bins"):
+        raise ValueError(f"--audio needs a speech encoder-decoder (Whisper); {spec} holds "
+                         f"{type(model.model).__name__}{otherwise}")
+    return model
 
 
 @dataclass

@@ -316,7 +316,21 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
     if dtype != "auto" and dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join([*_DTYPES, 'auto'])}, got {dtype!r}")
     if gguf_file is not None:
-        return _open_gguf(transformers, Path(directory) / gguf_file, dtype)
+        name = str(Path(directory) / gguf_file)
+        model = _read_gguf(transformers, Path(name), dtype)
+    else:
+        name = str(directory)
+        model = _read_directory(transformers, directory, dtype, placement)
+    opened = TransformersModel(model.eval(), name=name)
+    embedding = opened._embedding()  # None for a model with no token embedding (images, audio)
+    if isinstance(embedding, nn.Embedding):
+        embedding.register_forward_pre_hook(_vocabulary_check(opened.name))
+    return opened
+
+
+def _read_directory(transformers: Any, directory: Union[str, Path], dtype: str,
+                    placement: Optional["Placement"]) -> nn.Module:
+    """The transformers model of a HuggingFace directory (the class its config names), placed."""
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
     except (ValueError, KeyError) as error:
@@ -344,14 +358,10 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
                          f"the config and the weights come from different models") from None
     if placement is not None:
         placement.check_dispatched(model)
-    opened = TransformersModel(model.eval(), name=str(directory))
-    embedding = opened._embedding()  # None for a model with no token embedding (images, audio)
-    if isinstance(embedding, nn.Embedding):
-        embedding.register_forward_pre_hook(_vocabulary_check(str(directory)))
-    return opened
+    return model
 
 
-def _open_gguf(transformers: Any, path: Path, dtype: str) -> TransformersModel:
+def _read_gguf(transformers: Any, path: Path, dtype: str) -> nn.Module:
     """A GGUF language model through transformers' GGUF reader (its own dequantisation)."""
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -360,9 +370,7 @@ def _open_gguf(transformers: Any, path: Path, dtype: str) -> TransformersModel:
     except (ValueError, KeyError, ImportError) as error:
         raise ValueError(f"{path}: transformers {transformers.__version__} cannot read this GGUF file "
                          f"({str(error).splitlines()[0]})") from None
-    opened = TransformersModel(model.eval(), name=str(path))
-    opened.model.get_input_embeddings().register_forward_pre_hook(_vocabulary_check(str(path)))
-    return opened
+    return model
 
 
 def gguf_tokenizer(path: Union[str, Path]) -> Any:

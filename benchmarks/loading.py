@@ -25,10 +25,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from _child import run_child
 
 GiB = 1024 ** 3
 # A child's ru_maxrss starts from its parent's resident size at the fork, so the parent stays
@@ -120,18 +120,9 @@ def write_checkpoint(directory: Path, *, hidden: int, layers: int, heads: int, i
     return count
 
 
-def _run_child(arguments: list[str], what: str) -> str:
-    source = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's attnlab
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (source, os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 def load_in_child(directory: Path, dtype: str) -> dict:
     """``attnlab.load(directory, dtype=dtype)`` in a fresh interpreter; its measurements."""
-    return json.loads(_run_child(["-c", CHILD, str(directory), dtype], f"loading in {dtype}"))
+    return json.loads(run_child(["-c", CHILD, str(directory), dtype], f"loading in {dtype}"))
 
 
 def warm_page_cache(directory: Path) -> None:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forwarded = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
                      if name in ("hidden", "layers", "heads", "intermediate", "vocab", "shard_gb")]
-        count = int(_run_child([__file__, "--write-only", "--dir", str(directory), *forwarded], "writing"))
+        count = int(run_child([__file__, "--write-only", "--dir", str(directory), *forwarded], "writing"))
         shards = len(list(directory.glob("model-*-of-*.safetensors")))
         warm_page_cache(directory)
         print(f"checkpoint: Llama-style, {count / 1e9:.3f}B parameters, bfloat16, {shards} shards "

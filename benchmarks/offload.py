@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from _child import run_child
 
 MiB = 2 ** 20
 # A child's ru_maxrss starts from its parent's resident size at the fork, so the parent stays
@@ -79,20 +78,11 @@ print(json.dumps({"before": before, "loaded": loaded, "peak": peak(), "load_seco
 """
 
 
-def _run_child(arguments: list[str], what: str) -> str:
-    source = str(Path(__file__).resolve().parents[1] / "src")  # this checkout's attnlab
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (source, os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 def measure(directory: Path, budget: int, offload: Path, texts: int, length: int) -> dict:
     """One configuration in a fresh interpreter; its measurements. ``budget`` 0: the model whole, as
     ``attnlab.load`` opens it; -1: ``device_map="auto"`` with no budget (through transformers, on the CPU)."""
     arguments = ["-c", MEASURE, str(directory), str(budget), str(offload), str(texts), str(length)]
-    return json.loads(_run_child(arguments, f"the run with a budget of {budget} bytes"))
+    return json.loads(run_child(arguments, f"the run with a budget of {budget} bytes"))
 
 
 def _size(count: float) -> str:
@@ -133,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         directory = root / "model"
         sizes = [str(value) for value in (args.hidden, args.layers, args.heads, args.intermediate, args.vocab)]
-        count = int(_run_child(["-c", WRITE, str(directory), *sizes], "writing the checkpoint"))
+        count = int(run_child(["-c", WRITE, str(directory), *sizes], "writing the checkpoint"))
         weights = sum(path.stat().st_size for path in directory.glob("*.safetensors"))
         print(f"checkpoint: Llama-style, hidden {args.hidden}, {args.layers} layers, {count / 1e6:.1f}M parameters, "
               f"float32, {_size(weights)}; statistics of {args.texts} random sequences of {args.length} "

@@ -46,19 +46,22 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def run_benchmark():
     """``run_benchmark("offload", [...])``: ``benchmarks/offload.py``'s ``main`` called with
-    those arguments, the script loaded as a module for the call (its exit code returned)."""
+    those arguments, the script loaded as a module for the call, ``benchmarks/`` on the path as
+    when it runs as a script (its exit code returned)."""
     import importlib.util
     import sys
 
     def run(name: str, arguments: list[str]) -> int:
-        script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"attnlab_benchmark_{name}", script)
+        folder = Path(__file__).resolve().parents[1] / "benchmarks"
+        spec = importlib.util.spec_from_file_location(f"attnlab_benchmark_{name}", folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
+        sys.path.insert(0, str(folder))  # as for `python benchmarks/NAME.py`: its sibling modules import
         try:
             spec.loader.exec_module(module)
             return module.main(arguments)
         finally:
+            sys.path.remove(str(folder))
             sys.modules.pop(spec.name, None)
 
     return run

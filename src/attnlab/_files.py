@@ -193,6 +193,25 @@ def check_output_dir(path: Union[str, Path], option: str = "--out", contents: st
     return path
 
 
+def check_output_file(path: Union[str, Path], option: str = "--out", contents: str = "the results") -> Path:
+    """Check, before any work, that the file ``path`` can be written: not a directory, and its
+    folder a directory that exists or can be made, where this process may write
+    (:func:`check_output_dir`; nothing is left behind).
+
+    Raises:
+        ValueError: the message names the place and what to do.
+    """
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; name the file for {contents}")
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory; name the file for {contents}")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ValueError(f"{option} {path} lies under the file {path.parent}; choose another {option}")
+    check_output_dir(path.parent, option, contents)
+    return path
+
+
 def check_path_argument(name: str, value: Any) -> None:
     """Refuse a ``value`` that is not a path (``None``, a number, an empty string) with one
     line naming ``name``, before pathlib's own ``TypeError`` about ``NoneType``."""

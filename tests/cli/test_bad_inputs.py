@@ -220,6 +220,32 @@ def test_every_commands_output_is_checked_before_any_work(files, capsys, monkeyp
     assert not any(locked.iterdir())
 
 
+def test_aligns_output_file_is_checked_before_any_work(files, capsys, monkeypatch):
+    # Regression: align --audio/--pairs --out under a file or in /proc loaded the model, then ended in a
+    # bare "[Errno 17] File exists" or "[Errno 2] No such file or directory".
+    root = files["root"]
+    (root / "a_file.txt").write_text("x", encoding="utf-8")
+    locked = root / "locked-align"
+    locked.mkdir(exist_ok=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if Path(path) == locked else real_access(path, mode, **kw)))  # also when tests run as root
+    expectations = {"": "is empty", str(root): "is a directory",
+                    str(root / "a_file.txt" / "words.json"): "lies under the file",
+                    str(locked / "words.json"): "may not write"}
+    if Path("/proc/self").is_dir():
+        expectations["/proc/nope/words.json"] = "nothing can be written"
+    failures = []
+    for place, expected in expectations.items():
+        for argv in (["align", "--model", str(files["model"]), "--audio", str(root / "clip.wav"), "--out", place],
+                     ["align", "--model", str(files["model"]), "--pairs", str(root / "pairs.txt"), "--out", place]):
+            code, lines, err = _run(argv, capsys)
+            if code != 2 or len(lines) != 1 or "Traceback" in err or expected not in lines[0]:
+                failures.append(f"{' '.join(argv)} -> exit {code}, stderr {err!r}")
+    assert not failures, "\n".join(failures)
+    assert not any(locked.iterdir())
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
 def test_an_output_under_a_read_only_directory_is_refused(files, tmp_path, capsys):
     locked = tmp_path / "read-only"

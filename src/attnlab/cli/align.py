@@ -150,7 +150,7 @@ def _align_with_model(args: argparse.Namespace) -> list:
 def _align_audio(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .._files import write_json
+    from .._files import check_output_file, write_json
     from ..checkpoints.encoders.loading import load_tokenizer
     from ..data.audio import read_wav
     from ..hf.audio import audio_features
@@ -158,8 +158,7 @@ def _align_audio(args: argparse.Namespace) -> int:
 
     if args.out is None:
         raise ValueError("--audio needs --out WORDS.json (the words' times are written there)")
-    if Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a directory; name the JSON file to write")
+    check_output_file(args.out, "--out", "the words' times (JSON)")
     samples, rate = read_wav(args.audio, argument="--audio")
     model = open_speech_model(args.model, dtype=args.dtype, placement=placement_from_args(args),
                               otherwise=": align its text with --pairs").model
@@ -184,6 +183,7 @@ def _align_audio(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .._files import check_output_file
     from ..inspect.compute.word_alignment import alignment_error_rate, format_pharaoh, read_alignments
 
     if args.audio is not None or args.target is not None:
@@ -212,8 +212,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--rows applies to --model with --method attention")
     gold = read_alignments(args.gold, argument="--gold") if args.gold else None
     if args.model is not None:
-        if args.out and Path(args.out).is_dir():
-            raise ValueError(f"--out {args.out} is a directory; name the Pharaoh file to write")
+        check_output_file(args.out, "--out", "the Pharaoh links")
         predicted = _align_with_model(args)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("".join(format_pharaoh(links) + "\n" for links in predicted), encoding="utf-8")

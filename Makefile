@@ -10,6 +10,7 @@ CHROMIUM := /usr/bin/chromium
 ESPEAK := /usr/bin/espeak-ng
 LOCK := requirements/dev.lock
 DATA_LOCK := requirements/data.lock
+REFERENCE_LOCK := requirements/reference.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 # torch first: this pin takes the CPU build that lies on the machine.
@@ -24,9 +25,9 @@ define venv
 	$(1)/bin/python -m pip install --quiet $(TORCH)
 endef
 
-# $(call check,PYTHON): every installed package's requirements met, but the data packages',
-# whose declared dependencies are left out on purpose.
-DATA_PACKAGES := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' $(DATA_LOCK) | paste -sd'|')
+# $(call check,PYTHON): every installed package's requirements met, but the data packages' and
+# the reference implementations', whose declared dependencies are left out on purpose.
+DATA_PACKAGES := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' $(DATA_LOCK) $(REFERENCE_LOCK) | paste -sd'|')
 define check
 	$(1) -m pip check | grep -vE '^(($(DATA_PACKAGES)) |No broken requirements)' || true
 	test -z "$$($(1) -m pip check | grep -vE '^(($(DATA_PACKAGES)) |No broken requirements)')"
@@ -43,11 +44,12 @@ define kernels
 	$(1) -c "from attnlab._dispatch import native_status; print('decoding step kernel:', native_status('decode_step'))"
 endef
 
-$(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK)
+$(STAMP): pyproject.toml Makefile $(LOCK) $(DATA_LOCK) $(REFERENCE_LOCK)
 	$(call venv,$(VENV))
 	$(PIP) install --quiet --require-hashes --no-deps -r $(LOCK)
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	$(PIP) install --quiet --require-hashes --no-deps -r $(DATA_LOCK)
+	$(PIP) install --quiet --require-hashes --no-deps -r $(REFERENCE_LOCK)
 	$(call check,$(PY))
 	$(call kernels,$(PY))
 	touch $(STAMP)
@@ -110,6 +112,7 @@ lock:
 	$(PIP) install --quiet uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --extra dev pyproject.toml requirements/lock.in -o $(LOCK)
 	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --no-deps requirements/data.in -o $(DATA_LOCK)
+	$(VENV)/bin/uv pip compile $(LOCK_FLAGS) --no-deps requirements/reference.in -o $(REFERENCE_LOCK)
 
 # The suite at both ends of what pyproject.toml declares, each in a virtual environment of its
 # own: the lowest version of every direct dependency (`test-oldest`), or the newest release
@@ -132,6 +135,7 @@ ends:
 	$(ENV_DIR)/bin/python -m pip install --quiet --no-deps -r $(ENV_DIR)/requirements.txt
 	$(ENV_DIR)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(ENV_DIR)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(DATA_LOCK)
+	$(ENV_DIR)/bin/python -m pip install --quiet --require-hashes --no-deps -r $(REFERENCE_LOCK)
 	$(call check,$(ENV_DIR)/bin/python)
 	$(call kernels,$(ENV_DIR)/bin/python)
 	grep -iE "^(torch|transformers|tokenizers|safetensors|numpy|matplotlib|huggingface-hub|gguf|scipy|captum)==" \

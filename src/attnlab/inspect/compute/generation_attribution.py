@@ -33,6 +33,7 @@ from .inspectable import inspectable, require
 from .modes import eval_mode
 from .capture import capture_attention
 from .generation_integrated_gradients import generation_integrated_gradients
+from .integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
 from .gradient_rollout import gradient_weighted_rollout
 from .next_token_objective import check_sequence, decoder_logits, explained_positions, next_token_objective
 from .occlusion import occlusion_scores
@@ -97,6 +98,7 @@ def attribute_generation(
     foil_ids: Optional[Tensor] = None,
     neutral_id: int = 0,
     baseline_ids: Optional[Tensor] = None,
+    baseline: str = DEFAULT_BASELINE,
     steps: int = 50,
     residual_weight: float = 0.5,
 ) -> GenerationAttributions:
@@ -112,6 +114,8 @@ def attribute_generation(
         neutral_id: the token occlusion puts in place of a token, and integrated
             gradients' baseline at every position (unless ``baseline_ids``).
         baseline_ids: ``[1, N]`` integrated gradients' reference input.
+        baseline: integrated gradients' baseline: ``"pad"`` (the neutral token's embedding),
+            ``"zero"`` or ``"mean"`` (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
         steps: integrated gradients' quadrature points.
         residual_weight: rollout's attention share against the residual.
 
@@ -124,6 +128,7 @@ def attribute_generation(
         torch.Size([1, 4])
     """
     methods = check_generation_methods(methods)
+    check_baseline(baseline)
     require(inspectable(model), "one_sequence", "explaining generated tokens")
     N, P = check_sequence(input_ids, prompt_length)
     G = N - P
@@ -147,9 +152,10 @@ def attribute_generation(
         if "grad-attention" in methods:
             result.scores["grad-attention"] = _grad_attention(model, input_ids, P, foil_ids)
         if "integrated-gradients" in methods:
-            baseline = torch.full_like(input_ids, neutral_id) if baseline_ids is None else baseline_ids
-            integrated = generation_integrated_gradients(model, input_ids, P, baseline_ids=baseline,
-                                                         foil_ids=foil_ids, steps=steps)
+            if baseline_ids is None and baseline == "pad":
+                baseline_ids = torch.full_like(input_ids, neutral_id)
+            integrated = generation_integrated_gradients(model, input_ids, P, baseline_ids=baseline_ids,
+                                                         baseline=baseline, foil_ids=foil_ids, steps=steps)
             result.scores["integrated-gradients"], result.delta = integrated.scores, integrated.delta
         if "occlusion" in methods:
             result.scores["occlusion"] = occlusion_scores(model, input_ids, P, neutral_id=neutral_id,

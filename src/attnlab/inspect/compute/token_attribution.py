@@ -29,6 +29,7 @@ from .attribution_target import logits_of, query_weights, resolve_target
 from .capture import capture_attention
 from .gradient_rollout import attention_gradients, gradient_weighted_rollout
 from .integrated_gradients import integrated_gradients
+from .integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
 from .lrp import attention_relevance
 
 __all__ = ["METHODS", "GRADIENT_METHODS", "TokenAttributions", "attribute_tokens", "check_methods"]
@@ -74,6 +75,7 @@ def attribute_tokens(
     mask: Optional[Tensor] = None,
     target: Optional[Union[int, str]] = None,
     baseline_ids: Optional[Tensor] = None,
+    baseline: str = DEFAULT_BASELINE,
     steps: int = 50,
     residual_weight: float = 0.5,
 ) -> TokenAttributions:
@@ -88,6 +90,8 @@ def attribute_tokens(
         mask: ``[B, T]``, ``True`` on real tokens (default: every position).
         target: class index, label name, or ``None`` for the prediction.
         baseline_ids: integrated gradients' reference input (default: pad ids).
+        baseline: integrated gradients' baseline: ``"pad"`` (the embeddings of ``baseline_ids``),
+            ``"zero"`` or ``"mean"`` (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
         steps: integrated gradients' quadrature points.
         residual_weight: rollout's and flow's attention share against the residual.
 
@@ -95,6 +99,7 @@ def attribute_tokens(
         :class:`TokenAttributions`.
     """
     methods = check_methods(methods)
+    check_baseline(baseline)
     require(inspectable(model), "one_sequence", "explain")
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(
@@ -136,7 +141,8 @@ def attribute_tokens(
             result.scores[name] = gradient_weighted_rollout(relevance.relevances, relevance.gradients, weights)
         else:
             integrated = integrated_gradients(
-                model, input_ids, target=target, baseline_ids=baseline_ids, mask=keep, steps=steps
+                model, input_ids, target=target, baseline_ids=baseline_ids, baseline=baseline, mask=keep,
+                steps=steps,
             )
             result.scores[name] = integrated.scores
             result.delta, result.target = integrated.delta, integrated.target

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -84,6 +85,20 @@ def test_a_given_continuation_is_explained_token_by_token(llama_dir, tmp_path):
     assert [len(row) for row in prompt["scores"]["raw"]] == [2, 3, 4, 5]
 
 
+def test_the_baseline_and_each_tokens_completeness_gap_are_reported(llama_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["explain", "--model", str(llama_dir), "--prompt", "the cat", "--continuation", "sat on",
+                 "--method", "integrated-gradients", "--baseline", "mean", "--steps", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    prompt = json.loads((out / "explanation.json").read_text())["prompts"][0]
+    assert prompt["integrated_gradients_baseline"] == "mean" and prompt["integrated_gradients_steps"] == 2
+    gaps = prompt["integrated_gradients_completeness_gaps"]
+    assert len(gaps) == 2 and max(gaps) == pytest.approx(prompt["integrated_gradients_completeness_gap"])
+    assert prompt["integrated_gradients_note"] in printed
+    assert prompt["integrated_gradients_complete"] == (max(gaps) <= 0.05)
+    assert html.escape(prompt["integrated_gradients_note"]) in (out / "explanation.html").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "the cat " * 15], "--prompt 'the cat the cat"),
     (["--prompt", "the cat", "--foil", "big dog"], "--foil 'big dog' is 2 tokens"),
@@ -91,6 +106,7 @@ def test_a_given_continuation_is_explained_token_by_token(llama_dir, tmp_path):
     (["--prompt", "the cat", "--method", "flow"], "--method flow is not a method for generated text"),
     (["--text", "the cat", "--method", "occlusion"], "--method occlusion explains generated text"),
     (["--text", "the cat", "--prompt", "a dog"], "give --text"),
+    (["--prompt", "the cat", "--baseline", "average"], "--baseline must be one of pad, zero, mean"),
 ])
 def test_bad_requests_are_refused_in_one_line_before_anything_is_written(llama_dir, tmp_path, capsys, argv,
                                                                          message):

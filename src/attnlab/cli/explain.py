@@ -160,7 +160,8 @@ def _run_generation(args: argparse.Namespace, baseline: str) -> int:
         resolved.model, resolved.tokenizer, args.prompt, args.methods or GENERATION_METHODS,
         continuation=args.continuation, max_new_tokens=args.max_new_tokens, target=args.target, foil=args.foil,
         steps=args.steps, baseline=baseline,
-        names={"baseline": "--baseline", "prompts": "--prompt", "continuation": "--continuation", "target": "--target", "foil": "--foil",
+        names={"baseline": "--baseline",
+               "prompts": "--prompt", "continuation": "--continuation", "target": "--target", "foil": "--foil",
                "max_new_tokens": "--max-new-tokens"},
     )
     for explanation in explanations:

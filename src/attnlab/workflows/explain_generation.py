@@ -26,8 +26,8 @@ from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GE
                                                       attribute_generation, check_generation_methods)
 from ..inspect.compute.inspectable import inspectable
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
-from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG, completeness_note,
-                                                          row_gaps, until_complete)
+from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
+                                                          completeness_note, row_gaps, until_complete)
 from ..inspect.compute.logit_lens import logit_lens
 from ..inspect.draw.generation_explanation import (generation_explanation_fragment,
                                                    plot_generation_attribution, render_generation_explanation)
@@ -78,7 +78,8 @@ class GenerationExplanation:
     integrated_gradients_baseline: Optional[str] = None
 
     def completeness(self) -> Optional[str]:
-        """Integrated gradients' points, baseline and largest completeness gap in one line (a warning over 5 %)."""
+        """Integrated gradients' points, baseline and largest completeness gap in one line
+        (a warning over 5 %)."""
         if self.integrated_gradients_steps is None:
             return None
         return completeness_note(self.integrated_gradients_steps, self.integrated_gradients_gap,

@@ -19,8 +19,8 @@ from torch import nn
 from .._files import write_json
 from ..inspect.compute.attribution_target import is_causal_model, logits_of
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
-from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG, completeness_note,
-                                                          until_complete)
+from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
+                                                          completeness_note, until_complete)
 from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure

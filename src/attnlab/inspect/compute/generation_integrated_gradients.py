@@ -100,11 +100,13 @@ def generation_integrated_gradients(
     alphas = torch.tensor(0.5 * (points + 1.0))  # [K] in (0, 1)
     weights = torch.tensor(0.5 * weights)  # [K], summing to 1
     keep = None if baseline_ids is None else baseline_ids == input_ids
-    start = baseline_embeddings(embedding, input_ids, baseline, baseline_ids=baseline_ids, keep=keep)  # [1, N, E]
+    start = baseline_embeddings(embedding, input_ids, baseline, baseline_ids=baseline_ids,
+                                keep=keep)  # [1, N, E]
     with torch.no_grad():
         end = embedding(input_ids)  # [1, N, E]
+        at_baseline = _logits_at(model, embedding, input_ids, start)  # [1, N, V]
         gain = (next_token_objective(decoder_logits(model, input_ids), input_ids, P, foil_ids)
-                - next_token_objective(_logits_at(model, embedding, input_ids, start), input_ids, P, foil_ids))[0]
+                - next_token_objective(at_baseline, input_ids, P, foil_ids))[0]  # [G]
     total = torch.zeros(G, N, start.shape[-1], dtype=torch.float64)
     for chunk in torch.arange(steps).split(max(1, internal_batch)):
         k = len(chunk)

@@ -71,7 +71,8 @@ def _forward_at(model: nn.Module, embedding: nn.Module, input_ids: Tensor, mask:
 
     handle = embedding.register_forward_hook(replace)
     try:
-        return _forward(model, input_ids.repeat(repeats, 1), None if mask is None else mask.repeat(repeats, 1))
+        repeated_mask = None if mask is None else mask.repeat(repeats, 1)
+        return _forward(model, input_ids.repeat(repeats, 1), repeated_mask)
     finally:
         handle.remove()
 
@@ -190,8 +191,8 @@ def integrated_gradients(
         if backend == "attnlab":
             attributions = _ours(model, embedding, input_ids, start, end, mask, target, steps, internal_batch)
         else:
-            attributions = _captum(model, embedding, input_ids, baseline_ids, start, end, baseline, mask, target,
-                                   steps, internal_batch)
+            attributions = _captum(model, embedding, input_ids, baseline_ids, start, end, baseline, mask,
+                                   target, steps, internal_batch)
     scores = attributions.sum(-1)  # [B, T]
     gain = (logits.gather(1, target[:, None]) - baseline_logits.gather(1, target[:, None]))[:, 0]
     delta = scores.sum(-1) - gain.double()

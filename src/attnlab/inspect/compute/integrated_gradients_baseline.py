@@ -16,7 +16,7 @@ scaled vectors, and "zero" is the zero vector the rest of the model actually see
 Positions marked ``keep`` (a classifier's ``[CLS]``/``[SEP]``, where ``baseline_ids`` equal
 the input's) keep the input's embedding under every baseline, so only the words are
 explained. Which one is the default is measured (``benchmarks/ig_baselines.py``; the
-figures are in :data:`DEFAULT_BASELINE`'s note and in docs/design.md).
+figures are in :data:`DEFAULT_BASELINE`'s note and in docs/design.md): ``pad``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ __all__ = ["BASELINES", "DEFAULT_BASELINE", "baseline_embeddings", "check_baseli
 BASELINES = ("pad", "zero", "mean")
 
 DEFAULT_BASELINE = "pad"
-"""The baseline used when none is named (see ``benchmarks/ig_baselines.py`` for the measurement)."""
+"""The baseline used when none is named: the most faithful in ``benchmarks/ig_baselines.py``
+(rough figures, 2 shared cores). Deletion AOPC, higher is more faithful: the demo classifier
+(20 texts, p(class)) pad 0.605, zero 0.605 (the same path: its pad row is zero), mean 0.600,
+random 0.127, all under 5 % at 50 points; SmolLM2 (4 prompts, 50 points, log p in nats) pad
+3.30, mean 2.73, zero 1.41 (below random's 2.38: the zero vector is RMSNorm's singular point),
+none under 5 % at 50 points (gaps 1374 %, 1002 %, 130 %). docs/design.md has the table."""
 
 # ids embedded per call when averaging a vocabulary (Gemma's 262,144 rows at 640 floats: 10 MiB a chunk)
 _MEAN_CHUNK = 4096
@@ -40,8 +45,9 @@ _MEAN_CHUNK = 4096
 def check_baseline(baseline: Any, argument: str = "baseline") -> str:
     """``baseline`` if it names one of :data:`BASELINES`, else a one-line ``ValueError``."""
     if not isinstance(baseline, str) or baseline not in BASELINES:
-        raise ValueError(f"{argument} must be one of {', '.join(BASELINES)} (integrated gradients' starting "
-                         f"point: a pad token's embedding, the zero vector, the mean embedding), got {baseline!r}")
+        raise ValueError(f"{argument} must be one of {', '.join(BASELINES)} (integrated gradients' "
+                         f"starting point: a pad token's embedding, the zero vector, the mean embedding), "
+                         f"got {baseline!r}")
     return baseline
 
 
@@ -83,10 +89,14 @@ def baseline_embeddings(embedding: nn.Module, input_ids: Tensor, baseline: str, 
     with torch.no_grad():
         if baseline == "pad":
             if baseline_ids is None:
-                raise ValueError("baseline='pad' needs baseline_ids (the pad or neutral token at each position)")
+                raise ValueError("baseline='pad' needs baseline_ids (the pad or neutral token at each "
+                                 "position)")
             return embedding(baseline_ids)
         end = embedding(input_ids)  # [B, T, E]
-        start = torch.zeros_like(end) if baseline == "zero" else mean_embedding(embedding).expand_as(end).clone()
+        if baseline == "zero":
+            start = torch.zeros_like(end)
+        else:
+            start = mean_embedding(embedding).expand_as(end).clone()
         if keep is not None:
             start = torch.where(keep.to(end.device)[..., None], end, start)
         return start

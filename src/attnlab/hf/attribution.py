@@ -18,6 +18,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor, nn
 
 from ..inspect.compute.inspectable import inspectable
+from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE
 from ..inspect.compute.token_attribution import METHODS, TokenAttributions, attribute_tokens, check_methods
 from .opening import TransformersModel
 
@@ -37,6 +38,7 @@ def explain_tokens(
     attention_mask: Optional[Tensor] = None,
     target: Optional[Union[int, str]] = None,
     steps: int = 50,
+    baseline: str = DEFAULT_BASELINE,
 ) -> TokenAttributions:
     """One score per token and method for a transformers sequence classifier.
 
@@ -49,6 +51,8 @@ def explain_tokens(
         attention_mask: ``[B, T]``, 1 on real tokens.
         target: class index or label name; default the prediction.
         steps: integrated gradients' quadrature points.
+        baseline: integrated gradients' baseline: ``"pad"``, ``"zero"`` or ``"mean"``
+            (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
 
     Returns:
         :class:`~attnlab.inspect.TokenAttributions`, the numbers attnlab's own model of the
@@ -59,4 +63,4 @@ def explain_tokens(
         supported = ", ".join(name for name in METHODS if name != "relevance")
         raise ValueError(f"relevance (LRP) needs attnlab's own layers; on a transformers model choose among {supported}")
     return attribute_tokens(inspectable(model), input_ids, methods, mask=attention_mask, target=target,
-                            steps=steps)
+                            steps=steps, baseline=baseline)

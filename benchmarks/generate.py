@@ -98,7 +98,8 @@ def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, i
     weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
     layers = [module for module in model.modules() if isinstance(module, Linear)]
     dtype = layers[0].weight.dtype
-    inputs = {width: torch.randn(batch, width, dtype=dtype) for width in {layer.in_features for layer in layers}}
+    widths = {layer.in_features for layer in layers}
+    inputs = {width: torch.randn(batch, width, dtype=dtype) for width in widths}
 
     def one_pass() -> None:
         for layer in layers:
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as directory:
         hf, ours, vocab = build_models(Path(directory), args.quick, args.family, dtype)
     ours32 = hf.pop("float32", None)
-    print(f"random {args.family} in {args.dtype}; prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
+    print(f"random {args.family} in {args.dtype}; prompt {prompt}, {new} new tokens, greedy; "
+          f"best of {repeats}")
     print(machine_line(args.load) + f"; torch's vector width {torch.backends.cpu.get_cpu_capability()}")
     print(paths_line())
     print("| batch | attnlab | tok/s | HF | tok/s | ratio |")
@@ -168,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if ours32 is not None:
             cases["generate float32"] = lambda: ours32.generate(ids, **ours_options)
+            cases["prefill float32"] = lambda: ours32.generate(ids, max_new_tokens=1, eos_token_id=-1)
         compiled = [key for key in cases if "compile" in key]
         if not args.compile:
             for key in compiled:
@@ -194,6 +197,14 @@ def run(args: argparse.Namespace) -> int:
                 continue
             print(f"| {batch} | {ours_key} | {rate[ours_key]:.1f} | {hf_label} | {rate[hf_key]:.1f} | "
                   f"{rate[ours_key] / rate[hf_key]:.2f}x |")
+        # the decoding steps alone: a whole generate less its prompt pass (the best of each)
+        pairs = (("attnlab", "generate", "prefill"), ("HF sdpa", "sdpa", "prefill sdpa"),
+                 ("attnlab float32", "generate float32", "prefill float32"))
+        step_rates = {label: batch * (new - 1) / (min(runs[whole]) - min(runs[prefill]))
+                      for label, whole, prefill in pairs
+                      if whole in runs and prefill in runs and min(runs[whole]) > min(runs[prefill])}
+        print(f"  batch {batch}: decoding steps alone (generate less its prompt pass), tok/s: "
+              + ", ".join(f"{label} {value:.1f}" for label, value in step_rates.items()))
         served = unserved_reason(ours, batch)
         print(f"  batch {batch}: attnlab's decoding steps: "
               + ("the native step" if served is None else f"the modules ({served})"))
@@ -205,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
         how = ("MKL packed, as generate runs here" if packed else
                "the native few-row kernel" if serves_rows(batch) else "plain products")
         print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of {args.dtype} weights ({how}; a "
-              f"decoding step's floor, up to noise) takes {floor * 1e3:.1f} ms ({size / floor / 1e9:.1f} GB/s): "
+              f"decoding step's floor, up to noise) takes {floor * 1e3:.1f} ms "
+              f"({size / floor / 1e9:.1f} GB/s): "
               f"{batch / floor:.1f} tok/s if a step did nothing else")
         captured = ours.generate(ids, max_new_tokens=new, eos_token_id=-1, output_attentions=True)
         print(f"  batch {batch}: recorded weights {recorded_bytes(captured) / 2**20:.2f} MiB; process peak "

@@ -27,3 +27,4 @@ def test_quick_run_prints_the_table(capsys, family, dtype):
     assert "| 2 |" in printed and "recorded weights" in printed and f"random {family} in {dtype}" in printed
     assert "| 2 | prefill |" in printed and f"MiB of {dtype} weights" in printed and "CPU: " in printed
     assert ("attnlab generate, float32" in printed) == (dtype != "float32")
+    assert "decoding steps alone" in printed

@@ -12,11 +12,11 @@
 //
 // The weight matrices and the cache in float32, bfloat16 or float16 (the model's dtype: one
 // for all), read as they are and widened to float32 in registers (skinny.h's load_weights:
-// the same widening on every vector width; no BF16 dot-product instructions, which AVX2 and
-// NEON lack and torch's AVX-512 build does not enable). Everything else in float32: the
-// residual stream, the norms' weights and the biases (the caller widens them once), the
-// products' sums, attention; new keys and values are rounded to the cache's dtype when
-// written. The operations are the module path's, in its order (RMSNorm as
+// the same widening on every vector width; no BF16 dot-product instructions: AVX2 and NEON
+// lack them, and the AVX-512 build's flags, torch's, do not enable AVX512-BF16). Everything
+// else in float32: the residual stream, the norms' weights and the biases (the caller
+// widens them once), the products' sums, attention; new keys and values are rounded to the
+// cache's dtype when written. The operations are the module path's, in its order (RMSNorm as
 // x * rsqrt(mean(x^2) + eps) then times the weight; LayerNorm as (x - mean) * rstd * weight
 // + bias; rotary as x * cos + rotate_half(x) * sin; scores times the scale; softmax over the
 // allowed slots; SiLU as x / (1 + e^-x), GELU with erf or its tanh form, ReLU); sums run in

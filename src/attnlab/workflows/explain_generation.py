@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .._files import write_json
-from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS,
+from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, DEFAULT_GENERATION_METHODS,
                                                       attribute_generation, check_generation_methods)
 from ..inspect.compute.inspectable import inspectable
 from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
@@ -56,6 +56,8 @@ class GenerationExplanation:
         integrated_gradients_delta: ``[G]`` completeness error, when integrated gradients ran.
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its largest
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
+        attn_lrp_logit, attn_lrp_sum: ``[G]`` the logit (difference) ``attn-lrp`` explains and
+            its relevances' sum, when it ran.
     """
 
     prompt: str
@@ -70,6 +72,8 @@ class GenerationExplanation:
     integrated_gradients_delta: Optional[list[float]] = None
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
+    attn_lrp_logit: Optional[list[float]] = None
+    attn_lrp_sum: Optional[list[float]] = None
 
     @property
     def generated(self) -> list[str]:
@@ -86,7 +90,8 @@ class GenerationExplanation:
             "attention_only_methods": [name for name in self.scores if name in ATTENTION_ONLY_METHODS],
             "integrated_gradients_delta": self.integrated_gradients_delta,
             "integrated_gradients_steps": self.integrated_gradients_steps,
-            "integrated_gradients_completeness_gap": self.integrated_gradients_gap, "logit_lens": self.lens,
+            "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
+            "attn_lrp_logit": self.attn_lrp_logit, "attn_lrp_sum": self.attn_lrp_sum, "logit_lens": self.lens,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -171,7 +176,7 @@ def explain_generation(
     model: nn.Module,
     tokenizer: Any,
     prompts: Union[str, Sequence[str]],
-    methods: Sequence[str] = GENERATION_METHODS,
+    methods: Sequence[str] = DEFAULT_GENERATION_METHODS,
     *,
     continuation: Optional[str] = None,
     max_new_tokens: int = 8,
@@ -275,6 +280,9 @@ def explain_generation(
         if integrated is not None:
             explanation.integrated_gradients_delta = [float(v) for v in found.delta]
             explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = used, gap
+        if found.attn_lrp_logit is not None:
+            explanation.attn_lrp_logit = [float(v) for v in found.attn_lrp_logit]
+            explanation.attn_lrp_sum = [float(v) for v in found.attn_lrp_sum]
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
         results.append(explanation)

@@ -19,7 +19,7 @@ from torch import nn
 from .._files import write_json
 from ..inspect.compute.attribution_target import is_causal_model, logits_of
 from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
-from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..inspect.compute.token_attribution import DEFAULT_METHODS, attribute_tokens, check_methods
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
@@ -41,6 +41,8 @@ class Explanation:
         integrated_gradients_delta: completeness error of integrated gradients, when run.
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
+        attn_lrp_logit, attn_lrp_sum: the class logit ``attn-lrp`` explains and its relevances'
+            sum (the gap is what biases and the softmax's rule absorbed), when it ran.
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
@@ -55,6 +57,8 @@ class Explanation:
     integrated_gradients_delta: Optional[float] = None
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
+    attn_lrp_logit: Optional[float] = None
+    attn_lrp_sum: Optional[float] = None
     explained_position: str = "pooled position"
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,6 +74,8 @@ class Explanation:
             "integrated_gradients_delta": self.integrated_gradients_delta,
             "integrated_gradients_steps": self.integrated_gradients_steps,
             "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
+            "attn_lrp_logit": self.attn_lrp_logit,
+            "attn_lrp_sum": self.attn_lrp_sum,
             "explained_position": self.explained_position,
         }
 
@@ -102,7 +108,7 @@ def explain(
     model: nn.Module,
     tokenizer: Any,
     text: str,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     *,
     target: Optional[Union[int, str]] = None,
     max_length: int = 512,
@@ -142,6 +148,9 @@ def explain(
             run, steps)
         explanation.scores[IG] = integrated.scores[IG][0].tolist()
         explanation.integrated_gradients_delta = float(integrated.delta[0])
+    if result.attn_lrp_logit is not None:
+        explanation.attn_lrp_logit = float(result.attn_lrp_logit[0])
+        explanation.attn_lrp_sum = float(result.attn_lrp_sum[0])
     if is_causal_model(model):  # row 0 of a causal model sees only itself: read the last token's row
         explanation.explained_position = f"last token, {tokens[-1]!r}, which predicts the next token"
     if result.target is not None:

@@ -43,11 +43,10 @@ CONFIGS = {
 def _built(family: str) -> nn.Module:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
-    if family == "gemma3":  # its norms start at weight 0 (a factor 1): give them some spread
-        with torch.no_grad():
-            for module in model.modules():
-                if type(module).__name__ == "Gemma3RMSNorm":
-                    module.weight.normal_(0.0, 0.3)
+    with torch.no_grad():  # biases start at 0 and norms at 1 (Gemma's at 0): give them some spread
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or ".ln_" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
     return model
 
 

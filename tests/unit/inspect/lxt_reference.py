@@ -45,7 +45,7 @@ def _lxt_map(family: str) -> dict:
 def lxt_patched(family: str) -> Iterator[None]:
     """Inside the block, transformers' classes of ``family`` run lxt's AttnLRP rules (run the
     model with ``attn_implementation="eager"``)."""
-    patch_map = _lxt_map(family)
+    patch_map = _bert_map() if family == "bert" else _lxt_map(family)
     from lxt.efficient.patches import patch_method, wrap_attention_forward
 
     saved: list[tuple[object, str, bool, object]] = []
@@ -88,3 +88,45 @@ def lxt_relevance(model: torch.nn.Module, input_ids: torch.Tensor, family: str, 
             logit.backward()
             rows.append((embeddings.grad * embeddings).sum(-1)[0].detach())
     return torch.stack(rows)
+
+
+def _bert_map() -> dict:
+    """lxt's BERT rules (``lxt/efficient/models/bert.py``, a copy of transformers 4's modeling file
+    that cannot import on transformers 5) as patches of transformers 5's classes: the LayerNorm
+    and dropout patches of its map; its ``BertIntermediate`` and ``BertPooler`` forwards (the lines
+    marked ``LXT``: ``identity_rule_implicit`` on the activation); its attention's ``divide_gradient``
+    on the scores and on the context (each by 2) given as lxt's ``wrap_attention_forward`` on the
+    eager function (queries and keys by 4, values by 2: the same gradients, by linearity)."""
+    from functools import partial
+
+    from transformers.models.bert import modeling_bert
+
+    _lxt_map("llama")  # the stub packages
+    from lxt.efficient.patches import dropout_forward, layer_norm_forward, patch_method
+    from lxt.efficient.rules import identity_rule_implicit
+
+    def intermediate_forward(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        return identity_rule_implicit(self.intermediate_act_fn, hidden_states)
+
+    def pooler_forward(self, hidden_states):
+        pooled_output = self.dense(hidden_states[:, 0])
+        return identity_rule_implicit(self.activation, pooled_output)
+
+    return {
+        torch.nn.LayerNorm: partial(patch_method, layer_norm_forward),
+        torch.nn.Dropout: partial(patch_method, dropout_forward),
+        modeling_bert.BertIntermediate: partial(patch_method, intermediate_forward),
+        modeling_bert.BertPooler: partial(patch_method, pooler_forward),
+        modeling_bert: None,
+    }
+
+
+def lxt_classifier_relevance(model: torch.nn.Module, input_ids: torch.Tensor, target: int) -> torch.Tensor:
+    """``[T]``: lxt's relevance of a BERT classifier's ``target`` logit (opened with
+    ``attn_implementation="eager"``), as :func:`lxt_relevance` computes it."""
+    with lxt_patched("bert"):
+        embeddings = model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+        logit = model(inputs_embeds=embeddings).logits[0, target]
+        logit.backward()
+    return (embeddings.grad * embeddings).sum(-1)[0].detach()

@@ -24,8 +24,8 @@ def test_explain_a_generation_with_attn_lrp(kind, tmp_path):
     (tmp_path / kind).mkdir()
     directory = _save(tmp_path / kind, kind)
     out = tmp_path / "out"
-    code = main(["explain", "--model", str(directory), "--prompt", "the cat sat on", "--continuation", " the mat",
-                 "--method", "attn-lrp", "raw", "--out", str(out)])
+    code = main(["explain", "--model", str(directory), "--prompt", "the cat sat on", "--continuation",
+                 " the mat", "--method", "attn-lrp", "raw", "--out", str(out)])
     assert code == 0
     (prompt,) = json.loads((out / "explanation.json").read_text())["prompts"]
     assert prompt["methods"] == ["attn-lrp", "raw"]

@@ -116,7 +116,7 @@ class TextExplorer:
         return list(_ATTENTION_METHODS)
 
     def _attn_lrp(self) -> bool:
-        """AttnLRP serves models whose every module its rules know (attnlab's, and transformers' known families)."""
+        """AttnLRP serves models whose every module its rules know (attnlab's, transformers' known families)."""
         return self._attn_lrp_refusal is None
 
     def _dense(self) -> bool:
@@ -278,7 +278,8 @@ class TextExplorer:
         if self.kind == "decoder":
             (found,) = explain_generation(self.model, self.tokenizer, text, [method], max_new_tokens=1, lens=False)
             P = found.prompt_length
-            quantity = "its logit" if method == "attn-lrp" else found.objective_name  # AttnLRP explains the logit
+            # AttnLRP explains the logit
+            quantity = "its logit" if method == "attn-lrp" else found.objective_name
             return {"method": method, "tokens": found.tokens[:P], "scores": found.scores[method][0][:P],
                     "explained": f"the next token {found.generated[0]!r} ({quantity})"}
         found = explain(self.model, self.tokenizer, text, [method], max_length=self.max_tokens)

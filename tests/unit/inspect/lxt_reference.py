@@ -75,7 +75,8 @@ def lxt_relevance(model: torch.nn.Module, input_ids: torch.Tensor, family: str, 
                   foils=None) -> torch.Tensor:
     """``[G, N]``: lxt's relevance of each ``targets[g]``'s logit at ``positions[g]`` (minus the
     foil's), as lxt's efficient examples compute it (``examples/quantized_gemma3.py``):
-    ``inputs_embeds`` a leaf, ``logit.backward()``, ``(inputs_embeds * inputs_embeds.grad).sum(-1)``. ``model``: a transformers model opened
+    ``inputs_embeds`` a leaf, ``logit.backward()``,
+    ``(inputs_embeds * inputs_embeds.grad).sum(-1)``. ``model``: a transformers model opened
     with ``attn_implementation="eager"``."""
     rows = []
     with lxt_patched(family):

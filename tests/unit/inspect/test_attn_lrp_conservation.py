@@ -58,7 +58,8 @@ def _accounts(model: nn.Module, position: int, token: int) -> dict[str, float]:
     try:
         with attn_lrp_rules(model), view.record(grad=True) as seen, torch.enable_grad():
             logit = model(IDS).logits[0, position, token]
-            weights = list(seen.attentions.values()) if isinstance(seen.attentions, dict) else list(seen.attentions)
+            attentions = seen.attentions  # {path: weights} (attnlab's) or a LayerAttentions tuple
+            weights = list(attentions.values()) if isinstance(attentions, dict) else list(attentions)
             tensors = [t for kind in outputs for t, _ in outputs[kind]]
             gradients = torch.autograd.grad(logit, tensors + weights, allow_unused=True)
     finally:
@@ -71,7 +72,8 @@ def _accounts(model: nn.Module, position: int, token: int) -> dict[str, float]:
         for tensor, bias in outputs[kind]:
             gradient = found[id(tensor)]
             if gradient is not None:
-                total += float((tensor if bias is None else bias.expand_as(tensor)).detach().mul(gradient).sum())
+                value = tensor if bias is None else bias.expand_as(tensor)
+                total += float(value.detach().mul(gradient).sum())
         sums[kind] = total
     absorbed = 0.0
     for A, g in zip(weights, gradients[len(tensors):]):

@@ -165,6 +165,8 @@ def attn_lrp_classifier(
     def forward() -> Tensor:
         return logits_of(model(input_ids, mask=keep))
 
-    relevance, logit = _relevance(model, embedding, forward, explained, together=True)  # the texts do not interact
+    # one backward for the batch: the texts do not interact
+    relevance, logit = _relevance(model, embedding, forward, explained, together=True)
     scores = relevance[0]  # [B, T]
-    return AttnLRP(scores=scores, logit=logit, total=scores.sum(-1), target=found["target"], logits=found["logits"])
+    return AttnLRP(scores=scores, logit=logit, total=scores.sum(-1), target=found["target"],
+                   logits=found["logits"])

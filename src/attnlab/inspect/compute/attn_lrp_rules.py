@@ -156,7 +156,8 @@ def _swiglu(module: SwiGLUFFN, x: Tensor) -> Tensor:
 
 def _gated(module: GatedFFN, x: Tensor) -> Tensor:
     value, gate = module.linear1(x).chunk(2, dim=-1)  # each [..., d_ff]
-    return module.linear2(module.dropout(divide_gradient(identity_rule(module.activation, value) * gate, 2.0)))
+    gated = identity_rule(module.activation, value) * gate
+    return module.linear2(module.dropout(divide_gradient(gated, 2.0)))
 
 
 def _position_wise(module: PositionWiseFFN, x: Tensor) -> Tensor:

@@ -46,8 +46,8 @@ from .next_token_objective import check_sequence, decoder_logits, explained_posi
 from .occlusion import occlusion_scores
 from .rollout import attention_rollout
 
-__all__ = ["GENERATION_METHODS", "DEFAULT_GENERATION_METHODS", "ATTENTION_ONLY_METHODS", "GenerationAttributions",
-           "attribute_generation", "check_generation_methods"]
+__all__ = ["GENERATION_METHODS", "DEFAULT_GENERATION_METHODS", "ATTENTION_ONLY_METHODS",
+           "GenerationAttributions", "attribute_generation", "check_generation_methods"]
 
 DEFAULT_GENERATION_METHODS = ("raw", "rollout", "grad-attention", "integrated-gradients", "occlusion")
 GENERATION_METHODS = DEFAULT_GENERATION_METHODS + ("attn-lrp",)
@@ -172,7 +172,8 @@ def attribute_generation(
         if "attn-lrp" in methods:
             relevance = attn_lrp_generation(model, input_ids, P, foil_ids)
             result.scores["attn-lrp"] = _visible(relevance.scores, positions)
-            result.attn_lrp_logit, result.attn_lrp_sum = relevance.logit.float().cpu(), relevance.total.float().cpu()
+            result.attn_lrp_logit = relevance.logit.float().cpu()
+            result.attn_lrp_sum = relevance.total.float().cpu()
         if result.objective is None:
             with torch.no_grad():
                 result.objective = next_token_objective(decoder_logits(model, input_ids), input_ids, P, foil_ids)[0]

@@ -31,7 +31,7 @@ from test_attn_lrp import IDS, P, tiny  # tests/unit/inspect/test_attn_lrp.py
 transformers = pytest.importorskip("transformers")
 
 
-def _accounts(model: nn.Module, position: int, token: int) -> dict[str, float]:
+def _accounts(model: nn.Module, input_ids: torch.Tensor, position: int, token: int) -> dict[str, float]:
     """The explained logit and where its relevance went, for one forward under the rules."""
     view = inspectable(model)
     outputs: dict[str, list] = {"tokens": [], "positions": [], "biases": []}
@@ -57,7 +57,7 @@ def _accounts(model: nn.Module, position: int, token: int) -> dict[str, float]:
             handles.append(module.register_forward_hook(keep("biases", bias)))
     try:
         with attn_lrp_rules(model), view.record(grad=True) as seen, torch.enable_grad():
-            logit = model(IDS).logits[0, position, token]
+            logit = model(input_ids).logits[0, position, token]
             attentions = seen.attentions  # {path: weights} (attnlab's) or a LayerAttentions tuple
             weights = list(attentions.values()) if isinstance(attentions, dict) else list(attentions)
             tensors = [t for kind in outputs for t, _ in outputs[kind]]
@@ -90,7 +90,7 @@ def test_relevance_accounted_for(family):
     relevance = attn_lrp_generation(model, IDS, P)  # the fused path; the accounts take the exact one
     for g in range(3):
         position, token = P - 1 + g, int(IDS[0, P + g])
-        sums = _accounts(model, position, token)
+        sums = _accounts(model, IDS, position, token)
         explained = sums["tokens"] + sums["positions"] + sums["biases"] + sums["softmax"]
         # float64 but for the norms' statistic and the exact path's softmax (float32, as eager's)
         assert explained == pytest.approx(sums["logit"], abs=1e-6 * abs(sums["logit"]))
@@ -105,6 +105,6 @@ def test_relevance_accounted_for(family):
 def test_attnlabs_own_decoder_accounted_for(tmp_path):
     tiny("llama").save_pretrained(tmp_path)
     own = DecoderForCausalLM.from_pretrained(tmp_path).eval().double()
-    sums = _accounts(own, P - 1, int(IDS[0, P]))
+    sums = _accounts(own, IDS, P - 1, int(IDS[0, P]))
     assert sums["tokens"] + sums["softmax"] == pytest.approx(sums["logit"], abs=1e-6 * abs(sums["logit"]))
     assert sums["biases"] == sums["positions"] == 0.0

@@ -210,12 +210,9 @@ def _plan(model: nn.Module) -> tuple[dict[nn.Module, Rule], list[nn.Module]]:
         if not calls_attention_function(module):
             raise ValueError(f"attn-lrp: {type(module).__name__} does not run attnlab's attention function, "
                              f"where AttnLRP's attention rule is applied; open the model through attnlab")
-    site_set = set(sites)
     parents = {child: parent for parent in model.modules() for child in parent.children()}
     rules: dict[nn.Module, Rule] = {}
-    for path, module in model.named_modules():
-        if module in site_set:
-            continue
+    for path, module in model.named_modules():  # the attention modules too: a known kind passes
         rule = rule_for(module)
         if rule is None and _is_activation(module) and callable(rule_for(parents.get(module, model))):
             continue  # an activation module its feed-forward net's rule calls through the identity rule
@@ -266,7 +263,7 @@ def attn_lrp_rules(model: nn.Module) -> Iterator[nn.Module]:
     Example:
         >>> with attn_lrp_rules(model):
         ...     embeddings = model.embed_tokens(ids).detach().requires_grad_()
-        ...     ...  # forward from the embeddings, then logit.backward(logit)
+        ...     ...  # forward from the embeddings, then logit.backward(): relevance = x * x.grad
     """
     rules, sites = _plan(model)
     replaced: list[tuple[nn.Module, Any]] = []

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from .attn_lrp_rules import attn_lrp_rules
 from .attribution_target import logits_of, resolve_target, token_embedding_of
+from .inspectable import inspectable, require
 from .next_token_objective import check_sequence, decoder_logits, explained_positions, token_embedding_module
 
 __all__ = ["AttnLRP", "attn_lrp_classifier", "attn_lrp_generation"]
@@ -116,6 +117,7 @@ def attn_lrp_generation(
         ValueError: a module AttnLRP's rules do not know (by name).
     """
     N, P = check_sequence(input_ids, prompt_length)
+    require(inspectable(model), "input_embeddings", "attn-lrp")
     positions = explained_positions(N, P)  # [G]
     targets = input_ids[0, P:]  # [G]
 
@@ -153,6 +155,7 @@ def attn_lrp_classifier(
     Raises:
         ValueError: a module AttnLRP's rules do not know (by name).
     """
+    require(inspectable(model), "input_embeddings", "attn-lrp")
     embedding, _ = token_embedding_of(model)
     keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
     found: dict[str, Tensor] = {}

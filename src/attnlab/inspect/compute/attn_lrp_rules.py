@@ -24,14 +24,14 @@ functions and the transformers backend apply. A module the rules do not know (an
 norm, feed-forward net or activation, attention that does not go through attnlab's
 function) is refused by name before anything changes: a silently wrong relevance is worse
 than none. attnlab's own modules are known here; transformers' by the table of
-:mod:`attnlab.hf.attn_lrp_rules`, looked up by name (this floor imports no transformers).
+:mod:`attnlab.hf.attn_lrp_rules`, which the inspection protocol's registry of doors opens by
+name (:func:`~attnlab.inspect.compute.inspectable.door_rules`: this floor imports no transformers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -50,7 +50,7 @@ from ...layers.rms_norm import RMSNorm
 from ...models.classifier import POOLER_ACTIVATIONS, DensePooler, EncoderClassifier
 from ...models.decoder.causal_lm import DecoderForCausalLM
 from ...models.encoder import TransformerEncoder
-from .inspectable import inspectable
+from .inspectable import door_rules, inspectable
 from .modes import eval_mode
 
 __all__ = ["PASS", "attn_lrp_rules", "attention_rule", "divide_gradient", "identity_rule", "layer_norm_rule",
@@ -58,10 +58,6 @@ __all__ = ["PASS", "attn_lrp_rules", "attention_rule", "divide_gradient", "ident
 
 # What a module whose forward needs no rule is given: linear maps, embeddings, containers.
 PASS = "pass"
-
-# Rule tables of other libraries' modules: the prefix of a class's module -> the attnlab
-# module whose ``rule_for(module)`` knows them, imported by name when a model has one.
-RULE_TABLES: dict[str, str] = dict.fromkeys(("transformers.", "attnlab.hf."), "attnlab.hf.attn_lrp_rules")
 
 
 class _IdentityRule(torch.autograd.Function):
@@ -196,11 +192,8 @@ def rule_for(module: nn.Module) -> Any:
         return known
     if isinstance(module, _PASSING_BASES):
         return PASS
-    name = type(module).__module__
-    for prefix, table in RULE_TABLES.items():
-        if name.startswith(prefix):
-            return importlib.import_module(table).rule_for(module)
-    return None
+    table = door_rules(type(module).__module__)
+    return None if table is None else table.rule_for(module)
 
 
 def _plan(model: nn.Module) -> tuple[dict[nn.Module, Rule], list[nn.Module]]:
@@ -233,7 +226,7 @@ def _is_activation(module: nn.Module) -> bool:
 
 def _families() -> list[str]:
     try:
-        return list(importlib.import_module(RULE_TABLES["transformers."]).FAMILIES)
+        return list(door_rules("transformers.").FAMILIES)
     except ImportError:
         return []
 

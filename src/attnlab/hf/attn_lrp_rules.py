@@ -71,8 +71,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2": _decoder_family("Qwen2"),
     "qwen3": _decoder_family("Qwen3"),
     "gemma3": _decoder_family("Gemma3", _gemma_rms_norm),
-    "gpt2": {"GPT2MLP": _gpt2_mlp, **dict.fromkeys(("GPT2Attention", "GPT2Block", "GPT2Model", "GPT2LMHeadModel",
-                                                    "GPT2ForSequenceClassification"), PASS)},
+    "gpt2": {"GPT2MLP": _gpt2_mlp, **dict.fromkeys(
+        ("GPT2Attention", "GPT2Block", "GPT2Model", "GPT2LMHeadModel", "GPT2ForSequenceClassification"),
+        PASS)},
     "bert": {"BertIntermediate": _bert_intermediate, "BertPooler": _bert_pooler, **dict.fromkeys(
         ("BertEmbeddings", "BertSelfAttention", "BertSelfOutput", "BertAttention", "BertOutput", "BertLayer",
          "BertEncoder", "BertModel", "BertForSequenceClassification"), PASS)},

@@ -116,7 +116,7 @@ class TextExplorer:
         return list(_ATTENTION_METHODS)
 
     def _attn_lrp(self) -> bool:
-        """AttnLRP serves models whose every module its rules know (attnlab's, transformers' known families)."""
+        """AttnLRP serves models whose every module its rules know (attnlab's, known transformers families)."""
         return self._attn_lrp_refusal is None
 
     def _dense(self) -> bool:

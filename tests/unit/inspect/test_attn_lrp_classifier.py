@@ -27,8 +27,8 @@ def bert(tmp_path_factory):
     """A tiny random BERT classifier (biases and norms spread), its directory and lxt's relevances."""
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=30, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=32, num_labels=3,
-                                     pad_token_id=0, initializer_range=0.2)
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=32,
+                                     num_labels=3, pad_token_id=0, initializer_range=0.2)
     model = transformers.BertForSequenceClassification(config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..inspect.compute.generation_attribution import GENERATION_METHODS
+from ..inspect.compute.generation_attribution import DEFAULT_GENERATION_METHODS, GENERATION_METHODS
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE
-from ..inspect.compute.token_attribution import METHODS
+from ..inspect.compute.token_attribution import DEFAULT_METHODS, METHODS
 from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
 
 
@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS])),
         dest="methods",
-        help=f"attribution methods; with --text: {', '.join(METHODS)} (default: all {len(METHODS)} for a "
-             f"classifier; raw, rollout and flow for an encoder); with --prompt: {', '.join(GENERATION_METHODS)} "
-             f"(default: all {len(GENERATION_METHODS)})",
+        help=f"attribution methods; with --text: {', '.join(METHODS)} (default: {', '.join(DEFAULT_METHODS)} "
+             f"for a classifier; raw, rollout and flow for an encoder); with --prompt: "
+             f"{', '.join(GENERATION_METHODS)} (default: {', '.join(DEFAULT_GENERATION_METHODS)})",
     )
     parser.add_argument(
         "--target",
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     methods = args.methods
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
-        methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
+        methods = list(DEFAULT_METHODS) if classifier else ["raw", "rollout", "flow"]
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
     if is_causal_model(resolved.model):
@@ -157,7 +157,7 @@ def _run_generation(args: argparse.Namespace, baseline: str) -> int:
         raise ValueError(f"--prompt explains what a decoder generates; {args.model} is a "
                          f"{type(resolved.model).__name__} (use --text for a classifier or encoder)")
     explanations = explain_generation(
-        resolved.model, resolved.tokenizer, args.prompt, args.methods or GENERATION_METHODS,
+        resolved.model, resolved.tokenizer, args.prompt, args.methods or DEFAULT_GENERATION_METHODS,
         continuation=args.continuation, max_new_tokens=args.max_new_tokens, target=args.target, foil=args.foil,
         steps=args.steps, baseline=baseline,
         names={"baseline": "--baseline",

@@ -7,8 +7,9 @@ called as ``model(input_ids, mask=...)`` whose attention modules answer
 ``need_weights``: a :class:`~attnlab.hf.opening.TransformersModel`, which gives the call and
 what the methods read around it (the pooled position, the label names, the token
 embedding), so ``raw``, ``rollout``, ``flow``, ``grad-attention`` and
-``integrated-gradients`` run unchanged. ``relevance`` (layer-wise relevance propagation)
-needs attnlab's own layers and is refused.
+``integrated-gradients`` run unchanged, and ``attn-lrp`` (AttnLRP) on the families its rules
+know (:mod:`attnlab.hf.attn_lrp_rules`). ``relevance`` (Chefer et al.'s layer-wise relevance
+propagation) needs attnlab's own layers and is refused.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def explain_tokens(
             ``transformers.AttentionInterface``.
         input_ids: ``[B, T]``.
         methods: among ``raw``, ``rollout``, ``flow``, ``grad-attention``,
-            ``integrated-gradients``.
+            ``integrated-gradients``, ``attn-lrp``.
         attention_mask: ``[B, T]``, 1 on real tokens.
         target: class index or label name; default the prediction.
         steps: integrated gradients' quadrature points.

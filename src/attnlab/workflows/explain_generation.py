@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .._files import write_json
-from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS,
+from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, DEFAULT_GENERATION_METHODS,
                                                       attribute_generation, check_generation_methods)
 from ..inspect.compute.inspectable import inspectable
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
@@ -60,6 +60,8 @@ class GenerationExplanation:
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`);
             integrated_gradients_gaps: ``[G]`` each generated token's gap.
         integrated_gradients_baseline: its baseline (``"pad"``, ``"zero"`` or ``"mean"``).
+        attn_lrp_logit, attn_lrp_sum: ``[G]`` the logit (difference) ``attn-lrp`` explains and
+            its relevances' sum, when it ran.
     """
 
     prompt: str
@@ -84,6 +86,8 @@ class GenerationExplanation:
             return None
         return completeness_note(self.integrated_gradients_steps, self.integrated_gradients_gap,
                                  self.integrated_gradients_baseline)
+    attn_lrp_logit: Optional[list[float]] = None
+    attn_lrp_sum: Optional[list[float]] = None
 
     @property
     def generated(self) -> list[str]:
@@ -105,7 +109,8 @@ class GenerationExplanation:
             "integrated_gradients_baseline": self.integrated_gradients_baseline,
             "integrated_gradients_complete": None if self.integrated_gradients_gap is None
             else self.integrated_gradients_gap <= COMPLETENESS_TOLERANCE,
-            "integrated_gradients_note": self.completeness(), "logit_lens": self.lens,
+            "integrated_gradients_note": self.completeness(),
+            "attn_lrp_logit": self.attn_lrp_logit, "attn_lrp_sum": self.attn_lrp_sum, "logit_lens": self.lens,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -192,7 +197,7 @@ def explain_generation(
     model: nn.Module,
     tokenizer: Any,
     prompts: Union[str, Sequence[str]],
-    methods: Sequence[str] = GENERATION_METHODS,
+    methods: Sequence[str] = DEFAULT_GENERATION_METHODS,
     *,
     continuation: Optional[str] = None,
     max_new_tokens: int = 8,
@@ -305,6 +310,9 @@ def explain_generation(
             explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = used, gap
             explanation.integrated_gradients_gaps = row_gaps(found.scores[IG], found.delta)
             explanation.integrated_gradients_baseline = baseline
+        if found.attn_lrp_logit is not None:
+            explanation.attn_lrp_logit = [float(v) for v in found.attn_lrp_logit]
+            explanation.attn_lrp_sum = [float(v) for v in found.attn_lrp_sum]
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
         results.append(explanation)

@@ -21,7 +21,7 @@ from ..inspect.compute.attribution_target import is_causal_model, logits_of
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
 from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
                                                           completeness_note, until_complete)
-from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..inspect.compute.token_attribution import DEFAULT_METHODS, attribute_tokens, check_methods
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
@@ -44,6 +44,8 @@ class Explanation:
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
         integrated_gradients_baseline: its baseline (``"pad"``, ``"zero"`` or ``"mean"``).
+        attn_lrp_logit, attn_lrp_sum: the class logit ``attn-lrp`` explains and its relevances'
+            sum (the gap is what biases and the softmax's rule absorbed), when it ran.
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
@@ -59,6 +61,8 @@ class Explanation:
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
     integrated_gradients_baseline: Optional[str] = None
+    attn_lrp_logit: Optional[float] = None
+    attn_lrp_sum: Optional[float] = None
     explained_position: str = "pooled position"
 
     def completeness(self) -> Optional[str]:
@@ -85,6 +89,8 @@ class Explanation:
             "integrated_gradients_complete": None if self.integrated_gradients_gap is None
             else self.integrated_gradients_gap <= COMPLETENESS_TOLERANCE,
             "integrated_gradients_note": self.completeness(),
+            "attn_lrp_logit": self.attn_lrp_logit,
+            "attn_lrp_sum": self.attn_lrp_sum,
             "explained_position": self.explained_position,
         }
 
@@ -117,7 +123,7 @@ def explain(
     model: nn.Module,
     tokenizer: Any,
     text: str,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     *,
     target: Optional[Union[int, str]] = None,
     max_length: int = 512,
@@ -166,6 +172,9 @@ def explain(
         explanation.scores[IG] = integrated.scores[IG][0].tolist()
         explanation.integrated_gradients_delta = float(integrated.delta[0])
         explanation.integrated_gradients_baseline = baseline
+    if result.attn_lrp_logit is not None:
+        explanation.attn_lrp_logit = float(result.attn_lrp_logit[0])
+        explanation.attn_lrp_sum = float(result.attn_lrp_sum[0])
     if is_causal_model(model):  # row 0 of a causal model sees only itself: read the last token's row
         explanation.explained_position = f"last token, {tokens[-1]!r}, which predicts the next token"
     if result.target is not None:

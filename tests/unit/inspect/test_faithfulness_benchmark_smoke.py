@@ -66,6 +66,7 @@ def test_a_tiny_run_writes_the_table(benchmark, tmp_path, capsys):
         "grad-attention",
         "relevance",
         "integrated-gradients",
+        "attn-lrp",
         "random",
     }
     assert all(
@@ -94,7 +95,7 @@ def test_a_tiny_decoder_run_puts_every_method_and_random_side_by_side(benchmark,
                            "--out", str(tmp_path / "out")]) == 0
     result = json.loads((tmp_path / "out" / "faithfulness.json").read_text())["models"][str(directory)]
     assert set(result["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion",
-                                      "random"}
+                                      "attn-lrp", "random"}
     assert result["measure"] == "log p(next token), nats"
     assert all(values["deletion_curve"][0] == 0 for values in result["methods"].values())
     assert "| occlusion |" in capsys.readouterr().out

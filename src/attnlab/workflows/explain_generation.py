@@ -31,6 +31,7 @@ from ..inspect.draw.generation_explanation import (generation_explanation_fragme
                                                    plot_generation_attribution, render_generation_explanation)
 from ..inspect.draw.logit_lens import plot_logit_lens
 from ..inspect.draw.plots import save_figure
+from ..inspect.faithfulness_notes import faithfulness_notes, model_family
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]
@@ -56,6 +57,8 @@ class GenerationExplanation:
         integrated_gradients_delta: ``[G]`` completeness error, when integrated gradients ran.
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its largest
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
+        faithfulness: each method's measured faithfulness on a decoder of this family
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`).
     """
 
     prompt: str
@@ -70,6 +73,7 @@ class GenerationExplanation:
     integrated_gradients_delta: Optional[list[float]] = None
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
+    faithfulness: Optional[dict[str, Any]] = None
 
     @property
     def generated(self) -> list[str]:
@@ -87,6 +91,7 @@ class GenerationExplanation:
             "integrated_gradients_delta": self.integrated_gradients_delta,
             "integrated_gradients_steps": self.integrated_gradients_steps,
             "integrated_gradients_completeness_gap": self.integrated_gradients_gap, "logit_lens": self.lens,
+            "faithfulness": self.faithfulness,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -96,7 +101,8 @@ class GenerationExplanation:
         if self.foil:
             meta["note"] = "raw and rollout read attention only: the same scores as without a foil"
         return render_generation_explanation(self.tokens, self.prompt_length, self.scores, objective=self.objective,
-                                             objective_name=self.objective_name, lens=self.lens, meta=meta)
+                                             objective_name=self.objective_name, lens=self.lens, meta=meta,
+                                             faithfulness=self.faithfulness)
 
     def _repr_html_(self) -> str:
         return generation_explanation_fragment(self.page())
@@ -277,6 +283,7 @@ def explain_generation(
             explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = used, gap
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
+        explanation.faithfulness = faithfulness_notes("decoder", model_family(model), methods)
         results.append(explanation)
     return results
 

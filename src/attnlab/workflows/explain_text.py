@@ -20,6 +20,7 @@ from .._files import write_json
 from ..inspect.compute.attribution_target import is_causal_model, logits_of
 from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
 from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..inspect.faithfulness_notes import faithfulness_notes, model_family
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
@@ -44,6 +45,9 @@ class Explanation:
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
+        faithfulness: each method's measured faithfulness on a model of this kind
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`); ``None`` when nothing
+            was measured (a bare encoder explains no prediction).
     """
 
     text: str
@@ -56,6 +60,7 @@ class Explanation:
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
     explained_position: str = "pooled position"
+    faithfulness: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON values (``explanation.json``)."""
@@ -71,6 +76,7 @@ class Explanation:
             "integrated_gradients_steps": self.integrated_gradients_steps,
             "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
             "explained_position": self.explained_position,
+            "faithfulness": self.faithfulness,
         }
 
     def describe_target(self) -> str:
@@ -82,7 +88,8 @@ class Explanation:
         return f"explained class {self.target}{name}{probability}"
 
     def _repr_html_(self) -> str:
-        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target())
+        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target(),
+                                    faithfulness=self.faithfulness)
 
 
 def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.Tensor:
@@ -153,6 +160,7 @@ def explain(
             with torch.no_grad():
                 logits = logits_of(model(input_ids))
         explanation.probabilities = torch.softmax(logits[0].float(), -1).tolist()
+        explanation.faithfulness = faithfulness_notes("classifier", model_family(model), list(explanation.scores))
     return explanation
 
 
@@ -172,6 +180,7 @@ def write_explanation(
         explanation.scores,
         title="attnlab explanation",
         meta={"model": model_name, "text": explanation.text, "target": explanation.describe_target()},
+        faithfulness=explanation.faithfulness,
     )
     (out / "explanation.html").write_text(page, encoding="utf-8")
     return written + [out / "explanation.html"]

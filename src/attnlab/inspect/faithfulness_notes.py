@@ -109,6 +109,7 @@ def describe_method(measured: Any, method: str) -> str:
     verdict = ("AT OR BELOW RANDOM: do not trust its ranking" if measured.at_or_below_random(method)
                else "above random")
     direction = "higher" if measured.higher_is_better.get(measure, True) else "lower"
-    return (f"{measure.replace('_', ' ')} {mean:.3g} [{low:.3g}, {high:.3g}] against random {random_mean:.3g} "
+    label = measure.replace("_", " ").replace("aopc", "AOPC")
+    return (f"{label} {mean:.3g} [{low:.3g}, {high:.3g}] against random {random_mean:.3g} "
             f"[{random_low:.3g}, {random_high:.3g}] ({direction} is more faithful; {measured.texts} texts, "
             f"{where}): {verdict}")

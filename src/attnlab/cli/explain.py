@@ -5,11 +5,14 @@ transformer's classifier with ``--image``, which patches made its class."""
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from ..inspect.compute.generation_attribution import DEFAULT_GENERATION_METHODS, GENERATION_METHODS
 from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE
 from ..inspect.compute.token_attribution import DEFAULT_METHODS, METHODS
 from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
+
+ALL = "all"  # --method all: every method of the kind of input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         nargs="+",
         default=None,
-        choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS])),
+        choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS, ALL])),
         dest="methods",
-        help=f"attribution methods; with --text: {', '.join(METHODS)} (default: {', '.join(DEFAULT_METHODS)} "
-             f"for a classifier; raw, rollout and flow for an encoder); with --prompt: "
-             f"{', '.join(GENERATION_METHODS)} (default: {', '.join(DEFAULT_GENERATION_METHODS)})",
+        help=f"attribution methods, or {ALL} for every method; with --text: {', '.join(METHODS)}; with --prompt: "
+             f"{', '.join(GENERATION_METHODS)}. Default: the one benchmarks/faithfulness.py ranks most faithful "
+             f"for the kind of model (a classifier or a decoder; raw, rollout and flow for a bare encoder)",
     )
     parser.add_argument(
         "--target",
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_image(args)
     if args.continuation is not None or args.foil is not None:
         raise ValueError("--continuation and --foil go with --prompt (a decoder's prompt); with --text leave them out")
-    bad = [name for name in args.methods or () if name not in METHODS]
+    bad = [name for name in args.methods or () if name not in (*METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} explains generated text: use it with --prompt, or choose among "
                          f"{', '.join(METHODS)} for --text")
@@ -102,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     resolved.refuse_encoder_decoder("explain scores one sequence's tokens",
                                     "attnlab inspect --source/--target draws its cross-attention")
     print(dtype_line(resolved))
-    methods = args.methods
+    methods = _every_method(args.methods, METHODS)
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
-        methods = list(DEFAULT_METHODS) if classifier else ["raw", "rollout", "flow"]
+        methods = _default_methods("classifier", resolved.model, METHODS) if classifier else ["raw", "rollout", "flow"]
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
     if is_causal_model(resolved.model):
@@ -139,7 +142,7 @@ def _run_generation(args: argparse.Namespace, baseline: str) -> int:
     from ._model_options import dtype_line
     from ..workflows.resolve import resolve_model
 
-    bad = [name for name in args.methods or () if name not in GENERATION_METHODS]
+    bad = [name for name in args.methods or () if name not in (*GENERATION_METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} is not a method for generated text; with --prompt choose among "
                          f"{', '.join(GENERATION_METHODS)}")
@@ -156,8 +159,10 @@ def _run_generation(args: argparse.Namespace, baseline: str) -> int:
     if not is_causal_model(resolved.model) and not getattr(resolved.model, "is_causal", False):
         raise ValueError(f"--prompt explains what a decoder generates; {args.model} is a "
                          f"{type(resolved.model).__name__} (use --text for a classifier or encoder)")
+    methods = (_every_method(args.methods, GENERATION_METHODS)
+               or _default_methods("decoder", resolved.model, GENERATION_METHODS))
     explanations = explain_generation(
-        resolved.model, resolved.tokenizer, args.prompt, args.methods or DEFAULT_GENERATION_METHODS,
+        resolved.model, resolved.tokenizer, args.prompt, methods,
         continuation=args.continuation, max_new_tokens=args.max_new_tokens, target=args.target, foil=args.foil,
         steps=args.steps, baseline=baseline,
         names={"baseline": "--baseline",
@@ -181,6 +186,31 @@ def _run_generation(args: argparse.Namespace, baseline: str) -> int:
     return 0
 
 
+def _every_method(given, available) -> Optional[list[str]]:
+    """``--method``'s names, ``all`` standing for every one of ``available``; ``None`` when not given."""
+    if given is None:
+        return None
+    return list(available) if ALL in given else list(given)
+
+
+def _default_methods(kind: str, model, available) -> list[str]:
+    """The method the faithfulness benchmark ranked best for ``kind`` (and the model's family, where
+    measured), said in one line; every method when nothing was measured."""
+    from ..inspect.compute.attn_lrp_rules import refusal
+    from ..inspect.faithfulness import faithfulness_for
+    from ..inspect.faithfulness_notes import describe_method, model_family
+
+    if refusal(model) is not None:  # a module AttnLRP's rules do not know: it cannot be the default
+        available = [name for name in available if name != "attn-lrp"]
+    measured = faithfulness_for(kind, model_family(model))
+    best = None if measured is None else measured.best_method(available)
+    if best is None:
+        return list(available)
+    print(f"method: {best}, the most faithful measured for this kind of model ({describe_method(measured, best)}); "
+          f"--method all runs every method")
+    return [best]
+
+
 def _completeness_line(note) -> None:
     """Say how far integrated gradients' scores add up to the objective's change (a warning over 5 %)."""
     if note is not None:
@@ -196,7 +226,7 @@ def _run_image(args: argparse.Namespace) -> int:
     from ..workflows.resolve import open_vision_model
     from ..workflows.explain_image import write_image_explanation
 
-    bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
+    bad = [name for name in args.methods or () if name not in (*IMAGE_METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} does not explain an image; with --image choose among "
                          f"{', '.join(IMAGE_METHODS)}")
@@ -207,7 +237,7 @@ def _run_image(args: argparse.Namespace) -> int:
     model, preprocessing = open_vision_model(
         args.model, flag="--image", dtype=args.dtype, placement=placement_from_args(args),
         takes="image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification: config.json + safetensors)")
-    written = write_image_explanation(model, image, args.out, methods=args.methods or IMAGE_METHODS,
+    written = write_image_explanation(model, image, args.out, methods=_every_method(args.methods, IMAGE_METHODS) or IMAGE_METHODS,
                                       target=args.target, preprocessing=preprocessing, model_name=args.model,
                                       image_name=Path(args.image).name)
     explanation = written.explanation

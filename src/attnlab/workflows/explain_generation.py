@@ -33,6 +33,7 @@ from ..inspect.draw.generation_explanation import (generation_explanation_fragme
                                                    plot_generation_attribution, render_generation_explanation)
 from ..inspect.draw.logit_lens import plot_logit_lens
 from ..inspect.draw.plots import save_figure
+from ..inspect.faithfulness_notes import faithfulness_notes, model_family
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]
@@ -62,6 +63,8 @@ class GenerationExplanation:
         integrated_gradients_baseline: its baseline (``"pad"``, ``"zero"`` or ``"mean"``).
         attn_lrp_logit, attn_lrp_sum: ``[G]`` the logit (difference) ``attn-lrp`` explains and
             its relevances' sum, when it ran.
+        faithfulness: each method's measured faithfulness on a decoder of this family
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`).
     """
 
     prompt: str
@@ -78,6 +81,9 @@ class GenerationExplanation:
     integrated_gradients_gap: Optional[float] = None
     integrated_gradients_gaps: Optional[list[float]] = None
     integrated_gradients_baseline: Optional[str] = None
+    attn_lrp_logit: Optional[list[float]] = None
+    attn_lrp_sum: Optional[list[float]] = None
+    faithfulness: Optional[dict[str, Any]] = None
 
     def completeness(self) -> Optional[str]:
         """Integrated gradients' points, baseline and largest completeness gap in one line
@@ -86,8 +92,6 @@ class GenerationExplanation:
             return None
         return completeness_note(self.integrated_gradients_steps, self.integrated_gradients_gap,
                                  self.integrated_gradients_baseline)
-    attn_lrp_logit: Optional[list[float]] = None
-    attn_lrp_sum: Optional[list[float]] = None
 
     @property
     def generated(self) -> list[str]:
@@ -111,6 +115,7 @@ class GenerationExplanation:
             else self.integrated_gradients_gap <= COMPLETENESS_TOLERANCE,
             "integrated_gradients_note": self.completeness(),
             "attn_lrp_logit": self.attn_lrp_logit, "attn_lrp_sum": self.attn_lrp_sum, "logit_lens": self.lens,
+            "faithfulness": self.faithfulness,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -122,7 +127,8 @@ class GenerationExplanation:
         if self.completeness() is not None:
             meta["integrated gradients"] = self.completeness()
         return render_generation_explanation(self.tokens, self.prompt_length, self.scores, objective=self.objective,
-                                             objective_name=self.objective_name, lens=self.lens, meta=meta)
+                                             objective_name=self.objective_name, lens=self.lens, meta=meta,
+                                             faithfulness=self.faithfulness)
 
     def _repr_html_(self) -> str:
         return generation_explanation_fragment(self.page())
@@ -315,6 +321,7 @@ def explain_generation(
             explanation.attn_lrp_sum = [float(v) for v in found.attn_lrp_sum]
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
+        explanation.faithfulness = faithfulness_notes("decoder", model_family(model), methods)
         results.append(explanation)
     return results
 

@@ -22,6 +22,7 @@ from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, ch
 from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
                                                           completeness_note, until_complete)
 from ..inspect.compute.token_attribution import DEFAULT_METHODS, attribute_tokens, check_methods
+from ..inspect.faithfulness_notes import faithfulness_notes, model_family
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
@@ -49,6 +50,9 @@ class Explanation:
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
+        faithfulness: each method's measured faithfulness on a model of this kind
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`); ``None`` when nothing
+            was measured (a bare encoder explains no prediction).
     """
 
     text: str
@@ -64,6 +68,7 @@ class Explanation:
     attn_lrp_logit: Optional[float] = None
     attn_lrp_sum: Optional[float] = None
     explained_position: str = "pooled position"
+    faithfulness: Optional[dict[str, Any]] = None
 
     def completeness(self) -> Optional[str]:
         """Integrated gradients' points, baseline and completeness gap in one line (a warning over 5 %)."""
@@ -92,6 +97,7 @@ class Explanation:
             "attn_lrp_logit": self.attn_lrp_logit,
             "attn_lrp_sum": self.attn_lrp_sum,
             "explained_position": self.explained_position,
+            "faithfulness": self.faithfulness,
         }
 
     def describe_target(self) -> str:
@@ -103,7 +109,8 @@ class Explanation:
         return f"explained class {self.target}{name}{probability}"
 
     def _repr_html_(self) -> str:
-        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target())
+        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target(),
+                                    faithfulness=self.faithfulness)
 
 
 def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.Tensor:
@@ -186,6 +193,7 @@ def explain(
             with torch.no_grad():
                 logits = logits_of(model(input_ids))
         explanation.probabilities = torch.softmax(logits[0].float(), -1).tolist()
+        explanation.faithfulness = faithfulness_notes("classifier", model_family(model), list(explanation.scores))
     return explanation
 
 
@@ -203,6 +211,7 @@ def write_explanation(
     meta = {"model": model_name, "text": explanation.text, "target": explanation.describe_target()}
     if explanation.completeness() is not None:
         meta["integrated gradients"] = explanation.completeness()
-    page = render_explanation(explanation.tokens, explanation.scores, title="attnlab explanation", meta=meta)
+    page = render_explanation(explanation.tokens, explanation.scores, title="attnlab explanation", meta=meta,
+                              faithfulness=explanation.faithfulness)
     (out / "explanation.html").write_text(page, encoding="utf-8")
     return written + [out / "explanation.html"]

@@ -90,8 +90,8 @@ def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, cap
         == 0
     )
     data = json.loads((out / "explanation.json").read_text(), parse_constant=lambda c: pytest.fail(c))
-    methods = ["raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients"]
-    assert data["methods"] == methods
+    methods = ["raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients", "attn-lrp"]
+    assert data["methods"] == methods  # --method all
     assert all(len(data["scores"][m]) == len(data["tokens"]) for m in methods)
     assert data["target_name"] in ("neg", "pos")
     assert (out / "explanation.png").read_bytes()[:4] == b"\x89PNG"

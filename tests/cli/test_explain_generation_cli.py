@@ -55,7 +55,7 @@ def test_explain_a_generation_writes_json_png_and_page(llama_dir, tmp_path, caps
     result = json.loads((out / "explanation.json").read_text())
     (prompt,) = result["prompts"]
     assert prompt["prompt_length"] == 4 and len(prompt["generated"]) >= 1
-    assert prompt["methods"] == ["raw", "rollout", "grad-attention", "integrated-gradients", "occlusion"]
+    assert prompt["methods"] == ["raw", "rollout", "grad-attention", "integrated-gradients", "occlusion", "attn-lrp"]
     first = prompt["scores"]["occlusion"][0]
     assert len(first) == 4  # the first generated token sees the 4 prompt tokens
     assert len(prompt["logit_lens"]["layers"]) == 3
@@ -139,7 +139,7 @@ def test_a_model_opened_through_transformers_gets_every_method_and_the_lens(tmp_
     assert main(["explain", "--model", str(directory), "--prompt", "the cat sat", "--max-new-tokens", "2",
                  "--steps", "2", "--method", "all", "--out", str(out)]) == 0
     prompt = json.loads((out / "explanation.json").read_text())["prompts"][0]
-    assert set(prompt["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion"}
+    assert set(prompt["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion", "attn-lrp"}
     assert len(prompt["logit_lens"]["layers"]) == 3
 
 

@@ -57,7 +57,7 @@ from _faithfulness_measures import MEASURES, Quantity, interval, measure_input  
 
 from attnlab._files import write_json  # noqa: E402
 from attnlab.data import load_rotten_tomatoes  # noqa: E402
-from attnlab.inspect.faithfulness import FamilyFaithfulness  # noqa: E402
+from attnlab.inspect.faithfulness import FamilyFaithfulness, model_family  # noqa: E402
 
 SPECIAL = {"[CLS]", "[SEP]", "<s>", "</s>", "[BOS]", "[EOS]"}
 ABOUT = {
@@ -124,19 +124,6 @@ def _trained(run_dir: Path, config: Callable[[], Any], train_run: Callable) -> P
     print(f"trained {run_dir} in {time.perf_counter() - started:.0f} s: "
           f"test accuracy {report['test']['accuracy']:.3f}")
     return run_dir
-
-
-def family_of(model: torch.nn.Module) -> str:
-    """The model's family key: ``config.model_type`` of a transformers model; for attnlab's own
-    models the HuggingFace type their architecture matches (``llama``, ``gpt2``, ``bert``)."""
-    from attnlab.hf.opening import TransformersModel
-
-    if isinstance(model, TransformersModel):
-        return str(model.config.model_type)
-    if getattr(model, "model_type", None) == "decoder":
-        kept = (getattr(model, "checkpoint_config", None) or {}).get("model_type")
-        return kept or ("gpt2" if model.config.position == "learned" else "llama")
-    return "bert" if hasattr(model, "encoder") else "attnlab-classifier"
 
 
 def _collect(per_text: dict[str, dict[str, list[float]]], found: dict[str, dict[str, float]]) -> None:
@@ -346,7 +333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         entry = evaluate(model.eval(), tokenizer)
         seconds = time.perf_counter() - started
         name = _model_name(spec, run_dir, accuracy)
-        entries[spec] = {"family": family_of(model), "kind": kind, "model": name, "quantity": quantity,
+        family = model_family(model) or f"attnlab-{kind}"
+        entries[spec] = {"family": family, "kind": kind, "model": name, "quantity": quantity,
                          **entry, "seconds": seconds, "load_seconds": loaded}
         gap = entry["completeness_gap"]
         print(f"\n{name} ({entries[spec]['family']}): {entry['texts']} texts, {seconds:.0f} s "

@@ -318,12 +318,24 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     cpu = cpu_description()
-    print(f"CPU: {cpu}; torch threads {torch.get_num_threads()}")
+    print(f"CPU: {cpu}; torch threads {torch.get_num_threads()}", flush=True)
     given = bool(args.model or args.decoder)
     decoders = args.decoder or ([] if given else ["smollm2", "gemma3-270m"])
     classifiers = args.model or ([] if given else ["minilm"])
     texts = [text for text, _ in load_rotten_tomatoes(seed=0)["test"]][: args.texts]
     entries: dict[str, Any] = {}
+    arguments = " ".join(shlex.quote(arg) for arg in (sys.argv[1:] if argv is None else argv))
+    command = f"python benchmarks/faithfulness.py {arguments}".strip()
+    names = ("texts", "steps", "draws", "prompt_tokens", "max_length", "finetune_examples", "finetune_epochs",
+             "seed")
+    settings = {name: getattr(args, name) for name in names}
+
+    def write() -> None:  # after every model: a run stopped later keeps what it measured
+        write_json(args.out / "faithfulness.json", {"command": command, "cpu": cpu, "settings": settings,
+                                                    "torch_threads": torch.get_num_threads(),
+                                                    "models": entries})
+        if args.record:
+            write_json(args.record, record(entries, command, cpu))
 
     def measured(spec: str, kind: str, quantity: str, evaluate: Callable, run_dir: Optional[Path] = None,
                  accuracy: Optional[float] = None) -> None:
@@ -340,7 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"\n{name} ({entries[spec]['family']}): {entry['texts']} texts, {seconds:.0f} s "
               f"(loading {loaded:.0f} s); {quantity}"
               + ("" if gap is None else f"; integrated gradients' mean |completeness gap| {gap:.3f}"))
-        print(table(entries[spec]))
+        print(table(entries[spec]), flush=True)
+        write()
 
     for spec in decoders:
         measured(spec, "decoder", "log p(next token), nats",
@@ -358,18 +371,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                  lambda model, tokenizer: evaluate_classifier(model, tokenizer, texts, steps=args.steps,
                                                               draws=args.draws, max_length=args.max_length,
                                                               seed=args.seed), run_dir, accuracy)
-    arguments = " ".join(shlex.quote(arg) for arg in (sys.argv[1:] if argv is None else argv))
-    command = f"python benchmarks/faithfulness.py {arguments}".strip()
-    names = ("texts", "steps", "draws", "prompt_tokens", "max_length", "finetune_examples", "finetune_epochs",
-             "seed")
-    settings = {name: getattr(args, name) for name in names}
-    write_json(args.out / "faithfulness.json", {"command": command, "cpu": cpu, "settings": settings,
-                                                "torch_threads": torch.get_num_threads(), "models": entries})
     plot(entries, args.out / "faithfulness.png")
-    print(f"\nwrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}")
-    if args.record:
-        write_json(args.record, record(entries, command, cpu))
-        print(f"recorded the figures in {args.record}")
+    print(f"\nwrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}"
+          + (f"; recorded the figures in {args.record}" if args.record else ""))
     return 0
 
 

@@ -197,8 +197,8 @@ def _default_methods(kind: str, model, available) -> list[str]:
     """The method the faithfulness benchmark ranked best for ``kind`` (and the model's family, where
     measured), said in one line; every method when nothing was measured."""
     from ..inspect.compute.attn_lrp_rules import refusal
-    from ..inspect.faithfulness import faithfulness_for
-    from ..inspect.faithfulness_notes import describe_method, model_family
+    from ..inspect.faithfulness import faithfulness_for, model_family
+    from ..inspect.faithfulness_notes import describe_method
 
     if refusal(model) is not None:  # a module AttnLRP's rules do not know: it cannot be the default
         available = [name for name in available if name != "attn-lrp"]

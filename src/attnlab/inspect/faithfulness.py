@@ -22,7 +22,9 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Optional, Sequence
 
-__all__ = ["MEASURES", "FamilyFaithfulness", "faithfulness_for", "load_figures"]
+from torch import nn
+
+__all__ = ["MEASURES", "FamilyFaithfulness", "faithfulness_for", "load_figures", "model_family"]
 
 MEASURES = ("deletion_aopc", "insertion_aopc", "soft_comprehensiveness", "soft_sufficiency")
 RANDOM = "random"  # the random ranking's row in every measure
@@ -134,3 +136,24 @@ def faithfulness_for(kind: str, family: Optional[str] = None) -> Optional[Family
         texts=int(chosen["texts"]), figures=chosen["figures"], primary=data.get("primary", MEASURES[0]),
         higher_is_better=directions,
         same_family=same_family)
+
+
+def model_family(model: nn.Module) -> Optional[str]:
+    """The family key of ``model``, as ``faithfulness.json`` names families.
+
+    A transformers model (bare or opened by attnlab) gives its ``config.model_type``; attnlab's
+    decoder the HuggingFace type of the checkpoint it was read from, else the one its architecture
+    matches (rotary positions: ``"llama"``, learned: ``"gpt2"``); attnlab's encoder models ``"bert"``.
+
+    Returns:
+        the key, or ``None`` for a model of none of these kinds.
+    """
+    if getattr(model, "model_type", None) == "decoder":  # attnlab's DecoderForCausalLM
+        kept = (getattr(model, "checkpoint_config", None) or {}).get("model_type")
+        if kept:
+            return str(kept)
+        return "gpt2" if getattr(model.config, "position", None) == "learned" else "llama"
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if isinstance(model_type, str) and model_type:
+        return model_type
+    return "bert" if hasattr(model, "encoder") else None

@@ -6,7 +6,8 @@ turns the packaged figures (:mod:`~attnlab.inspect.faithfulness`) into what an e
 carries beside its scores: for each method shown, its figure on every measure with the random
 ranking's beside it, and whether it measured at or below random on the primary one. It also
 names a model's family (the key of those figures) and the method explain runs by default: the
-best-ranked one the model offers.
+best-ranked one the model offers. A model's family is
+:func:`~attnlab.inspect.faithfulness.model_family`'s key.
 
 Example::
 
@@ -19,31 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from torch import nn
-
 from .faithfulness import MEASURES, RANDOM, faithfulness_for
 
-__all__ = ["model_family", "default_method", "faithfulness_notes", "describe_method"]
-
-
-def model_family(model: nn.Module) -> Optional[str]:
-    """The family key of ``model`` in the measured figures: a transformers model's
-    ``config.model_type``; attnlab's own decoders by their layout (RMSNorm: ``"llama"``, LayerNorm:
-    ``"gpt2"``); attnlab's encoder classifiers ``"bert"``; ``None`` when unknown.
-
-    Args:
-        model: a model as ``attnlab.load`` gives it.
-    """
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if isinstance(model_type, str) and model_type:
-        return model_type
-    norm = getattr(config, "norm", None)
-    if norm in ("rms", "layer") and hasattr(model, "lm_head"):
-        return "llama" if norm == "rms" else "gpt2"
-    if hasattr(model, "encoder") and isinstance(getattr(model, "num_labels", None), int):
-        return "bert"
-    return None
+__all__ = ["default_method", "faithfulness_notes", "describe_method"]
 
 
 def default_method(kind: str, family: Optional[str], available: Sequence[str]) -> Optional[str]:
@@ -53,7 +32,7 @@ def default_method(kind: str, family: Optional[str], available: Sequence[str]) -
 
     Args:
         kind: ``"decoder"`` or ``"classifier"``.
-        family: :func:`model_family`'s key, or ``None``.
+        family: :func:`~attnlab.inspect.faithfulness.model_family`'s key, or ``None``.
         available: the methods the model offers.
     """
     measured = faithfulness_for(kind, family)
@@ -65,7 +44,7 @@ def faithfulness_notes(kind: str, family: Optional[str], methods: Sequence[str])
 
     Args:
         kind: ``"decoder"`` or ``"classifier"``.
-        family: :func:`model_family`'s key, or ``None``.
+        family: :func:`~attnlab.inspect.faithfulness.model_family`'s key, or ``None``.
         methods: the methods whose scores are shown.
     Returns:
         ``None`` when nothing was measured for ``kind``; else ``{"measured_on", "family",

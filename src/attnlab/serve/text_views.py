@@ -34,6 +34,7 @@ from ..inspect.compute.inspectable import NotOffered
 from ..inspect.compute.statistics import HeadStatistics
 from ..inspect.compute.token_attribution import METHODS
 from ..inspect.compute.token_groups import special_token_groups
+from ..inspect.faithfulness import model_family
 from ..workflows.explain_generation import context_limit, explain_generation
 from ..workflows.explain_text import explain
 from ..workflows.inspect_text import encode_text
@@ -128,7 +129,8 @@ class TextExplorer:
                 "layer_names": self.layers, "methods": self.methods(), "labels": self.label_names,
                 "max_tokens": self.max_tokens, "max_new_tokens": self.limits.max_new_tokens,
                 "map_cells": self.limits.map_cells, "explain_tokens": self.limits.explain_tokens,
-                "can_patch": self.kind in ("decoder", "classifier"), "faithfulness": faithfulness_of(self.kind)}
+                "can_patch": self.kind in ("decoder", "classifier"),
+                "faithfulness": faithfulness_of(self.kind, model_family(self.model))}
 
     # -- one forward ---------------------------------------------------------------------
     def encode(self, text: str, field: str = "text") -> tuple[Tensor, list[str]]:

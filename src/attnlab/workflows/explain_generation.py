@@ -33,7 +33,8 @@ from ..inspect.draw.generation_explanation import (generation_explanation_fragme
                                                    plot_generation_attribution, render_generation_explanation)
 from ..inspect.draw.logit_lens import plot_logit_lens
 from ..inspect.draw.plots import save_figure
-from ..inspect.faithfulness_notes import faithfulness_notes, model_family
+from ..inspect.faithfulness import model_family
+from ..inspect.faithfulness_notes import faithfulness_notes
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]

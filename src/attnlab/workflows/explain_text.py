@@ -22,7 +22,8 @@ from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, ch
 from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
                                                           completeness_note, until_complete)
 from ..inspect.compute.token_attribution import DEFAULT_METHODS, attribute_tokens, check_methods
-from ..inspect.faithfulness_notes import faithfulness_notes, model_family
+from ..inspect.faithfulness import model_family
+from ..inspect.faithfulness_notes import faithfulness_notes
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from attnlab import EncoderClassifier, TransformerEncoder
-from attnlab.inspect.faithfulness_notes import default_method, faithfulness_notes, model_family
+from attnlab.inspect.faithfulness import model_family
+from attnlab.inspect.faithfulness_notes import default_method, faithfulness_notes
 from attnlab.layers.decoder_config import DecoderConfig
 from attnlab.models.decoder.causal_lm import DecoderForCausalLM
 

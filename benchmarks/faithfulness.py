@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -56,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the measures beside 
 from _faithfulness_measures import MEASURES, Quantity, interval, measure_input  # noqa: E402
 
 from attnlab._files import write_json  # noqa: E402
+from attnlab._machine import cpu_name  # noqa: E402
 from attnlab.data import load_rotten_tomatoes  # noqa: E402
 from attnlab.inspect.faithfulness import FamilyFaithfulness, model_family  # noqa: E402
 
@@ -76,22 +76,9 @@ MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"
 
 
 def cpu_description() -> str:
-    """The CPU's model name, its widest vector extension, and the cores this process may use."""
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
-                name = value.strip()
-            if key.strip() == "flags" and not flags:
-                flags = value
-    except OSError:
-        pass
-    words = flags.split()
-    vector = next((label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-                   if flag in words), None)
+    """The CPU's model name and torch's vector width, and the cores this process may use."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}{f' ({vector})' if vector else ''}, {cores} cores"
+    return f"{cpu_name()}, {cores} cores"
 
 
 def train_demo_model(out: Path, epochs: int) -> Path:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -52,17 +51,7 @@ from attnlab.inspect.compute.token_attribution import attribute_tokens  # noqa: 
 from attnlab.workflows.explain_generation import neutral_token_id  # noqa: E402
 from attnlab.workflows.explain_text import baseline_for  # noqa: E402
 from attnlab.workflows.inspect_text import encode_text  # noqa: E402
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from attnlab._machine import cpu_name  # noqa: E402
 
 
 def _deletion_inputs(ids: list[int], words: list[int], order: list[int]) -> list[list[int]]:

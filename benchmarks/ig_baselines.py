@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # faithfulness.py, when imported by a test
 
-from faithfulness import (DELETION_STEPS, SPECIAL, _log_probabilities, _probabilities,  # noqa: E402
-                          train_demo_model)
+from _faithfulness_measures import STEPS, Quantity, curve_inputs  # noqa: E402
+from faithfulness import SPECIAL, train_demo_model  # noqa: E402
 
 from attnlab._files import write_json  # noqa: E402
 from attnlab.data import load_rotten_tomatoes  # noqa: E402
@@ -56,12 +56,7 @@ from attnlab._machine import cpu_name  # noqa: E402
 
 def _deletion_inputs(ids: list[int], words: list[int], order: list[int]) -> list[list[int]]:
     """``ids`` without the top k % of ``order`` for k = 10 .. 100 (``ceil(k n / 100)`` tokens)."""
-    n = len(words)
-    variants = []
-    for percent in DELETION_STEPS[1:]:
-        top = set(order[: -(-percent * n // 100)])
-        variants.append([ids[i] for i in range(len(ids)) if i not in top])
-    return variants
+    return curve_inputs(ids, words, order)[0]
 
 
 def _until_complete(run: Callable[[int], tuple[np.ndarray, float]], tried: Sequence[int]
@@ -85,7 +80,7 @@ class _Tally:
         self.seconds = 0.0
 
     def summary(self) -> dict[str, Any]:
-        curve = np.mean(self.curves, axis=0) if self.curves else np.zeros(len(DELETION_STEPS))
+        curve = np.mean(self.curves, axis=0) if self.curves else np.zeros(len(STEPS))
         return {"median_points": statistics.median(self.points) if self.points else None,
                 "over_tolerance_at_400": self.over, "mean_gap_at_50": float(np.mean(self.gaps)) if self.gaps else None,
                 "deletion_aopc": float(curve.mean()), "deletion_curve": curve.tolist(),
@@ -107,7 +102,8 @@ def evaluate_classifier(model, tokenizer, texts: Sequence[str], *, max_length: i
         reference = baseline_for(input_ids, tokenizer, pad_id)
         with torch.no_grad():
             label = int(model(input_ids).logits[0].argmax())
-        full = _probabilities(model, [ids], pad_id, label)[0]
+        quantity = Quantity(model, label, decoder=False, pad_id=pad_id, batch=64)
+        full = quantity.of_ids([ids])[0]
         orders = {}
         for name in BASELINES:
             def run(points: int, name=name) -> tuple[np.ndarray, float]:
@@ -121,7 +117,7 @@ def evaluate_classifier(model, tokenizer, texts: Sequence[str], *, max_length: i
             orders[name] = sorted(words, key=lambda i: -scores[i])
         orders["random"] = list(rng.permutation(words))
         for name, order in orders.items():
-            values = _probabilities(model, _deletion_inputs(ids, words, order), pad_id, label)
+            values = quantity.of_ids(_deletion_inputs(ids, words, order))
             tallies[name].curves.append(np.concatenate([[0.0], full - values]))
     return {name: tally.summary() for name, tally in tallies.items()}
 
@@ -139,7 +135,8 @@ def evaluate_decoder(model, tokenizer, texts: Sequence[str], *, prompt_tokens: i
         with torch.no_grad():
             target = int(model(torch.tensor([ids])).logits[0, -1].argmax())
         sequence, words = torch.tensor([ids + [target]]), list(range(len(ids)))
-        full = _log_probabilities(model, [ids], target)[0]
+        quantity = Quantity(model, target, decoder=True, pad_id=neutral, batch=16, empty_id=neutral)
+        full = quantity.of_ids([ids])[0]
         orders = {}
         for name in BASELINES:
             def run(points: int, name=name) -> tuple[np.ndarray, float]:
@@ -153,8 +150,7 @@ def evaluate_decoder(model, tokenizer, texts: Sequence[str], *, prompt_tokens: i
             orders[name] = sorted(words, key=lambda i: -scores[i])
         orders["random"] = list(rng.permutation(words))
         for name, order in orders.items():
-            variants = [variant or [neutral] for variant in _deletion_inputs(ids, words, order)]
-            values = _log_probabilities(model, variants, target)
+            values = quantity.of_ids(_deletion_inputs(ids, words, order))
             tallies[name].curves.append(np.concatenate([[0.0], full - values]))
     return {name: tally.summary() for name, tally in tallies.items()}
 

@@ -219,22 +219,33 @@ class TransformersModel(nn.Module):
     def generate(self, input_ids: Tensor, *, attention_mask: Optional[Tensor] = None, max_new_tokens: int = 20,
                  **options: Any) -> Any:
         """:func:`attnlab.hf.generate`: transformers' ``generate``, every step's attention
-        recorded. ``options`` are attnlab's (``do_sample``, ``temperature``, ``top_k``,
-        ``top_p``, ``seed``); ``compile`` serves attnlab's own decoders only."""
+        recorded (``output_attentions=False``: none recorded, and greedy generation runs
+        attnlab's native decoding step where it serves, :meth:`unserved_reason`).
+        ``options`` are attnlab's (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+        ``seed``, ``eos_token_id``, ``pad_token_id``); ``compile`` serves attnlab's own
+        decoders only."""
         from .generation import generate
 
         reason = self.unsupported("generate")
         if reason is not None:
             raise ValueError(f"generate: {reason}")
         options = {key: value for key, value in options.items() if value is not None}
-        options.pop("output_attentions", None)  # always recorded
+        output_attentions = options.pop("output_attentions", True)  # recorded unless asked not to
         if options.pop("compile", False):
             raise ValueError("--compile applies to attnlab's own decoders, not to models opened through transformers")
         seed = options.pop("seed", None)
         if seed is not None:
             torch.manual_seed(seed)
         return generate(self.model, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                        **options)
+                        output_attentions=output_attentions, **options)
+
+    def unserved_reason(self, batch: int = 1, **options: Any) -> Optional[str]:
+        """``None`` where attnlab's native decoding step serves ``generate`` of ``batch`` rows
+        with these ``options``, else why transformers' ``generate`` runs
+        (:func:`attnlab.hf.native_decoding.unserved_reason`)."""
+        from .native_decoding import unserved_reason
+
+        return unserved_reason(self.model, batch, **options)
 
     def forward(self, input_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
         """``model(input_ids=, attention_mask=)``; an encoder-decoder given no decoder input

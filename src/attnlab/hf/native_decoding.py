@@ -40,7 +40,7 @@ from ..inspect.compute.routing import route_of
 from ..models.decoder.generation import GenerationOutput
 from ..models.decoder.step_slots import StepSlots
 
-__all__ = ["NativeLayout", "native_generate", "native_layout", "unserved_reason"]
+__all__ = ["NativeLayout", "NativeSteps", "native_generate", "native_layout", "unserved_reason"]
 
 _KERNEL = "decode_step"
 # The layer wirings the kernel computes, by model_type: every layer is x + attn(norm(x)),
@@ -372,6 +372,62 @@ def _stop_ids(model: nn.Module, eos_token_id: Any) -> list[int]:
     return [int(token) for token in values if token is not None and int(token) >= 0]
 
 
+class NativeSteps:
+    """The prompt pass of a transformers decoder, then each new token as one native call.
+
+    Args:
+        model: a transformers ``*ForCausalLM``.
+        layout: its :func:`native_layout`.
+        input_ids: ``[B, T]`` prompt ids, left-padded.
+        mask: ``[B, T]`` long, 1 on real tokens.
+        capacity: ``C``, the positions the cache holds (prompt and new tokens).
+
+    Attributes:
+        logits: ``[B, V]`` float32 next-token logits of the latest pass.
+    """
+
+    def __init__(self, model: nn.Module, layout: NativeLayout, input_ids: Tensor, mask: Tensor,
+                 capacity: int) -> None:
+        from transformers import DynamicCache
+
+        B, T = input_ids.shape
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # [B, T] as transformers' generate numbers them
+        cache = DynamicCache()  # every position kept: the sliding window is the steps' mask
+        # transformers names the cache argument `cache` from 5.24 on, `past_key_values` before
+        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        with torch.no_grad():
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                        logits_to_keep=1, **{keyword: cache})
+        self.logits = out.logits[:, -1].float()  # [B, V]
+        keys, values = [], []
+        for layer in cache.layers:
+            for stored, into in ((layer.keys, keys), (layer.values, values)):
+                store = stored.new_zeros(B, stored.shape[1], capacity, stored.shape[3])  # [B, K, C, D]
+                store[:, :, :T] = stored
+                into.append(store)
+        keep = mask.bool()
+        # StepSlots reads a window, a length limit and learned positions (none here) off a model
+        view = SimpleNamespace(config=SimpleNamespace(sliding_window=layout.window, max_len=math.inf),
+                               embed_positions=None)
+        self.slots = StepSlots(view, B, capacity, T, None if bool(keep.all()) else keep, input_ids.device)
+        self.layout = layout
+        self.arguments = (layout.weights, keys, values, layout.scales, layout.num_heads, layout.num_kv_heads,
+                          0, layout.eps, layout.activation, False)  # 0: RMSNorm; False: no weights kept
+        self.kernel = _native.build(_KERNEL)
+
+    @torch.no_grad()
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """Tokens ``[B]`` -> next-token logits ``[B, V]`` (also kept in :attr:`logits`)."""
+        slots, layout = self.slots, self.layout
+        slot = slots.next_slot()
+        x = layout.embedding(tokens)  # [B, E]
+        cos, sin = layout.rotary(x[:, None], slots.positions[:, None])  # ([B, 1, D],) x 2
+        self.logits, _ = self.kernel.step(x.contiguous(), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
+                                          slots.allowed, slot, *self.arguments)
+        slots.step_done()
+        return self.logits
+
+
 @torch.no_grad()
 def native_generate(model: nn.Module, input_ids: Tensor, attention_mask: Optional[Tensor] = None, *,
                     max_new_tokens: int = 20, eos_token_id: Any = None, pad_token_id: Optional[int] = None,
@@ -392,8 +448,6 @@ def native_generate(model: nn.Module, input_ids: Tensor, attention_mask: Optiona
     Returns:
         :class:`~attnlab.models.decoder.generation.GenerationOutput` without attentions.
     """
-    from transformers import DynamicCache
-
     model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
     layout = native_layout(model)
     if isinstance(layout, str) or do_sample:
@@ -404,43 +458,18 @@ def native_generate(model: nn.Module, input_ids: Tensor, attention_mask: Optiona
     pad = pad_token_id if pad_token_id is not None else _first_id(getattr(model.generation_config,
                                                                           "pad_token_id", None))
     pad = pad if pad is not None else (stops[0] if stops else None)
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # [B, T] as transformers' generate numbers them
-    cache = DynamicCache()  # every position kept: the sliding window is the step's mask
-    # transformers names the cache argument `cache` from 5.24 on, `past_key_values` before
-    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1, **{keyword: cache})
-    logits = out.logits[:, -1].float()  # [B, V]
-    capacity = T + max_new_tokens
-    keys, values = [], []
-    for layer in cache.layers:
-        for stored, into in ((layer.keys, keys), (layer.values, values)):
-            store = stored.new_zeros(B, stored.shape[1], capacity, stored.shape[3])  # [B, K, C, D]
-            store[:, :, :T] = stored
-            into.append(store)
-    keep = mask.bool()
-    view = SimpleNamespace(config=SimpleNamespace(sliding_window=layout.window, max_len=math.inf),
-                           embed_positions=None)
-    slots = StepSlots(view, B, capacity, T, None if bool(keep.all()) else keep, input_ids.device)
-    kernel = _native.build(_KERNEL)
-    arguments = (layout.weights, keys, values, layout.scales, layout.num_heads, layout.num_kv_heads, 0,
-                 layout.eps, layout.activation, False)
+    steps = NativeSteps(model, layout, input_ids, mask, T + max_new_tokens)
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool)
     stop_ids = torch.tensor(stops, dtype=torch.long)
     for step in range(max_new_tokens):
-        token = logits.argmax(-1)  # [B]
+        token = steps.logits.argmax(-1)  # [B]
         if stops:
             token = torch.where(finished, torch.full_like(token, pad), token)
             finished = finished | torch.isin(token, stop_ids)
         sequences = torch.cat((sequences, token[:, None]), dim=1)  # [B, S]
         if step == max_new_tokens - 1 or bool(finished.all()):
             break
-        slot = slots.next_slot()
-        x = layout.embedding(token)  # [B, E]
-        cos, sin = layout.rotary(x[:, None], slots.positions[:, None])  # ([B, 1, D],) x 2
-        logits, _ = kernel.step(x.contiguous(), cos[:, 0].contiguous(), sin[:, 0].contiguous(), slots.allowed,
-                                slot, *arguments)
-        slots.step_done()
-    full_mask = torch.cat((keep, torch.ones(B, sequences.shape[1] - T, dtype=torch.bool)), dim=1)
+        steps(token)
+    full_mask = torch.cat((mask.bool(), torch.ones(B, sequences.shape[1] - T, dtype=torch.bool)), dim=1)
     return GenerationOutput(sequences=sequences, attention_mask=full_mask, prompt_length=T, attentions=None)

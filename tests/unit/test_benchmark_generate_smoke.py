@@ -12,7 +12,7 @@ pytest.importorskip("transformers", reason="the benchmark compares with transfor
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generate.py"
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
 def test_quick_run_prints_the_table(capsys, family):
     spec = importlib.util.spec_from_file_location("attnlab_benchmark_generate", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -24,3 +24,4 @@ def test_quick_run_prints_the_table(capsys, family):
         sys.modules.pop(spec.name, None)
     printed = capsys.readouterr().out
     assert "| 2 |" in printed and "recorded weights" in printed and f"random {family}" in printed
+    assert "native step" in printed  # whether it served, or why not

@@ -52,6 +52,9 @@ _ACTIVATIONS: dict[int, Callable[[Tensor], Tensor]] = {
     0: F.silu, 1: F.gelu, 2: lambda x: F.gelu(x, approximate="tanh"), 3: F.relu}
 # rotary types whose angles depend on the position alone (the model's rotary module computes them)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+# transformers installs these hooks once a call asks for attentions or hidden states; they
+# record only inside such a call, which never runs the native step
+_TRANSFORMERS_CAPTURE = "transformers.utils.output_capturing"
 # options of generate the native loop does as transformers' greedy search does
 _SERVED_OPTIONS = {"eos_token_id", "pad_token_id", "do_sample"}
 
@@ -309,7 +312,8 @@ def _hook_reason(model: nn.Module, embedding: nn.Module) -> Optional[str]:
     for name, module in model.named_modules():
         if module in skipped:
             continue  # the step calls the embedding as a module: its hooks run
-        if module._forward_hooks or module._forward_pre_hooks:
+        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        if any(getattr(hook, "__module__", None) != _TRANSFORMERS_CAPTURE for hook in hooks):
             return f"{name or 'the model'} has forward hooks"
         if "forward" in vars(module):
             return f"{name or 'the model'} has a forward set on the module itself"

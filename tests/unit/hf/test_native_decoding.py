@@ -130,6 +130,7 @@ def test_asking_for_weights_keeps_transformers_path_and_eager_s_weights():
                                eos_token_id=None, output_attentions=True, return_dict_in_generate=True)
     out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=-1)
     assert torch.equal(out.sequences, reference.sequences)
+    assert unserved_reason(model, 1) is None  # transformers' own capturing hooks, installed now, record nothing
     for step, (ours, theirs) in enumerate(zip(out.attentions, reference.attentions)):
         for got, want in zip(ours.values(), theirs):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"step {step}")

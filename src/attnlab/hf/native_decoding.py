@@ -4,7 +4,11 @@ attnlab's native step (``_native/decode_step.cpp``, see
 :mod:`attnlab.models.decoder.native_decoding`) runs a whole decoding step of a pre-norm
 decoder in one call. Many transformers families compute exactly that step: Llama,
 Mistral (one sliding window on every layer), Qwen2 (query/key/value biases), Phi-3 (fused
-query/key/value and gate/up products, split here into views). :func:`native_layout`
+query/key/value and gate/up products, split here into views); with the step's optional
+pieces, Qwen3 (query/key norms per head), OLMo 2 (query/key norms over all heads, norms
+after attention and the feed-forward net instead of before), Gemma 2 and 3 (norms of
+the form ``1 + w``, four per layer, scaled embeddings, sliding windows on some layers with
+their own rotary angles in Gemma 3, soft-capped scores and logits in Gemma 2). :func:`native_layout`
 reads a transformers causal LM by its structure and config (its modules, what its norms
 and activation compute on a probe, its rotary type, its windows, its soft-capping) and
 gives the kernel's weights, views of the model's own where it can; any mismatch gives a
@@ -43,10 +47,17 @@ from ..models.decoder.step_slots import StepSlots
 __all__ = ["NativeLayout", "NativeSteps", "native_generate", "native_layout", "unserved_reason"]
 
 _KERNEL = "decode_step"
-# The layer wirings the kernel computes, by model_type: every layer is x + attn(norm(x)),
-# then x + mlp(norm(x)). The modules themselves are checked by structure below.
-_PRE_NORM_FAMILIES = ("llama", "mistral", "qwen2", "phi3")
-_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+# The layer wirings the kernel computes, by model_type: every layer is
+# x + post_attn(attn(pre_attn(x))), then x + post_ffn(mlp(pre_ffn(x))); the names of those
+# four norms in the layer (None: no norm there). The modules themselves are checked by
+# structure below.
+_PRE_NORM = ("input_layernorm", "post_attention_layernorm", None, None)
+_SANDWICH = ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
+_WIRINGS: dict[str, tuple[Optional[str], ...]] = {
+    "llama": _PRE_NORM, "mistral": _PRE_NORM, "qwen2": _PRE_NORM, "phi3": _PRE_NORM, "qwen3": _PRE_NORM,
+    "olmo2": (None, None, "post_attention_layernorm", "post_feedforward_layernorm"),
+    "gemma2": _SANDWICH, "gemma3_text": _SANDWICH,
+}
 # the kernel's activation codes (decode_step.cpp: Activation), with the function each is
 _ACTIVATIONS: dict[int, Callable[[Tensor], Tensor]] = {
     0: F.silu, 1: F.gelu, 2: lambda x: F.gelu(x, approximate="tanh"), 3: F.relu}
@@ -70,9 +81,13 @@ class NativeLayout:
         num_heads, num_kv_heads, head_dim: ``H``, ``K``, ``D``.
         eps: the norms' epsilon.
         activation: the kernel's activation code.
-        window: the sliding window every layer has (``None``: none).
         embedding: the input embedding (called as a module: its own scale and hooks run).
-        rotary: the base model's rotary module (``(x, positions) -> (cos, sin)``).
+        rotary: ``(x, positions) -> (cos, sin)``, the model's rotary angles.
+        extras: per layer the kernel's 4 optional entries (``decode_step.cpp``: Extra), or
+            empty where no layer has any.
+        windows: per layer its sliding window (0: none).
+        local_rotary: the angles of the layers with a window, where they have their own.
+        attention_softcap, logit_softcap: tanh soft-capping (0: none).
     """
 
     weights: list[Optional[Tensor]]
@@ -82,9 +97,13 @@ class NativeLayout:
     head_dim: int
     eps: float
     activation: int
-    window: Optional[int]
     embedding: nn.Module
-    rotary: nn.Module
+    rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+    extras: list[Optional[Tensor]]
+    windows: list[int]
+    local_rotary: Optional[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]] = None
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
 
 
 def _probe(width: int) -> Tensor:
@@ -125,16 +144,34 @@ def _window_of(attention: nn.Module, config: Any) -> Optional[int]:
     return window_of(attention, config)
 
 
-def _rope_reason(config: Any) -> Optional[str]:
+def _rotaries(config: Any, module: nn.Module, width: int, D: int):
+    """``(rotary, local rotary or None)`` angle functions of the model's rotary module, else
+    why not: a rope type whose angles depend on more than the position, or angles that do
+    not cover the head dim (partial rotary)."""
     parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if not isinstance(parameters, Mapping):
         return f"rope parameters of an unknown form ({type(parameters).__name__})"
-    if parameters and all(isinstance(value, Mapping) for value in parameters.values()):
-        return "rotary parameters per layer type"
-    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if rope_type not in _STATIC_ROPE:
-        return f"rope type {rope_type!r} (the native step takes {', '.join(_STATIC_ROPE)})"
-    return None
+    per_type = bool(parameters) and all(isinstance(value, Mapping) for value in parameters.values())
+    if per_type and set(parameters) - {"full_attention", "sliding_attention"}:
+        return f"rotary parameters for layer types {sorted(parameters)}"
+    for values in parameters.values() if per_type else [parameters]:
+        rope_type = values.get("rope_type", values.get("type", "default"))
+        if rope_type not in _STATIC_ROPE:
+            return f"rope type {rope_type!r} (the native step takes {', '.join(_STATIC_ROPE)})"
+    if per_type:  # Gemma 3: one module, the layer type named in each call
+        rotary = lambda x, positions: module(x, positions, "full_attention")  # noqa: E731
+        local = lambda x, positions: module(x, positions, "sliding_attention")  # noqa: E731
+    else:
+        rotary, local = module, None
+    with torch.no_grad():
+        for angles in (rotary, local) if local is not None else (rotary,):
+            try:
+                cos, _ = angles(torch.zeros(1, 1, width), torch.zeros(1, 1, dtype=torch.long))
+            except Exception as error:  # a rotary module of another signature
+                return f"the rotary module cannot be called as (x, positions): {type(error).__name__}"
+            if cos.shape[-1] != D:
+                return f"the rotary angles cover {cos.shape[-1]} of the head dim {D} (partial rotary)"
+    return rotary, local
 
 
 def _projection(module: Any, name: str) -> Union[tuple[Tensor, Optional[Tensor]], str]:
@@ -148,7 +185,7 @@ def _attention_weights(attention: nn.Module, H: int, K: int, D: int
                        ) -> Union[tuple[Tensor, Optional[Tensor], Tensor, Optional[Tensor]], str]:
     """The packed ``[(H + 2K) * D, E]`` query/key/value weight and bias (a view of Phi-3's,
     a copy of the three others), the output product's weight and bias."""
-    parts = {name for name, _ in attention.named_children()}
+    parts = {name for name, _ in attention.named_children()} - {"q_norm", "k_norm"}  # read by the caller
     fused = parts == {"qkv_proj", "o_proj"}
     if not fused and parts != {"q_proj", "k_proj", "v_proj", "o_proj"}:
         extra = sorted(parts - {"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj"})
@@ -212,6 +249,25 @@ def _causal_lm_parts(model: nn.Module) -> Union[tuple[nn.Module, nn.Module], str
     return base, head
 
 
+def _layer_norms(layer: nn.Module, names: tuple[Optional[str], ...], eps: float, index: int
+                 ) -> Union[list[Optional[Tensor]], str]:
+    """The kernel's weights of a layer's four norms (pre-attention, pre-feed-forward,
+    post-attention, post-feed-forward; ``None`` where the wiring has none)."""
+    found: list[Optional[Tensor]] = []
+    for name in names:
+        if name is None:
+            found.append(None)
+            continue
+        norm = getattr(layer, name)
+        if getattr(norm, "variance_epsilon", getattr(norm, "eps", None)) != eps:
+            return f"layer {index}'s {name} differs in epsilon from the final norm"
+        weight = _norm_weight(norm, eps)
+        if isinstance(weight, str):
+            return f"layer {index}'s {name}: {weight}"
+        found.append(weight)
+    return found
+
+
 def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
     """The kernel's weights of a transformers causal LM whose layers are what it computes,
     else the first reason they are not.
@@ -221,43 +277,40 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
 
     Returns:
         :class:`NativeLayout` (weights are the model's own tensors, but for the packed
-        query/key/value weight of families that keep three, and Gemma-style norm weights),
+        query/key/value weight of families that keep three, and ``1 + w`` norm weights),
         or a one-line reason.
     """
     model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _PRE_NORM_FAMILIES:
-        return f"model_type {model_type!r} is not a family the native step computes ({', '.join(_PRE_NORM_FAMILIES)})"
+    if model_type not in _WIRINGS:
+        return f"model_type {model_type!r} is not a family the native step computes ({', '.join(_WIRINGS)})"
     parts = _causal_lm_parts(model)
     if isinstance(parts, str):
         return parts
     base, head = parts
-    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if getattr(config, name, None):
-            return f"{name} is set (the native step does not soft-cap)"
-    reason = _rope_reason(config)
-    if reason is not None:
-        return reason
+    wiring = _WIRINGS[model_type]
+    expected = {"self_attn", "mlp"} | {name for name in wiring if name is not None}
     layers = list(base.layers)
     first = layers[0].self_attn
     H, K = config.num_attention_heads, config.num_key_value_heads
     D = getattr(first, "head_dim", None)
     if not isinstance(D, int) or D % 2:
         return f"head dim {D!r} is not an even int"
-    frequencies = getattr(base.rotary_emb, "inv_freq", None)
-    if not isinstance(frequencies, Tensor) or 2 * frequencies.numel() != D:
-        return f"the rotary angles do not cover the head dim {D} (partial rotary?)"
+    rotaries = _rotaries(config, base.rotary_emb, config.hidden_size, D)
+    if isinstance(rotaries, str):
+        return rotaries
     eps = getattr(base.norm, "variance_epsilon", getattr(base.norm, "eps", None))
     if not isinstance(eps, float):
         return "the final norm has no epsilon"
     weights: list[Optional[Tensor]] = []
-    scales, windows, activations = [], set(), set()
+    extras: list[Optional[Tensor]] = []
+    scales, windows, activations, softcaps = [], [], set(), set()
     for index, layer in enumerate(layers):
         children = {name for name, _ in layer.named_children()}
-        dropouts = {name for name in children - _LAYER_PARTS if isinstance(getattr(layer, name), nn.Dropout)}
-        if children - dropouts != _LAYER_PARTS:
-            return f"layer {index} holds {sorted(children - dropouts)}, not {sorted(_LAYER_PARTS)}"
+        dropouts = {name for name in children - expected if isinstance(getattr(layer, name), nn.Dropout)}
+        if children - dropouts != expected:
+            return f"layer {index} holds {sorted(children - dropouts)}, not {sorted(expected)}"
         if layer.training and any(getattr(layer, name).p for name in dropouts):
             return f"layer {index} has dropout, in training mode"
         attention = layer.self_attn
@@ -270,35 +323,37 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
             return f"layer {index}: {mlp}"
         ffn, activation = mlp
         activations.add(_activation_code(activation))
-        norms = []
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm_eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-            if norm_eps != eps:
-                return f"layer {index}'s norms differ in epsilon from the final norm's"
-            norm_weight = _norm_weight(norm, eps)
-            if isinstance(norm_weight, str):
-                return f"layer {index}: {norm_weight}"
-            norms.append(norm_weight)
+        norms = _layer_norms(layer, wiring, eps, index)
+        if isinstance(norms, str):
+            return norms
+        query_key = _layer_norms(attention, tuple(name if hasattr(attention, name) else None
+                                                  for name in ("q_norm", "k_norm")), eps, index)
+        if isinstance(query_key, str):
+            return query_key
         scale = getattr(attention, "scaling", None)
         if not isinstance(scale, float):
             return f"layer {index}'s attention has no float scaling"
         scales.append(scale)
-        windows.add(_window_of(attention, config))
+        windows.append(_window_of(attention, config) or 0)
+        softcaps.add(getattr(attention, "attn_logit_softcapping", None) or 0.0)
         weights += [norms[0], None, qkv, qkv_bias, out, out_bias, norms[1], None, *ffn]
+        extras += [*query_key, norms[2], norms[3]]
     if None in activations or len(activations) != 1:
         return "the feed-forward activation is none of SiLU, GELU (erf or tanh) and ReLU"
-    if len(windows) != 1:
-        return "the layers differ in sliding window"
+    if len(softcaps) != 1:
+        return "the layers differ in attention soft-capping"
     final_norm = _norm_weight(base.norm, eps)
     if isinstance(final_norm, str):
         return f"the final norm: {final_norm}"
     weights += [final_norm, None, head.weight, head.bias]
-    for tensor in weights:
+    for tensor in weights + extras:
         if tensor is not None and not (tensor.dtype == torch.float32 and tensor.device.type == "cpu"
                                        and tensor.is_contiguous()):
             return "the weights are not contiguous float32 CPU tensors"
-    return NativeLayout(weights, scales, H, K, D, eps, activations.pop(), windows.pop(), base.embed_tokens,
-                        base.rotary_emb)
+    rotary, local = rotaries
+    return NativeLayout(weights, scales, H, K, D, eps, activations.pop(), base.embed_tokens, rotary,
+                        extras if any(extra is not None for extra in extras) else [], windows, local,
+                        float(softcaps.pop()), float(getattr(config, "final_logit_softcapping", None) or 0.0))
 
 
 def _hook_reason(model: nn.Module, embedding: nn.Module) -> Optional[str]:
@@ -411,12 +466,15 @@ class NativeSteps:
                 into.append(store)
         keep = mask.bool()
         # StepSlots reads a window, a length limit and learned positions (none here) off a model
-        view = SimpleNamespace(config=SimpleNamespace(sliding_window=layout.window, max_len=math.inf),
+        view = SimpleNamespace(config=SimpleNamespace(sliding_window=None, max_len=math.inf),  # windows: the kernel's
                                embed_positions=None)
         self.slots = StepSlots(view, B, capacity, T, None if bool(keep.all()) else keep, input_ids.device)
         self.layout = layout
         self.arguments = (layout.weights, keys, values, layout.scales, layout.num_heads, layout.num_kv_heads,
                           0, layout.eps, layout.activation, False)  # 0: RMSNorm; False: no weights kept
+        windows = layout.windows if any(layout.windows) else []
+        self.options = dict(extras=layout.extras or None, windows=windows,
+                            attention_softcap=layout.attention_softcap, logit_softcap=layout.logit_softcap)
         self.kernel = _native.build(_KERNEL)
 
     @torch.no_grad()
@@ -426,8 +484,12 @@ class NativeSteps:
         slot = slots.next_slot()
         x = layout.embedding(tokens)  # [B, E]
         cos, sin = layout.rotary(x[:, None], slots.positions[:, None])  # ([B, 1, D],) x 2
+        local = {}
+        if layout.local_rotary is not None:
+            cos_local, sin_local = layout.local_rotary(x[:, None], slots.positions[:, None])
+            local = dict(cos_local=cos_local[:, 0].contiguous(), sin_local=sin_local[:, 0].contiguous())
         self.logits, _ = self.kernel.step(x.contiguous(), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
-                                          slots.allowed, slot, *self.arguments)
+                                          slots.allowed, slot, *self.arguments, **self.options, **local)
         slots.step_done()
         return self.logits
 

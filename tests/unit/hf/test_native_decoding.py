@@ -25,6 +25,20 @@ FAMILIES = {
     "mistral": lambda **extra: transformers.MistralConfig(**SIZES, sliding_window=5, **extra),
     "qwen2": lambda **extra: transformers.Qwen2Config(**SIZES, **extra),  # query/key/value biases
     "phi3": lambda **extra: transformers.Phi3Config(**SIZES, **extra),  # fused qkv and gate/up products
+    "qwen2, a window on layer 2": lambda **extra: transformers.Qwen2Config(
+        **SIZES, use_sliding_window=True, sliding_window=4, max_window_layers=1, **extra),
+    "qwen3": lambda **extra: transformers.Qwen3Config(**SIZES, head_dim=16, **extra),  # query/key norms per head
+    # query/key norms over all heads; norms after attention and the feed-forward net, none before
+    "olmo2": lambda **extra: transformers.Olmo2Config(**SIZES, **extra),
+    # 1 + w norms, four per layer, scaled embeddings, a window on every other layer, soft caps
+    # small enough to bite
+    "gemma2": lambda **extra: transformers.Gemma2Config(
+        **SIZES, head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, **extra),
+    # query/key norms, sliding layers with their own rotary angles
+    "gemma3": lambda **extra: transformers.Gemma3TextConfig(
+        **SIZES, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "full_attention"], **extra),
     "llama, biases, GELU, untied": lambda **extra: transformers.LlamaConfig(
         **SIZES, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=False,
         **extra),
@@ -92,9 +106,9 @@ def _refused(config_or_model, expected: str, batch: int = 1, **options) -> None:
 def test_unsupported_features_keep_transformers_path_and_say_why():
     _refused(FAMILIES["llama"](rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
              "rope type 'dynamic'")
-    _refused(transformers.Gemma2Config(**SIZES, head_dim=16), "model_type 'gemma2'")
-    _refused(transformers.Qwen2Config(**SIZES, use_sliding_window=True, sliding_window=4, max_window_layers=1),
-             "differ in sliding window")
+    _refused(transformers.GPTNeoXConfig(**SIZES), "model_type 'gpt_neox'")
+    _refused(FAMILIES["phi3"](rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.5}), "partial rotary")
     _refused(FAMILIES["llama"](), "past the 8 rows", batch=9)
     _refused(FAMILIES["llama"](), "weights are asked for", output_attentions=True)
     _refused(FAMILIES["llama"](), "sampling", do_sample=True)
@@ -116,7 +130,11 @@ def test_a_norm_that_computes_something_else_is_refused():
     model = _model(FAMILIES["llama"]())
     norm = model.model.layers[0].post_attention_layernorm
     norm.variance_epsilon = 0.5  # the final norm's differs: the kernel takes one epsilon
-    _refused(model, "differ in epsilon")
+    _refused(model, "differs in epsilon")
+    model = _model(FAMILIES["llama"]())
+    eps = model.model.norm.variance_epsilon
+    model.model.layers[1].input_layernorm = torch.nn.LayerNorm(64, eps=eps, bias=False)
+    _refused(model, "input_layernorm: LayerNorm computes something else than an RMSNorm")
 
 
 @needs_kernel

@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
             for key in compiled:
                 del cases[key]
         with torch.no_grad():
-            ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1, **plain)  # warm-up: first calls pay set-up
+            # warm-up: first calls pay set-up
+            ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1, **plain)
             hf["sdpa"].generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
             # compile=True pays its compilation on the first call for a batch size and length
             compile_seconds = {key: timed(cases[key]) for key in compiled if key in cases}

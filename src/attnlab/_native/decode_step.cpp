@@ -173,8 +173,9 @@ void attend(const float* qkv, const float* keys, const float* values, const bool
         const float excluded = -std::numeric_limits<float>::infinity();
         float largest = excluded;
         for (int64_t j = 0; j < S; ++j) {
-          probabilities[j] = row_allowed[j] && j >= first ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
-          if (softcap > 0.f && j >= first && row_allowed[j])  // tanh(score / cap) * cap
+          const bool in_reach = row_allowed[j] && j >= first;
+          probabilities[j] = in_reach ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
+          if (softcap > 0.f && in_reach)  // tanh(score / cap) * cap
             probabilities[j] = std::tanh(probabilities[j] / softcap) * softcap;
           largest = std::max(largest, probabilities[j]);
         }
@@ -273,7 +274,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   if (local) {
     check_float(*cos_local, "cos_local");
     check_float(*sin_local, "sin_local");
-    TORCH_CHECK(cos_local->numel() == B * D && sin_local->numel() == B * D, "decode step: cos_local, sin_local must be [B, D]");
+    TORCH_CHECK(cos_local->numel() == B * D && sin_local->numel() == B * D,
+                "decode step: cos_local and sin_local must be [B, D]");
   }
   const Shape shape{B, H, K, D, C, slot};
   const int64_t qkv_width = (H + 2 * K) * D;
@@ -317,8 +319,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       if (!t.defined()) continue;
       check_float(t, "every extra weight");
       const int64_t heads = e == kQueryNorm ? H : K;
-      TORCH_CHECK(t.dim() == 1 && (e >= kPostAttnNorm ? t.size(0) == E : (t.size(0) == D || t.size(0) == heads * D)),
-                  "decode step: layer ", l, "'s extra entry ", e, " has a size the model's widths do not give it");
+      const bool fits = e >= kPostAttnNorm ? t.size(0) == E : (t.size(0) == D || t.size(0) == heads * D);
+      TORCH_CHECK(t.dim() == 1 && fits, "decode step: layer ", l, "'s extra entry ", e,
+                  " has a size the model's widths do not give it");
     }
     for (const at::Tensor& store : {keys[l], values[l]}) {
       check_float(store, "every weight, bias and cache");
@@ -433,7 +436,7 @@ TORCH_LIBRARY(attnlab_decode_step, m) {
   m.def(
       "step(Tensor x, Tensor? cos, Tensor? sin, Tensor allowed, int slot, Tensor?[] weights, Tensor[] keys, "
       "Tensor[] values, float[] scales, int num_heads, int num_kv_heads, int norm, float eps, int activation, "
-      "bool need_weights, Tensor?[]? extras=None, int[] windows=[], Tensor? cos_local=None, Tensor? sin_local=None, "
-      "float attention_softcap=0., float logit_softcap=0.) -> (Tensor, Tensor[])");
+      "bool need_weights, Tensor?[]? extras=None, int[] windows=[], Tensor? cos_local=None, "
+      "Tensor? sin_local=None, float attention_softcap=0., float logit_softcap=0.) -> (Tensor, Tensor[])");
   m.impl("step", c10::DispatchKey::CPU, &step);
 }

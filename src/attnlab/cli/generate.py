@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile the decoding steps with torch.compile: faster steps after a "
                              "compilation of seconds to a minute (worth it for long generations)")
     parser.add_argument("--verbose", action="store_true",
-                        help="say how the decoding steps ran (attnlab's native step, or what ran instead and why)")
+                        help="say how the decoding steps ran (attnlab's native step, or what ran "
+                             "instead and why)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
     add_dtype_argument(parser)

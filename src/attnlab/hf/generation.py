@@ -77,8 +77,9 @@ def generate(
             return native_generate(model, input_ids, mask, max_new_tokens=max_new_tokens, pad_token_id=pad,
                                    **generate_options)
         with torch.no_grad():
-            sequences = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                       use_cache=True, pad_token_id=pad, **generate_options)
+            sequences = model.generate(input_ids=input_ids, attention_mask=mask,
+                                       max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=pad,
+                                       **generate_options)
         full_mask = torch.cat([mask, torch.ones(B, sequences.shape[1] - T, dtype=mask.dtype)], dim=1)
         return GenerationOutput(sequences=sequences, attention_mask=full_mask.bool(), prompt_length=T)
     with torch.no_grad(), attach(model):

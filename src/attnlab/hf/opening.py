@@ -27,7 +27,7 @@ from ..inspect.compute.inspectable import (HeadMask, Site, residual_blocks, shar
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
-from ._sites import attention_sites, unrouted_attention
+from ._sites import attention_sites, unrouted_attention, window_of
 from .seq2seq import decoder_start
 
 if TYPE_CHECKING:
@@ -43,18 +43,6 @@ DECODER_INPUT = ("each text itself, shifted right after the decoder start token 
 _NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _window_of(module: nn.Module, config: Any) -> Optional[int]:
-    """A transformers attention module's sliding window: its own ``sliding_window`` (Gemma 2
-    and 3, Qwen2: ``None`` on global layers), else the config's for every layer of a model
-    without ``layer_types`` (Mistral)."""
-    if hasattr(module, "sliding_window"):
-        window = module.sliding_window
-    else:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        window = None if getattr(text, "layer_types", None) else getattr(text, "sliding_window", None)
-    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
@@ -131,7 +119,7 @@ class TransformersModel(nn.Module):
     def attention_sites(self) -> list[Site]:
         return [Site(site.name, site.path, site.module, site.heads, site.cross,
                      bool(getattr(site.module, "is_causal", False)) and not site.cross,
-                     None if site.cross else _window_of(site.module, self.config)) for site in self.sites]
+                     None if site.cross else window_of(site.module, self.config)) for site in self.sites]
 
     def unsupported(self, feature: str) -> Optional[str]:
         name = self.architecture

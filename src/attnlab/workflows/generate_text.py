@@ -44,7 +44,8 @@ class Generation:
     decoding: str = ""
 
 
-def decoding_path(model: nn.Module, batch: int = 1, *, output_attentions: bool = False, **options: Any) -> str:
+def decoding_path(model: nn.Module, batch: int = 1, *, output_attentions: bool = False,
+                  **options: Any) -> str:
     """How ``generate`` runs the decoding steps of ``model`` for ``batch`` rows with these
     options: attnlab's native step, or the path that runs instead and why (the
     ``unserved_reason`` of attnlab's decoders or of transformers' ones)."""
@@ -113,7 +114,8 @@ def generate_text(
     capture = report_dir is not None
     generated = view.generate(input_ids, max_new_tokens=max_new_tokens, output_attentions=capture, **sampling)
     new_ids = generated.sequences[0, len(ids):].tolist()
-    result = Generation(tokenizer.decode(new_ids), _token_texts(tokenizer, ids), _token_texts(tokenizer, new_ids),
+    result = Generation(tokenizer.decode(new_ids), _token_texts(tokenizer, ids),
+                        _token_texts(tokenizer, new_ids),
                         decoding=decoding_path(model, 1, output_attentions=capture, **sampling))
     if not capture:
         return result

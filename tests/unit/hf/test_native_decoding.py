@@ -27,7 +27,8 @@ FAMILIES = {
     "phi3": lambda **extra: transformers.Phi3Config(**SIZES, **extra),  # fused qkv and gate/up products
     "qwen2, a window on layer 2": lambda **extra: transformers.Qwen2Config(
         **SIZES, use_sliding_window=True, sliding_window=4, max_window_layers=1, **extra),
-    "qwen3": lambda **extra: transformers.Qwen3Config(**SIZES, head_dim=16, **extra),  # query/key norms per head
+    # query/key norms per head
+    "qwen3": lambda **extra: transformers.Qwen3Config(**SIZES, head_dim=16, **extra),
     # query/key norms over all heads; norms after attention and the feed-forward net, none before
     "olmo2": lambda **extra: transformers.Olmo2Config(**SIZES, **extra),
     # 1 + w norms, four per layer, scaled embeddings, a window on every other layer, soft caps
@@ -40,8 +41,8 @@ FAMILIES = {
         **SIZES, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
         layer_types=["sliding_attention", "full_attention"], **extra),
     "llama, biases, GELU, untied": lambda **extra: transformers.LlamaConfig(
-        **SIZES, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=False,
-        **extra),
+        **SIZES, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh",
+        tie_word_embeddings=False, **extra),
 }
 
 
@@ -72,7 +73,8 @@ def test_greedy_tokens_and_each_step_s_logits_are_transformers_eager_ones(family
                                eos_token_id=None, output_logits=True, return_dict_in_generate=True)
     wrapped = as_inspectable(model)
     assert wrapped.unserved_reason(batch) is None
-    out = wrapped.generate(ids, attention_mask=mask, max_new_tokens=20, output_attentions=False, eos_token_id=-1)
+    out = wrapped.generate(ids, attention_mask=mask, max_new_tokens=20, output_attentions=False,
+                           eos_token_id=-1)
     assert out.attentions is None
     assert torch.equal(out.sequences, reference.sequences)
     # every step's logits, fed transformers' own tokens
@@ -88,7 +90,8 @@ def test_greedy_tokens_and_each_step_s_logits_are_transformers_eager_ones(family
 def test_a_row_that_meets_eos_continues_with_pad_as_transformers_does():
     model = _model(FAMILIES["llama"]())
     ids, mask = _prompt(2)
-    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                          eos_token_id=None)
     eos = int(free[0, ids.shape[1] + 3])  # a token row 0 generates: it stops there
     reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                                eos_token_id=eos, pad_token_id=0)
@@ -104,8 +107,8 @@ def _refused(config_or_model, expected: str, batch: int = 1, **options) -> None:
 
 
 def test_unsupported_features_keep_transformers_path_and_say_why():
-    _refused(FAMILIES["llama"](rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
-             "rope type 'dynamic'")
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    _refused(FAMILIES["llama"](rope_parameters=dynamic), "rope type 'dynamic'")
     _refused(transformers.GPTNeoXConfig(**SIZES), "model_type 'gpt_neox'")
     _refused(FAMILIES["phi3"](rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                 "partial_rotary_factor": 0.5}), "partial rotary")
@@ -120,7 +123,8 @@ def test_a_forward_hook_keeps_transformers_path_and_its_effect():
     model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output * 0)
     _refused(model, "model.layers.1.mlp has forward hooks")
     ids, mask = _prompt(1)
-    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                               eos_token_id=None)
     out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=6, output_attentions=False,
                                          eos_token_id=-1)
     assert torch.equal(out.sequences, reference)
@@ -148,7 +152,8 @@ def test_asking_for_weights_keeps_transformers_path_and_eager_s_weights():
                                eos_token_id=None, output_attentions=True, return_dict_in_generate=True)
     out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=-1)
     assert torch.equal(out.sequences, reference.sequences)
-    assert unserved_reason(model, 1) is None  # transformers' own capturing hooks, installed now, record nothing
+    # transformers' own output-capturing hooks, installed now, record nothing outside such calls
+    assert unserved_reason(model, 1) is None
     for step, (ours, theirs) in enumerate(zip(out.attentions, reference.attentions)):
         for got, want in zip(ours.values(), theirs):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"step {step}")

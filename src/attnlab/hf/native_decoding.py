@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from .. import _native
 from .._dispatch import native_unavailable_reason
 from .._skinny import MAX_ROWS
+from .._threads import threads_for_load
 from ..attention.interface import head_scale_of
 from ..inspect.compute.routing import route_of
 from ..models.decoder.generation import GenerationOutput
@@ -227,7 +228,11 @@ def native_generate(model: nn.Module, input_ids: Tensor, attention_mask: Optiona
     pad = pad_token_id if pad_token_id is not None else _first_id(getattr(model.generation_config,
                                                                           "pad_token_id", None))
     pad = pad if pad is not None else (stops[0] if stops else None)
-    steps = NativeSteps(model, layout, input_ids, mask, T + max_new_tokens)
+    # Every pass runs on the cores other processes leave free (attnlab._threads), as attnlab's
+    # own generate does: the step's parallel loops wait at each product for a thread another
+    # process holds.
+    with threads_for_load():
+        steps = NativeSteps(model, layout, input_ids, mask, T + max_new_tokens)
     sequences = input_ids
     finished = torch.zeros(B, dtype=torch.bool)
     stop_ids = torch.tensor(stops, dtype=torch.long)
@@ -239,6 +244,7 @@ def native_generate(model: nn.Module, input_ids: Tensor, attention_mask: Optiona
         sequences = torch.cat((sequences, token[:, None]), dim=1)  # [B, S]
         if step == max_new_tokens - 1 or bool(finished.all()):
             break
-        steps(token)
+        with threads_for_load():
+            steps(token)
     full_mask = torch.cat((mask.bool(), torch.ones(B, sequences.shape[1] - T, dtype=torch.bool)), dim=1)
     return GenerationOutput(sequences=sequences, attention_mask=full_mask, prompt_length=T, attentions=None)

@@ -20,15 +20,26 @@ each for attnlab's default steps and for ``compile=True`` (steps compiled by
 printed apart; the timed calls come after it). HuggingFace runs its default (uncompiled)
 ``generate``.
 
-Throughput is new tokens per second over the whole batch. With capture, the bytes of the
-recorded weights and the process's peak resident memory are printed too, and the floor of
-a decoding step: the time of one matrix product with every weight matrix (each step reads
-all of them once), which bounds the tokens/s any implementation gets in float32.
+Throughput is new tokens per second over the whole batch; the prompt pass (prefill) is
+timed apart, as ``generate`` with one new token, in prompt tokens per second. With capture,
+the bytes of the recorded weights and the process's peak resident memory are printed too,
+and the floor of a decoding step: the time of one matrix product with every weight matrix
+(each step reads all of them once), which bounds the tokens/s any implementation gets in
+that dtype.
+
+``--dtype bfloat16`` (or ``float16``) opens both models in that dtype (HF computes in it;
+attnlab's native step reads the weights and cache in it and computes in float32) and adds
+attnlab's float32 ``generate`` on the same weights, timed in the same rounds, for the
+ratio of the two dtypes; the floor is then the pass over the dtype's weights.
+The native step serves transformers' families in float32 only: with ``--family qwen3
+--dtype bfloat16`` (any of them in a half dtype) attnlab's side runs transformers'
+``generate`` under attnlab's attention, and each batch's line says so.
 
 Run (one heavy job at a time on a shared machine; minutes on a few CPU cores)::
 
     python benchmarks/generate.py
     python benchmarks/generate.py --quick     # tiny sizes: checks that it runs
+    python benchmarks/generate.py --dtype bfloat16 --batches 1 --no-compile
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from attnlab.hf.opening import TransformersModel, open_transformers
 from attnlab.models.decoder.generation import packs_weights
 from attnlab.models.decoder.native_decoding import unserved_reason
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # transformers families attnlab opens as transformers models (attnlab.load gives a
 # TransformersModel), beside its own (llama, gpt2, mistral: converted into attnlab's decoder)
@@ -82,7 +94,7 @@ def _config(family: str, quick: bool, vocab: int):
     return config, transformers.AutoModelForCausalLM
 
 
-def build_models(directory: Path, quick: bool, family: str = "llama"):
+def build_models(directory: Path, quick: bool, family: str = "llama", dtype: torch.dtype = torch.float32):
     import transformers
 
     vocab = 500 if quick else 32000
@@ -91,21 +103,29 @@ def build_models(directory: Path, quick: bool, family: str = "llama"):
     built = (model_class.from_config(config) if model_class is transformers.AutoModelForCausalLM
              else model_class(config))
     built.save_pretrained(directory)
-    hf = {name: transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=name).eval()
+    hf = {name: transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=name,
+                                                                   dtype=dtype).eval()
           for name in ("sdpa", "eager")}
     # attnlab.load opens the transformers families as transformers models (open_transformers),
     # and llama-hf / qwen2-hf, which it would convert, the same way here
-    ours = open_transformers(directory) if family in TRANSFORMERS_FAMILIES else attnlab.load(directory).model
+    def opened(in_dtype: torch.dtype):
+        if family in TRANSFORMERS_FAMILIES:
+            return open_transformers(directory, dtype=str(in_dtype).removeprefix("torch."))
+        return attnlab.load(directory, dtype=in_dtype).model
+
+    ours = opened(dtype)
+    if dtype != torch.float32:  # the same weights in float32, for the ratio of the two dtypes
+        hf["float32"] = opened(torch.float32)
     return hf, ours, vocab
 
 
 def native_line(model, batch: int) -> str:
     """Whether attnlab's native decoding step serves ``generate`` of ``batch`` rows, or why not."""
     if isinstance(model, TransformersModel):
-        reason = model.unserved_reason(batch)
+        reason, instead = model.unserved_reason(batch), "transformers' generate runs"
     else:
-        reason = unserved_reason(model, batch)
-    return "native step serves" if reason is None else f"native step does not serve: {reason}"
+        reason, instead = unserved_reason(model, batch), "attnlab's modules run"
+    return "native step serves" if reason is None else f"native step does not serve: {reason}; {instead}"
 
 
 def timed(function: Callable[[], object]) -> float:
@@ -120,7 +140,9 @@ def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, i
     steps past the native kernel's rows): what one decoding step cannot go below (each step reads every
     weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
     layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
-    inputs = {width: torch.randn(batch, width) for width in {layer.in_features for layer in layers}}
+    dtype = layers[0].weight.dtype
+    widths = {layer.in_features for layer in layers}
+    inputs = {width: torch.randn(batch, width, dtype=dtype) for width in widths}
 
     def one_pass() -> None:
         for layer in layers:
@@ -142,6 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--family", choices=FAMILIES, default="llama",
                         help="the random model's family (default: a Llama of 12 x 768); the transformers "
                              "families (and llama-hf, qwen2-hf) run as transformers models under attnlab")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="both models' dtype (default float32)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, default=None)
@@ -161,10 +185,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     prompt, new = (8, 8) if args.quick else (args.prompt, args.new)
     repeats = 1 if args.quick else args.repeats
+    dtype = DTYPES[args.dtype]
     with tempfile.TemporaryDirectory() as directory:
-        hf, ours, vocab = build_models(Path(directory), args.quick, args.family)
-    print(f"random {args.family}; prompt {prompt}, {new} new tokens, greedy; best of {repeats}")
-    print(machine_line(args.load))
+        hf, ours, vocab = build_models(Path(directory), args.quick, args.family, dtype)
+    ours32 = hf.pop("float32", None)
+    print(f"random {args.family} in {args.dtype}; prompt {prompt}, {new} new tokens, greedy; "
+          f"best of {repeats}")
+    print(machine_line(args.load) + f"; torch's vector width {torch.backends.cpu.get_cpu_capability()}")
     print(paths_line())
     print("| batch | attnlab | tok/s | HF | tok/s | ratio |")
     print("|---|---|---|---|---|---|")
@@ -174,8 +201,12 @@ def run(args: argparse.Namespace) -> int:
         own = not isinstance(ours, TransformersModel)
         ours_options = dict(max_new_tokens=new, eos_token_id=-1)
         plain = {} if own else {"output_attentions": False}  # a transformers model records unless told not to
+        prefill_options = dict(max_new_tokens=1, eos_token_id=-1, **plain)
         print(f"  batch {batch}: {native_line(ours, batch)}")
         cases: dict[str, Callable[[], object]] = {
+            "prefill": lambda: ours.generate(ids, **prefill_options),
+            "prefill sdpa": lambda: hf["sdpa"].generate(ids, **{**hf_options, "max_new_tokens": 1,
+                                                                "min_new_tokens": 1}),
             "generate": lambda: ours.generate(ids, **plain, **ours_options),
             "compile=True": lambda: ours.generate(ids, compile=True, **ours_options),
             "sdpa": lambda: hf["sdpa"].generate(ids, **hf_options),
@@ -185,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
             "eager+attentions": lambda: hf["eager"].generate(ids, output_attentions=True,
                                                              return_dict_in_generate=True, **hf_options),
         }
+        if ours32 is not None:
+            cases["generate float32"] = lambda: ours32.generate(ids, **plain, **ours_options)
+            cases["prefill float32"] = lambda: ours32.generate(ids, **prefill_options)
         compiled = [key for key in cases if "compile" in key]
         if not args.compile or not own:
             for key in compiled:
@@ -199,16 +233,27 @@ def run(args: argparse.Namespace) -> int:
             for _ in range(repeats):
                 for key, case in cases.items():
                     runs[key].append(timed(case))
-        rate = {key: batch * new / min(values) for key, values in runs.items()}
-        for ours_key, hf_key, hf_label in (("generate", "sdpa", "generate, sdpa"),
+        rate = {key: batch * (prompt if key.startswith("prefill") else new) / min(values)
+                for key, values in runs.items()}
+        for ours_key, hf_key, hf_label in (("prefill", "prefill sdpa", "prefill, sdpa"),
+                                           ("generate", "sdpa", "generate, sdpa"),
+                                           ("generate", "generate float32", "attnlab generate, float32"),
                                            ("compile=True", "sdpa", "generate, sdpa"),
                                            ("+weights", "eager+attentions", "eager + output_attentions"),
                                            ("+weights compile=True", "eager+attentions",
                                             "eager + output_attentions")):
-            if ours_key not in rate:
+            if ours_key not in rate or hf_key not in rate:
                 continue
             print(f"| {batch} | {ours_key} | {rate[ours_key]:.1f} | {hf_label} | {rate[hf_key]:.1f} | "
                   f"{rate[ours_key] / rate[hf_key]:.2f}x |")
+        # the decoding steps alone: a whole generate less its prompt pass (the best of each)
+        pairs = (("attnlab", "generate", "prefill"), ("HF sdpa", "sdpa", "prefill sdpa"),
+                 ("attnlab float32", "generate float32", "prefill float32"))
+        step_rates = {label: batch * (new - 1) / (min(runs[whole]) - min(runs[prefill]))
+                      for label, whole, prefill in pairs
+                      if whole in runs and prefill in runs and min(runs[whole]) > min(runs[prefill])}
+        print(f"  batch {batch}: decoding steps alone (generate less its prompt pass), tok/s: "
+              + ", ".join(f"{label} {value:.1f}" for label, value in step_rates.items()))
         if compile_seconds:
             print(f"  batch {batch}: first compile=True calls (compiling included): "
                   + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
@@ -216,9 +261,10 @@ def run(args: argparse.Namespace) -> int:
         floor, size = weight_pass(ours if own else ours.model, batch, repeats, packed and own)
         how = ("MKL packed, as generate runs here" if packed and own else
                "the native few-row kernel" if serves_rows(batch) else "plain products")
-        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of weights ({how}; a decoding "
-              f"step's floor, up to noise) takes {floor * 1e3:.1f} ms: {batch / floor:.1f} tok/s if a step "
-              f"did nothing else")
+        print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of {args.dtype} weights ({how}; a "
+              f"decoding step's floor, up to noise) takes {floor * 1e3:.1f} ms "
+              f"({size / floor / 1e9:.1f} GB/s): "
+              f"{batch / floor:.1f} tok/s if a step did nothing else")
         captured = ours.generate(ids, max_new_tokens=new, eos_token_id=-1, output_attentions=True)
         print(f"  batch {batch}: recorded weights {recorded_bytes(captured) / 2**20:.2f} MiB; process peak "
               f"resident memory so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")

@@ -4,9 +4,9 @@ On a Llama-style model of realistic width (random weights; default 8 layers of w
 2048, 32 heads, 8 key-value heads, float32), side by side in one process:
 
 * every layer's weights: ``attach(model, layers="all")`` against transformers' eager
-  implementation with ``output_attentions=True`` (goal: <= 0.8x);
+  implementation with ``output_attentions=True`` (goal: <= 0.6x);
 * one layer's weights: ``attach(model, layers=[k])`` against plain ``sdpa``, no weights
-  (goal: <= 1.15x);
+  (goal: <= 1.05x);
 * peak memory of the statistics mode (every layer reduced on the fly) against eager's
   with ``output_attentions`` at 1,024 and 4,096 tokens, each in a fresh process (the peak
   resident memory of the forward, counted afresh once the model is built (Linux), above
@@ -92,10 +92,10 @@ def speed(args) -> None:
     print(f"T={args.length}, {args.layers} layers of width {args.width}, {args.heads} heads ({args.kv_heads} kv), "
           f"float32, median of {args.rounds} rounds x {args.repeats}:")
     print(f"  every layer's weights: attnlab {median['all'] * 1e3:.0f} ms; eager + output_attentions "
-          f"{median['eager'] * 1e3:.0f} ms -> {median['all'] / median['eager']:.2f}x (goal <= 0.8x); per round "
+          f"{median['eager'] * 1e3:.0f} ms -> {median['all'] / median['eager']:.2f}x (goal <= 0.6x); per round "
           + ", ".join(f"{a / e:.2f}" for a, e in zip(runs["all"], runs["eager"])))
     print(f"  one layer's weights:   attnlab {median['one'] * 1e3:.0f} ms; sdpa, no weights "
-          f"{median['sdpa'] * 1e3:.0f} ms -> {median['one'] / median['sdpa']:.2f}x (goal <= 1.15x); per round "
+          f"{median['sdpa'] * 1e3:.0f} ms -> {median['one'] / median['sdpa']:.2f}x (goal <= 1.05x); per round "
           + ", ".join(f"{o / s:.2f}" for o, s in zip(runs["one"], runs["sdpa"])))
 
 

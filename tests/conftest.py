@@ -149,3 +149,19 @@ def tiny_gguf(tmp_path_factory):
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+@pytest.fixture
+def measured_faithfulness(monkeypatch):
+    """Lay out the faithfulness figures a test reads instead of the packaged ones: ``lay_out(kind,
+    family, {method: mean})`` gives every method (and ``random``, mean ``random_mean``) an interval of
+    mean ± 0.1 on deletion AOPC, the primary measure; returns the figures."""
+    def lay_out(kind: str, family: str, means: dict, random_mean: float = 1.0) -> dict:
+        rows = {name: [mean, mean - 0.1, mean + 0.1] for name, mean in {**means, "random": random_mean}.items()}
+        data = {"primary": "deletion_aopc", "measures": {"deletion_aopc": {"higher_is_better": True}},
+                "families": [{"family": family, "kind": kind, "model": f"a measured {family}", "quantity": "q",
+                              "texts": 50, "figures": {"deletion_aopc": rows}}]}
+        monkeypatch.setattr("attnlab.inspect.faithfulness.load_figures", lambda: data)
+        return data
+
+    return lay_out

@@ -42,11 +42,11 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional
     """``F.linear(x, weight, bias)`` by the native kernel, or ``None`` where it does not serve.
 
     It serves CPU inputs of at most :data:`MAX_ROWS` rows (all leading dims together),
-    float32 or bfloat16 (``x``, ``weight`` and ``bias`` of one dtype), outside autocast,
-    autograd and compilation. bfloat16 weights are read as they are and the sums are
-    float32, rounded to bfloat16 at the end, as a bfloat16 GEMM does.
+    float32, bfloat16 or float16 (``x``, ``weight`` and ``bias`` of one dtype), outside
+    autocast, autograd and compilation. bfloat16 and float16 weights are read as they are
+    and the sums are float32, rounded to the dtype at the end, as a bfloat16 GEMM does.
     """
-    if (x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype or x.device.type != "cpu"
+    if (x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dtype != x.dtype or x.device.type != "cpu"
             or x.numel() > MAX_ROWS * x.shape[-1] or x.numel() == 0):
         return None
     if (torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()

@@ -150,6 +150,8 @@ def _cases(files: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "0"], "--steps"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--steps", "100000"], "1..1000"),
         (["explain", "--model", model, "--text", "hi", "--out", out, "--target", "happy"], "'happy'"),
+        (["explain", "--model", model, "--text", "hi", "--out", out, "--baseline", "zeros"],
+         "--baseline must be one of pad, zero, mean"),
         (["explain", "--model", model, "--text", "   ", "--out", out], "non-empty"),
         (["explain", "--model", model, "--text", "hi", "--out", str(root / "a_file.txt")], "is a file"),
         (["compare", "--model", model, "--data", "rotten_tomatoes", "--out", out], "exactly twice"),

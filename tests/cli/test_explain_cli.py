@@ -79,6 +79,8 @@ def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, cap
                 str(trained_run),
                 "--text",
                 "a superb <script> film",
+                "--method",
+                "all",
                 "--out",
                 str(out),
                 "--steps",
@@ -88,8 +90,8 @@ def test_explain_writes_six_methods_for_a_trained_run(trained_run, tmp_path, cap
         == 0
     )
     data = json.loads((out / "explanation.json").read_text(), parse_constant=lambda c: pytest.fail(c))
-    methods = ["raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients"]
-    assert data["methods"] == methods
+    methods = ["raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients", "attn-lrp"]
+    assert data["methods"] == methods  # --method all
     assert all(len(data["scores"][m]) == len(data["tokens"]) for m in methods)
     assert data["target_name"] in ("neg", "pos")
     assert (out / "explanation.png").read_bytes()[:4] == b"\x89PNG"
@@ -156,3 +158,23 @@ def test_a_bare_encoder_gets_the_attention_methods(tmp_path, capsys):
     data = json.loads((out / "explanation.json").read_text())
     assert data["methods"] == ["raw", "rollout", "flow"] and data["target"] is None
     assert "no classifier" in capsys.readouterr().out
+
+
+def test_without_method_a_classifier_gets_the_most_faithful_measured_one(trained_run, tmp_path, capsys,
+                                                                         measured_faithfulness, chromium):
+    measured_faithfulness("classifier", "bert", {"grad-attention": 4.0, "raw": 0.2, "rollout": 2.0})
+    out = tmp_path / "default"
+    assert main(["explain", "--model", str(trained_run), "--text", "a superb film", "--out", str(out)]) == 0
+    assert "method: grad-attention, the most faithful" in capsys.readouterr().out
+    data = json.loads((out / "explanation.json").read_text())
+    assert data["methods"] == ["grad-attention"]
+    assert data["faithfulness"]["methods"]["grad-attention"]["at_or_below_random"] is False
+
+    out = tmp_path / "raw"
+    assert main(["explain", "--model", str(trained_run), "--text", "a superb film", "--method", "raw",
+                 "--out", str(out)]) == 0
+    assert json.loads((out / "explanation.json").read_text())["faithfulness"]["methods"]["raw"]["at_or_below_random"]
+    page = chromium.new_page()
+    page.goto((out / "explanation.html").resolve().as_uri())
+    assert "measured at or below random" in page.locator(".faithfulness.below-random").inner_text()
+    page.close()

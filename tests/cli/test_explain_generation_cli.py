@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -47,14 +48,14 @@ def llama_dir(tmp_path_factory) -> Path:
 def test_explain_a_generation_writes_json_png_and_page(llama_dir, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["explain", "--model", str(llama_dir), "--prompt", "the cat sat on", "--max-new-tokens", "3",
-                 "--steps", "4", "--out", str(out)])
+                 "--steps", "4", "--method", "all", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "logit lens" in printed and "layer_2" in printed
     result = json.loads((out / "explanation.json").read_text())
     (prompt,) = result["prompts"]
     assert prompt["prompt_length"] == 4 and len(prompt["generated"]) >= 1
-    assert prompt["methods"] == ["raw", "rollout", "grad-attention", "integrated-gradients", "occlusion"]
+    assert prompt["methods"] == ["raw", "rollout", "grad-attention", "integrated-gradients", "occlusion", "attn-lrp"]
     first = prompt["scores"]["occlusion"][0]
     assert len(first) == 4  # the first generated token sees the 4 prompt tokens
     assert len(prompt["logit_lens"]["layers"]) == 3
@@ -84,6 +85,20 @@ def test_a_given_continuation_is_explained_token_by_token(llama_dir, tmp_path):
     assert [len(row) for row in prompt["scores"]["raw"]] == [2, 3, 4, 5]
 
 
+def test_the_baseline_and_each_tokens_completeness_gap_are_reported(llama_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["explain", "--model", str(llama_dir), "--prompt", "the cat", "--continuation", "sat on",
+                 "--method", "integrated-gradients", "--baseline", "mean", "--steps", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    prompt = json.loads((out / "explanation.json").read_text())["prompts"][0]
+    assert prompt["integrated_gradients_baseline"] == "mean" and prompt["integrated_gradients_steps"] == 2
+    gaps = prompt["integrated_gradients_completeness_gaps"]
+    assert len(gaps) == 2 and max(gaps) == pytest.approx(prompt["integrated_gradients_completeness_gap"])
+    assert prompt["integrated_gradients_note"] in printed
+    assert prompt["integrated_gradients_complete"] == (max(gaps) <= 0.05)
+    assert html.escape(prompt["integrated_gradients_note"]) in (out / "explanation.html").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "the cat " * 15], "--prompt 'the cat the cat"),
     (["--prompt", "the cat", "--foil", "big dog"], "--foil 'big dog' is 2 tokens"),
@@ -91,6 +106,7 @@ def test_a_given_continuation_is_explained_token_by_token(llama_dir, tmp_path):
     (["--prompt", "the cat", "--method", "flow"], "--method flow is not a method for generated text"),
     (["--text", "the cat", "--method", "occlusion"], "--method occlusion explains generated text"),
     (["--text", "the cat", "--prompt", "a dog"], "give --text"),
+    (["--prompt", "the cat", "--baseline", "average"], "--baseline must be one of pad, zero, mean"),
 ])
 def test_bad_requests_are_refused_in_one_line_before_anything_is_written(llama_dir, tmp_path, capsys, argv,
                                                                          message):
@@ -107,7 +123,7 @@ def test_every_decoder_family_is_explained(kind, tmp_path):
     directory = _save(tmp_path / kind, kind)
     out = tmp_path / "out"
     assert main(["explain", "--model", str(directory), "--prompt", "the cat sat", "--max-new-tokens", "2",
-                 "--steps", "2", "--out", str(out)]) == 0
+                 "--steps", "2", "--method", "all", "--out", str(out)]) == 0
     assert json.loads((out / "explanation.json").read_text())["prompts"][0]["scores"]["integrated-gradients"]
 
 
@@ -121,9 +137,9 @@ def test_a_model_opened_through_transformers_gets_every_method_and_the_lens(tmp_
     directory = _save(tmp_path, "qwen3")  # a family attnlab does not re-implement
     out = tmp_path / "out"
     assert main(["explain", "--model", str(directory), "--prompt", "the cat sat", "--max-new-tokens", "2",
-                 "--steps", "2", "--out", str(out)]) == 0
+                 "--steps", "2", "--method", "all", "--out", str(out)]) == 0
     prompt = json.loads((out / "explanation.json").read_text())["prompts"][0]
-    assert set(prompt["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion"}
+    assert set(prompt["methods"]) == {"raw", "rollout", "grad-attention", "integrated-gradients", "occlusion", "attn-lrp"}
     assert len(prompt["logit_lens"]["layers"]) == 3
 
 
@@ -138,3 +154,28 @@ def test_heads_writes_scores_and_a_picture_per_role(llama_dir, tmp_path, capsys)
     assert result["repeated_tokens"]["first_copy"] > 0
     for role in result["scores"]:
         assert (out / f"heads-{role}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_method_the_most_faithful_measured_one_runs_and_the_page_marks_the_rest(
+        llama_dir, tmp_path, capsys, measured_faithfulness, chromium):
+    measured_faithfulness("decoder", "llama", {"occlusion": 5.0, "raw": 1.05, "rollout": 3.0})
+    out = tmp_path / "default"
+    assert main(["explain", "--model", str(llama_dir), "--prompt", "the cat sat", "--max-new-tokens", "2",
+                 "--out", str(out)]) == 0
+    assert "method: occlusion, the most faithful" in capsys.readouterr().out
+    assert json.loads((out / "explanation.json").read_text())["prompts"][0]["methods"] == ["occlusion"]
+
+    out = tmp_path / "chosen"
+    assert main(["explain", "--model", str(llama_dir), "--prompt", "the cat sat", "--max-new-tokens", "2",
+                 "--method", "raw", "rollout", "--out", str(out)]) == 0
+    measured = json.loads((out / "explanation.json").read_text())["prompts"][0]["faithfulness"]
+    assert measured["measured_on"] == "a measured llama" and measured["same_family"] is True
+    assert measured["methods"]["raw"]["at_or_below_random"] is True
+    assert measured["methods"]["rollout"]["at_or_below_random"] is False
+    page = chromium.new_page()
+    page.goto((out / "explanation.html").resolve().as_uri())
+    marked = page.locator('.method[data-method="raw"] .faithfulness.below-random')
+    assert "measured at or below random" in marked.inner_text()
+    assert page.locator('.method[data-method="rollout"] .faithfulness.below-random').count() == 0
+    assert "above random" in page.locator('.method[data-method="rollout"] .faithfulness').inner_text()
+    page.close()

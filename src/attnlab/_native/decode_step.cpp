@@ -10,7 +10,13 @@
 // a few loops over the step's B rows, and the whole step is one call. Written on at::vec,
 // so one source serves AVX2, AVX-512 and ARM.
 //
-// float32 throughout. The operations are the module path's, in its order (RMSNorm as
+// The weight matrices and the cache in float32, bfloat16 or float16 (the model's dtype: one
+// for all), read as they are and widened to float32 in registers (skinny.h's load_weights:
+// the same widening on every vector width; no BF16 dot-product instructions: AVX2 and NEON
+// lack them, and the AVX-512 build's flags, torch's, do not enable AVX512-BF16). Everything
+// else in float32: the residual stream, the norms' weights and the biases (the caller
+// widens them once), the products' sums, attention; new keys and values are rounded to the
+// cache's dtype when written. The operations are the module path's, in its order (RMSNorm as
 // x * rsqrt(mean(x^2) + eps) then times the weight; LayerNorm as (x - mean) * rstd * weight
 // + bias; rotary as x * cos + rotate_half(x) * sin; scores times the scale; softmax over the
 // allowed slots; SiLU as x / (1 + e^-x), GELU with erf or its tanh form, ReLU); sums run in
@@ -42,14 +48,17 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+using attnlab_skinny::load_weights;  // float32, or bfloat16/float16 widened
 
-inline float dot(const float* a, const float* b, int64_t size) {
+// b: float32, or a cached key in bfloat16 or float16.
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t size) {
   Vec sum(0.f);
   int64_t i = 0;
   for (; i + Vec::size() <= size; i += Vec::size())
-    sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
+    sum = at::vec::fmadd(Vec::loadu(a + i), load_weights(b + i, Vec::size()), sum);
   float total = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
-  for (; i < size; ++i) total += a[i] * b[i];
+  for (; i < size; ++i) total += a[i] * static_cast<float>(b[i]);
   return total;
 }
 
@@ -152,10 +161,12 @@ struct Shape {
   int64_t B, H, K, D, C, slot;
 };
 
-// The new token's attention over slots [0, slot] of one layer's cache, for every row and
-// head: attended [B, H*D]; weights [B, H, 1, slot + 1] when given (nullptr: not kept).
-void attend(const float* qkv, const float* keys, const float* values, const bool* allowed, const Shape& s,
-            float scale, float* attended, float* weights, int64_t first = 0, float softcap = 0.f) {
+// The new token's attention over slots [first, slot] of one layer's cache (T: its dtype),
+// for every row and head: attended [B, H*D]; weights [B, H, 1, slot + 1] when given
+// (nullptr: not kept). softcap > 0: scores become tanh(score / softcap) * softcap.
+template <typename T>
+void attend(const float* qkv, const T* keys, const T* values, const bool* allowed, const Shape& s,
+            float scale, float* attended, float* weights, int64_t first, float softcap) {
   const int64_t group = s.H / s.K, width = (s.H + 2 * s.K) * s.D, S = s.slot + 1;
   // Each (row, key/value head) pair reads S keys and values of D floats: enough pairs per
   // thread that a parallel region pays for itself.
@@ -164,8 +175,8 @@ void attend(const float* qkv, const float* keys, const float* values, const bool
     std::vector<float> probabilities(S);
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t b = pair / s.K, k = pair % s.K;
-      const float* key_rows = keys + (b * s.K + k) * s.C * s.D;
-      const float* value_rows = values + (b * s.K + k) * s.C * s.D;
+      const T* key_rows = keys + (b * s.K + k) * s.C * s.D;
+      const T* value_rows = values + (b * s.K + k) * s.C * s.D;
       const bool* row_allowed = allowed + b * s.C;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = k * group + g;
@@ -187,11 +198,11 @@ void attend(const float* qkv, const float* keys, const float* values, const bool
           probabilities[j] *= inverse;
           if (probabilities[j] == 0.f) continue;
           const Vec p(probabilities[j]);
-          const float* value = value_rows + j * s.D;
+          const T* value = value_rows + j * s.D;
           int64_t d = 0;
           for (; d + Vec::size() <= s.D; d += Vec::size())
-            at::vec::fmadd(p, Vec::loadu(value + d), Vec::loadu(out + d)).store(out + d);
-          for (; d < s.D; ++d) out[d] += probabilities[j] * value[d];
+            at::vec::fmadd(p, load_weights(value + d, Vec::size()), Vec::loadu(out + d)).store(out + d);
+          for (; d < s.D; ++d) out[d] += probabilities[j] * static_cast<float>(value[d]);
         }
         if (weights != nullptr) std::copy(probabilities.begin(), probabilities.end(), weights + (b * s.H + h) * S);
       }
@@ -199,32 +210,69 @@ void attend(const float* qkv, const float* keys, const float* values, const bool
   });
 }
 
-void check_float(const at::Tensor& tensor, const char* what) {
-  TORCH_CHECK(tensor.scalar_type() == at::kFloat && tensor.is_contiguous() && tensor.device().is_cpu(),
-              "decode step: ", what, " must be a contiguous float32 CPU tensor");
+// Calls f(T()) with T the C++ type of `dtype`: float, at::BFloat16 or at::Half.
+template <typename F>
+void with_type(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kBFloat16: return f(at::BFloat16());
+    case at::kHalf: return f(at::Half());
+    default: return f(0.f);
+  }
+}
+
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+}
+
+void check_type(const at::Tensor& tensor, at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(tensor.scalar_type() == dtype && tensor.is_contiguous() && tensor.device().is_cpu(),
+              "decode step: ", what, " must be a contiguous ", dtype_name(dtype), " CPU tensor");
+}
+
+void check_float(const at::Tensor& tensor, const char* what) { check_type(tensor, at::kFloat, what); }
+
+// The new token's key or value [count] into a cache at `offset`, rounded to its dtype.
+void write_slot(const float* from, const at::Tensor& cache, int64_t offset, int64_t count) {
+  with_type(cache.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    std::copy(from, from + count, cache.data_ptr<T>() + offset);
+  });
+}
+
+void attend(const float* qkv, const at::Tensor& keys, const at::Tensor& values, const bool* allowed,
+            const Shape& s, float scale, float* attended, float* weights, int64_t first = 0,
+            float softcap = 0.f) {
+  with_type(keys.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    attend<T>(qkv, keys.data_ptr<T>(), values.data_ptr<T>(), allowed, s, scale, attended, weights, first,
+              softcap);
+  });
 }
 
 // The entries of `weights` for each layer, in this order; after the last layer's, the final
 // norm's weight and bias and the LM head's weight and bias. Biases may be None, and so may
 // the gate's weight (a plain feed-forward net: activation(in(x)); gated:
-// activation(gate(x)) * in(x)).
+// activation(gate(x)) * in(x)). The matrices (2-d entries) in the dtype of the LM head's
+// weight, the rest (norms' weights, biases: 1-d) in float32.
 enum Entry : int64_t {
   kAttnNormWeight, kAttnNormBias, kQkvWeight, kQkvBias, kOutWeight, kOutBias, kFfnNormWeight, kFfnNormBias,
   kInWeight, kInBias, kGateWeight, kGateBias, kDownWeight, kDownBias, kPerLayer
 };
 
-// The entries of `extras` for each layer, each None or a float32 weight: the queries' and
-// the keys' RMSNorm ([D]: per head; [H*D] or [K*D]: over all heads), the attention
-// output's and the feed-forward output's norm ([E], before the residual add).
+// The entries of `extras` for each layer, each None or a float32 weight (1-d, as every
+// norm's weight): the queries' and the keys' RMSNorm ([D]: per head; [H*D] or [K*D]: over
+// all heads), the attention output's and the feed-forward output's norm ([E], before the
+// residual add).
 enum Extra : int64_t { kQueryNorm, kKeyNorm, kPostAttnNorm, kPostFfnNorm, kExtrasPerLayer };
 
-// x [B, E]: the new tokens' embeddings. cos, sin [B, D] or None (no rotary). allowed [B, C]
-// bool: the slots each row may attend (the new token's slot included). weights: see Entry.
-// keys, values: each layer's cache [B, K, C, D] (slot `slot` is written). scales: each
-// layer's score scale. -> logits [B, V] and, with need_weights, each layer's weights
-// [B, H, 1, slot + 1]. The optional pieces: extras (see Extra; empty: none), windows (per
-// layer; 0: none; empty: none), cos_local and sin_local (the angles of the layers with a
-// window), attention_softcap and logit_softcap (0: none).
+// x [B, E]: the new tokens' embeddings (float32). cos, sin [B, D] (float32) or None (no
+// rotary). allowed [B, C] bool: the slots each row may attend (the new token's slot
+// included). weights: see Entry. keys, values: each layer's cache [B, K, C, D] in the
+// matrices' dtype (slot `slot` is written). scales: each layer's score scale. -> logits
+// [B, V] (float32) and, with need_weights, each layer's weights [B, H, 1, slot + 1] (float32).
+// The optional pieces: extras (see Extra; empty: none), windows (per layer; 0: none; empty:
+// none), cos_local and sin_local (float32: the angles of the layers with a window),
+// attention_softcap and logit_softcap (0: none).
 std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     const at::Tensor& x_in, const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
     const at::Tensor& allowed, int64_t slot, const c10::List<std::optional<at::Tensor>>& weight_list,
@@ -280,15 +328,23 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   const Shape shape{B, H, K, D, C, slot};
   const int64_t qkv_width = (H + 2 * K) * D;
   const bool gated = weights[kGateWeight].defined();
+  const at::Tensor& head = weights[layers * kPerLayer + 2];  // the LM head's weight: the matrices' dtype
+  const at::ScalarType dtype = head.defined() ? head.scalar_type() : at::kFloat;
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "decode step: float32, bfloat16 or float16 weights expected, got ", dtype);
 
-  // Every entry a contiguous float32 CPU tensor of the size the model's widths give it.
+  // Every entry a contiguous CPU tensor of the size the model's widths give it: matrices in
+  // `dtype`, vectors in float32.
   auto check = [&](int64_t layer, int64_t entry, at::IntArrayRef sizes, bool optional) {
     const at::Tensor& t = weights[layer * kPerLayer + entry];
     if (!t.defined()) {
       TORCH_CHECK(optional, "decode step: layer ", layer, " lacks weight entry ", entry);
       return;
     }
-    check_float(t, "every weight, bias and cache");
+    if (sizes.size() == 2)
+      check_type(t, dtype, "every weight matrix and cache");
+    else
+      check_float(t, "every norm weight and bias");
     TORCH_CHECK(t.sizes() == sizes, "decode step: layer ", layer, "'s weight entry ", entry, " is ", t.sizes(),
                 ", expected ", sizes);
   };
@@ -324,7 +380,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
                   " has a size the model's widths do not give it");
     }
     for (const at::Tensor& store : {keys[l], values[l]}) {
-      check_float(store, "every weight, bias and cache");
+      check_type(store, dtype, "every weight matrix and cache");
       TORCH_CHECK(store.sizes() == at::IntArrayRef({B, K, C, D}), "decode step: layer ", l,
                   "'s cache must be [B, K, C, D]");
     }
@@ -340,7 +396,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   auto data = [](const at::Tensor& t) -> float* { return t.defined() ? t.data_ptr<float>() : nullptr; };
   auto product = [&](const float* x, const at::Tensor& weight, const at::Tensor& bias, float* out) {
     // out [B, rows of weight] = x [B, depth] weight^T + bias
-    attnlab_skinny::skinny(x, B, weight.data_ptr<float>(), weight.size(0), weight.size(1), data(bias), out);
+    with_type(dtype, [&](auto zero) {
+      using W = decltype(zero);
+      attnlab_skinny::skinny(x, B, weight.data_ptr<W>(), weight.size(0), weight.size(1), data(bias), out);
+    });
   };
   at::Tensor x = x_in.clone();  // the residual stream [B, E]
   auto options = x_in.options();
@@ -386,16 +445,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     const bool use_local = local && !windows.empty() && windows[l] > 0;
     const float* layer_cos = rotary ? (use_local ? cos_local : cos)->data_ptr<float>() : nullptr;
     const float* layer_sin = rotary ? (use_local ? sin_local : sin)->data_ptr<float>() : nullptr;
-    float* key_store = keys[l].data_ptr<float>();
-    float* value_store = values[l].data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       float* row = ps + b * qkv_width;
       if (rotary)
         for (int64_t h = 0; h < H + K; ++h)  // the query heads, then the key heads
           rotate(row + h * D, layer_cos + b * D, layer_sin + b * D, D, scratch.data());
       for (int64_t k = 0; k < K; ++k) {
-        std::copy(row + (H + k) * D, row + (H + k + 1) * D, key_store + ((b * K + k) * C + slot) * D);
-        std::copy(row + (H + K + k) * D, row + (H + K + k + 1) * D, value_store + ((b * K + k) * C + slot) * D);
+        write_slot(row + (H + k) * D, keys[l], ((b * K + k) * C + slot) * D, D);
+        write_slot(row + (H + K + k) * D, values[l], ((b * K + k) * C + slot) * D, D);
       }
     }
     float* kept = nullptr;
@@ -404,7 +461,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       kept = recorded.back().data_ptr<float>();
     }
     const int64_t window = windows.empty() ? 0 : windows[l];
-    attend(ps, key_store, value_store, allowed.data_ptr<bool>(), shape, static_cast<float>(scales[l]),
+    attend(ps, keys[l], values[l], allowed.data_ptr<bool>(), shape, static_cast<float>(scales[l]),
            attended.data_ptr<float>(), kept, window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0,
            static_cast<float>(attention_softcap));
     product(attended.data_ptr<float>(), w[kOutWeight], w[kOutBias], ps);  // [B, E]

@@ -9,6 +9,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace attnlab_skinny {
 
@@ -20,16 +21,23 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kWeightRows = Vec::size() >= 16 ? 4 : 3;
 constexpr int64_t kRows = 4;
 
-// A vector of float32 from `size` consecutive weights (size <= Vec::size()).
+// A vector of float32 from `size` consecutive weights (size <= Vec::size()): float32 ones as
+// they are, bfloat16 and float16 ones widened in registers (half the bytes read, which is the
+// point: the products are bounded by memory; the sums stay float32).
 inline Vec load_weights(const float* w, int64_t size) {
   return size == Vec::size() ? Vec::loadu(w) : Vec::loadu(w, size);
 }
 
-inline Vec load_weights(const at::BFloat16* w, int64_t size) {
-  auto [low, high] = at::vec::convert_to_float<at::BFloat16>(
-      at::vec::Vectorized<at::BFloat16>::loadu(w, std::min<int64_t>(size, Vec::size())));
-  (void)high;  // only the first Vec::size() elements were loaded
-  return low;
+template <typename W, typename = std::enable_if_t<at::vec::is_reduced_floating_point_v<W>>>
+inline Vec load_weights(const W* w, int64_t size) {
+  Vec widened;
+  if (size == Vec::size()) {
+    at::vec::load_to_float(w, widened);  // Vec::size() elements: one load and a widening
+    return widened;
+  }
+  __at_align__ float tail[Vec::size()] = {};  // the tail: zeros past `size`
+  for (int64_t i = 0; i < size; ++i) tail[i] = static_cast<float>(w[i]);
+  return Vec::loadu(tail);
 }
 
 // out[r * out_stride + o] = dot(x row r, w row o) for R rows of x and O rows of w, each of

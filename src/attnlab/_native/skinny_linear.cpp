@@ -9,8 +9,8 @@
 // accumulators live in registers while each weight vector is loaded once per group of
 // kRows rows). Written on at::vec, so one source serves AVX2, AVX-512 and ARM.
 //
-// float32 weights, or bfloat16 ones (converted to float32 in registers; x is float32 and
-// the sums are float32 either way). The order of the additions differs from MKL's, as it
+// float32 weights, or bfloat16 or float16 ones (converted to float32 in registers; x is
+// float32 and the sums are float32 either way). The order of the additions differs from MKL's, as it
 // does between any two GEMM kernels: results agree to float32 rounding.
 
 #include <ATen/ATen.h>
@@ -22,7 +22,7 @@ namespace {
 
 using attnlab_skinny::skinny;
 
-// x [rows, depth] float32, weight [width, depth] float32 or bfloat16, bias [width] or None
+// x [rows, depth] float32, weight [width, depth] float32, bfloat16 or float16, bias [width] or None
 // (float32) -> [rows, width] float32. All contiguous.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
@@ -40,9 +40,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   if (weight.scalar_type() == at::kFloat) {
     skinny(x.data_ptr<float>(), rows, weight.data_ptr<float>(), width, depth, bias_data,
            out.data_ptr<float>());
-  } else {
-    TORCH_CHECK(weight.scalar_type() == at::kBFloat16, "skinny linear: float32 or bfloat16 weight expected");
+  } else if (weight.scalar_type() == at::kBFloat16) {
     skinny(x.data_ptr<float>(), rows, weight.data_ptr<at::BFloat16>(), width, depth, bias_data,
+           out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(weight.scalar_type() == at::kHalf,
+                "skinny linear: float32, bfloat16 or float16 weight expected");
+    skinny(x.data_ptr<float>(), rows, weight.data_ptr<at::Half>(), width, depth, bias_data,
            out.data_ptr<float>());
   }
   return out;

@@ -20,7 +20,9 @@ head interventions live in one function, the one transformers models are served 
 
 Head multipliers set from outside (:func:`set_head_scale`) are read by every attention
 function of attnlab, here and in the transformers backend: not every module passes a
-keyword on, but every module passes itself.
+keyword on, but every module passes itself. So is an input rule (:func:`set_input_rule`):
+a function of ``(query, key, value)`` applied before any attention function runs (AttnLRP
+changes their gradients there without changing their values).
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ __all__ = [
     "calls_attention_function",
     "grouped_attention",
     "head_scale_of",
+    "input_rule_of",
     "names_attention_function",
     "repeat_kv",
     "sdpa_attention_function",
     "set_head_scale",
+    "set_input_rule",
     "use_attention_function",
 ]
 
 AttentionFunction = Callable[..., AttentionResult]
+InputRule = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 class AttentionFunctions:
@@ -95,6 +100,9 @@ ATTENTION_FUNCTIONS = AttentionFunctions()
 # module -> [H] multipliers of its heads, set for a while from outside the module
 _HEAD_SCALES: "weakref.WeakKeyDictionary[nn.Module, Tensor]" = weakref.WeakKeyDictionary()
 
+# module -> a function of (query, key, value) applied before attending, set for a while from outside
+_INPUT_RULES: "weakref.WeakKeyDictionary[nn.Module, InputRule]" = weakref.WeakKeyDictionary()
+
 # Modules of other libraries that attnlab's attention function serves for a while
 # (module -> number of heads), filled and emptied by the code that routes them.
 _SERVED: "weakref.WeakKeyDictionary[nn.Module, Optional[int]]" = weakref.WeakKeyDictionary()
@@ -111,6 +119,20 @@ def set_head_scale(module: nn.Module, scale: Optional[Tensor]) -> None:
 def head_scale_of(module: nn.Module) -> Optional[Tensor]:
     """The ``[H]`` multipliers :func:`set_head_scale` set for ``module``, else ``None``."""
     return _HEAD_SCALES.get(module)
+
+
+def set_input_rule(module: nn.Module, rule: Optional[InputRule]) -> None:
+    """Pass ``module``'s ``(query, key, value)`` through ``rule`` before every attention call,
+    whichever function serves it (``None``: no longer)."""
+    if rule is None:
+        _INPUT_RULES.pop(module, None)
+    else:
+        _INPUT_RULES[module] = rule
+
+
+def input_rule_of(module: nn.Module) -> Optional[InputRule]:
+    """The rule :func:`set_input_rule` set for ``module``, else ``None``."""
+    return _INPUT_RULES.get(module)
 
 
 def serve_as_attention(modules: dict[nn.Module, Optional[int]], serve: bool = True) -> None:
@@ -221,7 +243,11 @@ ATTENTION_FUNCTIONS.register("sdpa", sdpa_attention_function)
 
 def attend(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor] = None,
            **options) -> AttentionResult:
-    """Call the attention function ``module.attn_implementation`` names (``"sdpa"`` by default)."""
+    """Call the attention function ``module.attn_implementation`` names (``"sdpa"`` by default),
+    on the inputs after ``module``'s input rule (:func:`set_input_rule`) where it has one."""
+    rule = _INPUT_RULES.get(module)
+    if rule is not None:
+        query, key, value = rule(query, key, value)
     name = getattr(module, "attn_implementation", "sdpa")
     return ATTENTION_FUNCTIONS[name](module, query, key, value, mask, **options)
 

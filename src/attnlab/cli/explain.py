@@ -5,10 +5,14 @@ transformer's classifier with ``--image``, which patches made its class."""
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
-from ..inspect.compute.generation_attribution import GENERATION_METHODS
-from ..inspect.compute.token_attribution import METHODS
+from ..inspect.compute.generation_attribution import DEFAULT_GENERATION_METHODS, GENERATION_METHODS
+from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE
+from ..inspect.compute.token_attribution import DEFAULT_METHODS, METHODS
 from ._model_options import MODEL_HELP, add_dtype_argument, add_placement_arguments, placement_from_args
+
+ALL = "all"  # --method all: every method of the kind of input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         nargs="+",
         default=None,
-        choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS])),
+        choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS, ALL])),
         dest="methods",
-        help=f"attribution methods; with --text: {', '.join(METHODS)} (default: all {len(METHODS)} for a "
-             f"classifier; raw, rollout and flow for an encoder); with --prompt: {', '.join(GENERATION_METHODS)} "
-             f"(default: all {len(GENERATION_METHODS)})",
+        help=f"attribution methods, or {ALL} for every method; with --text: {', '.join(METHODS)}; with --prompt: "
+             f"{', '.join(GENERATION_METHODS)}. Default: the one benchmarks/faithfulness.py ranks most faithful "
+             f"for the kind of model (a classifier or a decoder; raw, rollout and flow for a bare encoder)",
     )
     parser.add_argument(
         "--target",
@@ -48,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="integrated gradients' quadrature points (default: 50, doubled up to 400 until the "
                              "scores add up to the objective's change within 5%%)")
+    parser.add_argument("--baseline", default=None,
+                        help="integrated gradients' starting point: pad (the pad or neutral token's embedding), "
+                             "zero (the zero vector) or mean (the mean embedding) (default: "
+                             f"{DEFAULT_BASELINE}, the most faithful in benchmarks/ig_baselines.py)")
     parser.add_argument(
         "--max-length",
         type=int,
@@ -62,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from .._files import check_output_dir
     from ..inspect.compute.attribution_target import is_causal_model
     from ..inspect.compute.integrated_gradients import MAX_STEPS
+    from ..inspect.compute.integrated_gradients_baseline import check_baseline
 
     given = [flag for flag, value in (("--text", args.text), ("--prompt", args.prompt), ("--image", args.image))
              if value is not None]
@@ -71,13 +80,19 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must lie in 1..{MAX_STEPS} (integrated gradients' quadrature points; "
                          f"50-300 is usual), got {args.steps}")
+    if args.baseline is not None:
+        if args.image is not None:
+            raise ValueError("--baseline is integrated gradients' starting point, for --text or --prompt; "
+                             "with --image leave it out")
+        check_baseline(args.baseline, "--baseline")
+    baseline = args.baseline or DEFAULT_BASELINE
     if args.prompt is not None:
-        return _run_generation(args)
+        return _run_generation(args, baseline)
     if args.image is not None:
         return _run_image(args)
     if args.continuation is not None or args.foil is not None:
         raise ValueError("--continuation and --foil go with --prompt (a decoder's prompt); with --text leave them out")
-    bad = [name for name in args.methods or () if name not in METHODS]
+    bad = [name for name in args.methods or () if name not in (*METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} explains generated text: use it with --prompt, or choose among "
                          f"{', '.join(METHODS)} for --text")
@@ -90,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     resolved.refuse_encoder_decoder("explain scores one sequence's tokens",
                                     "attnlab inspect --source/--target draws its cross-attention")
     print(dtype_line(resolved))
-    methods = args.methods
+    methods = _every_method(args.methods, METHODS)
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
-        methods = list(METHODS) if classifier else ["raw", "rollout", "flow"]
+        methods = _default_methods("classifier", resolved.model, METHODS) if classifier else ["raw", "rollout", "flow"]
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
     if is_causal_model(resolved.model):
@@ -111,22 +126,23 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         max_length=max_length,
         steps=args.steps,
+        baseline=baseline,
     )
     print(f"{len(explanation.tokens)} tokens; {explanation.describe_target()}")
-    _completeness_line(explanation.integrated_gradients_steps, explanation.integrated_gradients_gap)
+    _completeness_line(explanation.completeness())
     for path in write_explanation(explanation, args.out, model_name=args.model):
         print(f"wrote {path}")
     return 0
 
 
-def _run_generation(args: argparse.Namespace) -> int:
+def _run_generation(args: argparse.Namespace, baseline: str) -> int:
     from .._files import check_output_dir
     from ..inspect.compute.attribution_target import is_causal_model
     from ..workflows.explain_generation import explain_generation, lens_table, write_generation_explanations
     from ._model_options import dtype_line
     from ..workflows.resolve import resolve_model
 
-    bad = [name for name in args.methods or () if name not in GENERATION_METHODS]
+    bad = [name for name in args.methods or () if name not in (*GENERATION_METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} is not a method for generated text; with --prompt choose among "
                          f"{', '.join(GENERATION_METHODS)}")
@@ -143,15 +159,18 @@ def _run_generation(args: argparse.Namespace) -> int:
     if not is_causal_model(resolved.model) and not getattr(resolved.model, "is_causal", False):
         raise ValueError(f"--prompt explains what a decoder generates; {args.model} is a "
                          f"{type(resolved.model).__name__} (use --text for a classifier or encoder)")
+    methods = (_every_method(args.methods, GENERATION_METHODS)
+               or _default_methods("decoder", resolved.model, GENERATION_METHODS))
     explanations = explain_generation(
-        resolved.model, resolved.tokenizer, args.prompt, args.methods or GENERATION_METHODS,
+        resolved.model, resolved.tokenizer, args.prompt, methods,
         continuation=args.continuation, max_new_tokens=args.max_new_tokens, target=args.target, foil=args.foil,
-        steps=args.steps,
-        names={"prompts": "--prompt", "continuation": "--continuation", "target": "--target", "foil": "--foil",
+        steps=args.steps, baseline=baseline,
+        names={"baseline": "--baseline",
+               "prompts": "--prompt", "continuation": "--continuation", "target": "--target", "foil": "--foil",
                "max_new_tokens": "--max-new-tokens"},
     )
     for explanation in explanations:
-        _completeness_line(explanation.integrated_gradients_steps, explanation.integrated_gradients_gap)
+        _completeness_line(explanation.completeness())
         print(f"prompt {explanation.prompt!r}: explained {''.join(explanation.generated)!r} "
               f"({explanation.objective_name}: {', '.join(f'{v:.3f}' for v in explanation.objective)})")
         for name, rows in explanation.scores.items():
@@ -167,17 +186,35 @@ def _run_generation(args: argparse.Namespace) -> int:
     return 0
 
 
-def _completeness_line(steps, gap) -> None:
-    """Say how far integrated gradients' scores add up to the objective's change."""
-    from ..inspect.compute.integrated_gradients_steps import COMPLETENESS_TOLERANCE
+def _every_method(given, available) -> Optional[list[str]]:
+    """``--method``'s names, ``all`` standing for every one of ``available``; ``None`` when not given."""
+    if given is None:
+        return None
+    return list(available) if ALL in given else list(given)
 
-    if steps is None:
-        return
-    line = f"integrated gradients: {steps} steps, completeness gap {gap:.1%} of the objective's change"
-    if gap > COMPLETENESS_TOLERANCE:
-        line = (f"note: {line}, over {COMPLETENESS_TOLERANCE:.0%}: its scores are approximate "
-                f"(more --steps, up to 1000, narrow the gap)")
-    print(line)
+
+def _default_methods(kind: str, model, available) -> list[str]:
+    """The method the faithfulness benchmark ranked best for ``kind`` (and the model's family, where
+    measured), said in one line; every method when nothing was measured."""
+    from ..inspect.compute.attn_lrp_rules import refusal
+    from ..inspect.faithfulness import faithfulness_for, model_family
+    from ..inspect.faithfulness_notes import describe_method
+
+    if refusal(model) is not None:  # a module AttnLRP's rules do not know: it cannot be the default
+        available = [name for name in available if name != "attn-lrp"]
+    measured = faithfulness_for(kind, model_family(model))
+    best = None if measured is None else measured.best_method(available)
+    if best is None:
+        return list(available)
+    print(f"method: {best}, the most faithful measured for this kind of model ({describe_method(measured, best)}); "
+          f"--method all runs every method")
+    return [best]
+
+
+def _completeness_line(note) -> None:
+    """Say how far integrated gradients' scores add up to the objective's change (a warning over 5 %)."""
+    if note is not None:
+        print(f"integrated gradients: {note}")
 
 
 def _run_image(args: argparse.Namespace) -> int:
@@ -189,7 +226,7 @@ def _run_image(args: argparse.Namespace) -> int:
     from ..workflows.resolve import open_vision_model
     from ..workflows.explain_image import write_image_explanation
 
-    bad = [name for name in args.methods or () if name not in IMAGE_METHODS]
+    bad = [name for name in args.methods or () if name not in (*IMAGE_METHODS, ALL)]
     if bad:
         raise ValueError(f"--method {bad[0]} does not explain an image; with --image choose among "
                          f"{', '.join(IMAGE_METHODS)}")
@@ -200,7 +237,7 @@ def _run_image(args: argparse.Namespace) -> int:
     model, preprocessing = open_vision_model(
         args.model, flag="--image", dtype=args.dtype, placement=placement_from_args(args),
         takes="image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification: config.json + safetensors)")
-    written = write_image_explanation(model, image, args.out, methods=args.methods or IMAGE_METHODS,
+    written = write_image_explanation(model, image, args.out, methods=_every_method(args.methods, IMAGE_METHODS) or IMAGE_METHODS,
                                       target=args.target, preprocessing=preprocessing, model_name=args.model,
                                       image_name=Path(args.image).name)
     explanation = written.explanation

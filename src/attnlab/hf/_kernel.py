@@ -34,6 +34,7 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from ..attention.exact import exact_attention
+from ..attention.interface import input_rule_of
 from ..inspect.compute.routing import UnsupportedAttention, inspected_attention
 
 __all__ = ["BACKEND_NAME", "attnlab_attention_forward", "register", "exact_attention", "UnsupportedAttention"]
@@ -113,6 +114,9 @@ def attnlab_attention_forward(
     (the model left on ``attn_implementation="attnlab"`` outside any ``attach``) gives its
     weights when the call asks for ``output_attentions``, as ``eager`` would.
     """
+    rule = input_rule_of(module)  # before both paths see them (AttnLRP's gradient shares)
+    if rule is not None:
+        query, key, value = rule(query, key, value)
     # attnlab's own inspection tools (capture_attention, mask_heads, the explain methods)
     # reach a served module through these keywords, as they reach attnlab's modules.
     need_weights = kwargs.pop("need_weights", None)

@@ -7,8 +7,9 @@ called as ``model(input_ids, mask=...)`` whose attention modules answer
 ``need_weights``: a :class:`~attnlab.hf.opening.TransformersModel`, which gives the call and
 what the methods read around it (the pooled position, the label names, the token
 embedding), so ``raw``, ``rollout``, ``flow``, ``grad-attention`` and
-``integrated-gradients`` run unchanged. ``relevance`` (layer-wise relevance propagation)
-needs attnlab's own layers and is refused.
+``integrated-gradients`` run unchanged, and ``attn-lrp`` (AttnLRP) on the families its rules
+know (:mod:`attnlab.hf.attn_lrp_rules`). ``relevance`` (Chefer et al.'s layer-wise relevance
+propagation) needs attnlab's own layers and is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor, nn
 
 from ..inspect.compute.inspectable import inspectable
+from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE
 from ..inspect.compute.token_attribution import METHODS, TokenAttributions, attribute_tokens, check_methods
 from .opening import TransformersModel
 
@@ -37,6 +39,7 @@ def explain_tokens(
     attention_mask: Optional[Tensor] = None,
     target: Optional[Union[int, str]] = None,
     steps: int = 50,
+    baseline: str = DEFAULT_BASELINE,
 ) -> TokenAttributions:
     """One score per token and method for a transformers sequence classifier.
 
@@ -45,10 +48,12 @@ def explain_tokens(
             ``transformers.AttentionInterface``.
         input_ids: ``[B, T]``.
         methods: among ``raw``, ``rollout``, ``flow``, ``grad-attention``,
-            ``integrated-gradients``.
+            ``integrated-gradients``, ``attn-lrp``.
         attention_mask: ``[B, T]``, 1 on real tokens.
         target: class index or label name; default the prediction.
         steps: integrated gradients' quadrature points.
+        baseline: integrated gradients' baseline: ``"pad"``, ``"zero"`` or ``"mean"``
+            (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
 
     Returns:
         :class:`~attnlab.inspect.TokenAttributions`, the numbers attnlab's own model of the
@@ -59,4 +64,4 @@ def explain_tokens(
         supported = ", ".join(name for name in METHODS if name != "relevance")
         raise ValueError(f"relevance (LRP) needs attnlab's own layers; on a transformers model choose among {supported}")
     return attribute_tokens(inspectable(model), input_ids, methods, mask=attention_mask, target=target,
-                            steps=steps)
+                            steps=steps, baseline=baseline)

@@ -1,36 +1,43 @@
-"""The explanation methods' faithfulness as the project measured it (``benchmarks/faithfulness.py``).
+"""The explanation methods' faithfulness as the project measured it, for the explorer page.
 
-Deletion AOPC (the mean drop of the explained quantity as the top-ranked tokens are deleted;
-higher is more faithful), with the random ranking's figure beside it, copied from the tables in
-``docs/design.md``. They were measured on one model of each kind, not on the model being
-served: the page says on which, and shows nothing for a method never measured.
+A thin use of :mod:`attnlab.inspect.faithfulness` (the figures ``benchmarks/faithfulness.py``
+recorded in the package): the served model's family's figures, else another family's of the
+same kind, marked so: the page says on which model they were measured, and shows nothing for a
+method never measured.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["MEASURED", "faithfulness_of"]
+from ..inspect.faithfulness import faithfulness_for
 
-MEASURED: dict[str, dict] = {
-    "classifier": {
-        "measured_on": "MiniLM fine-tuned on rotten tomatoes (100 test texts)",
-        "quantity": "probability of the predicted class",
-        "aopc": {"integrated-gradients": 0.584, "grad-attention": 0.415, "relevance": 0.350, "raw": 0.324,
-                 "rollout": 0.311, "flow": 0.273},
-        "random": 0.182,
-    },
-    "decoder": {
-        "measured_on": "SmolLM2-135M-Instruct (12 prompts of 16 tokens)",
-        "quantity": "log p(next token), in nats",
-        "aopc": {"raw": 7.336, "grad-attention": 7.177, "occlusion": 5.366, "integrated-gradients": 3.757,
-                 "rollout": 1.865},
-        "random": 3.933,
-    },
-}
+__all__ = ["faithfulness_of"]
 
 
-def faithfulness_of(kind: str) -> Optional[dict]:
-    """The measured figures for a model of ``kind`` (``"classifier"``, ``"decoder"``); ``None``
-    for kinds with nothing measured (a bare encoder explains no prediction)."""
-    return MEASURED.get(kind)
+def faithfulness_of(kind: str, family: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """The measured figures for a model of ``kind`` (``"classifier"``, ``"decoder"``) and ``family``.
+
+    Args:
+        kind: the served model's kind; a bare encoder explains no prediction and gets ``None``.
+        family: its family key (:func:`~attnlab.inspect.faithfulness.model_family`).
+
+    Returns:
+        ``None`` when nothing of ``kind`` was measured; else the entry
+        (:meth:`~attnlab.inspect.faithfulness.FamilyFaithfulness.to_json`) with, for the page:
+        ``measured_on`` (model and texts), ``aopc`` (each method's mean on the primary measure),
+        ``random`` (the random ranking's), ``interval`` (each method's ``[low, high]`` on it) and
+        ``at_or_below_random`` (methods whose interval does not clear random's on it).
+    """
+    measured = faithfulness_for(kind, family)
+    if measured is None:
+        return None
+    primary = measured.figures.get(measured.primary, {})
+    methods = [name for name in primary if name != "random"]
+    return {**measured.to_json(),
+            "measured_on": f"{measured.model} ({measured.texts} texts)",
+            "aopc": {name: primary[name][0] for name in methods},
+            "interval": {name: primary[name][1:] for name in methods},
+            "random": primary["random"][0] if "random" in primary else None,
+            "at_or_below_random": [name for name in methods
+                                   if "random" in primary and measured.at_or_below_random(name)]}

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..inspect.compute.attn_lrp_rules import refusal as attn_lrp_refusal
 from ..inspect.compute.attribution_target import is_causal_model
 from ..inspect.compute.capture import attention_heads, capture_attention, find_attention_modules
 from ..inspect.compute.causal_statistics import causal_statistics
@@ -33,6 +34,7 @@ from ..inspect.compute.inspectable import NotOffered
 from ..inspect.compute.statistics import HeadStatistics
 from ..inspect.compute.token_attribution import METHODS
 from ..inspect.compute.token_groups import special_token_groups
+from ..inspect.faithfulness import model_family
 from ..workflows.explain_generation import context_limit, explain_generation
 from ..workflows.explain_text import explain
 from ..workflows.inspect_text import encode_text
@@ -99,6 +101,7 @@ class TextExplorer:
         self.kind = _kind_of(model, logits)
         self.vocabulary = int(logits.shape[-1]) if self.kind == "decoder" else 0  # ids a step may feed back
         self.label_names = getattr(model, "label_names", None)
+        self._attn_lrp_refusal = attn_lrp_refusal(model)  # why attn-lrp cannot explain it, or None
         context = context_limit(model) if self.kind == "decoder" else getattr(tokenizer, "model_max_length", None)
         self.context = context if isinstance(context, int) and context > 0 else None
         self.max_tokens = min(limits.max_tokens, self.context or limits.max_tokens)
@@ -107,10 +110,15 @@ class TextExplorer:
     # -- what the page is told at start ---------------------------------------------------
     def methods(self) -> list[str]:
         if self.kind == "decoder":
-            return list(GENERATION_METHODS)
+            return [method for method in GENERATION_METHODS if method != "attn-lrp" or self._attn_lrp()]
         if self.kind == "classifier":
-            return [method for method in METHODS if method != "relevance" or self._dense()]
+            return [method for method in METHODS if (method != "relevance" or self._dense())
+                    and (method != "attn-lrp" or self._attn_lrp())]
         return list(_ATTENTION_METHODS)
+
+    def _attn_lrp(self) -> bool:
+        """AttnLRP serves models whose every module its rules know (attnlab's, known transformers families)."""
+        return self._attn_lrp_refusal is None
 
     def _dense(self) -> bool:
         """LRP relevance serves encoder classifiers with plain dense attention (not transformers models)."""
@@ -121,7 +129,8 @@ class TextExplorer:
                 "layer_names": self.layers, "methods": self.methods(), "labels": self.label_names,
                 "max_tokens": self.max_tokens, "max_new_tokens": self.limits.max_new_tokens,
                 "map_cells": self.limits.map_cells, "explain_tokens": self.limits.explain_tokens,
-                "can_patch": self.kind in ("decoder", "classifier"), "faithfulness": faithfulness_of(self.kind)}
+                "can_patch": self.kind in ("decoder", "classifier"),
+                "faithfulness": faithfulness_of(self.kind, model_family(self.model))}
 
     # -- one forward ---------------------------------------------------------------------
     def encode(self, text: str, field: str = "text") -> tuple[Tensor, list[str]]:
@@ -271,8 +280,10 @@ class TextExplorer:
         if self.kind == "decoder":
             (found,) = explain_generation(self.model, self.tokenizer, text, [method], max_new_tokens=1, lens=False)
             P = found.prompt_length
+            # AttnLRP explains the logit
+            quantity = "its logit" if method == "attn-lrp" else found.objective_name
             return {"method": method, "tokens": found.tokens[:P], "scores": found.scores[method][0][:P],
-                    "explained": f"the next token {found.generated[0]!r} ({found.objective_name})"}
+                    "explained": f"the next token {found.generated[0]!r} ({quantity})"}
         found = explain(self.model, self.tokenizer, text, [method], max_length=self.max_tokens)
         return {"method": method, "tokens": found.tokens, "scores": found.scores[method],
                 "explained": found.describe_target()}

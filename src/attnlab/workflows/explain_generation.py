@@ -22,15 +22,19 @@ import torch
 from torch import nn
 
 from .._files import write_json
-from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, GENERATION_METHODS,
+from ..inspect.compute.generation_attribution import (ATTENTION_ONLY_METHODS, DEFAULT_GENERATION_METHODS,
                                                       attribute_generation, check_generation_methods)
 from ..inspect.compute.inspectable import inspectable
-from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
+from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
+from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
+                                                          completeness_note, row_gaps, until_complete)
 from ..inspect.compute.logit_lens import logit_lens
 from ..inspect.draw.generation_explanation import (generation_explanation_fragment,
                                                    plot_generation_attribution, render_generation_explanation)
 from ..inspect.draw.logit_lens import plot_logit_lens
 from ..inspect.draw.plots import save_figure
+from ..inspect.faithfulness import model_family
+from ..inspect.faithfulness_notes import faithfulness_notes
 
 __all__ = ["GenerationExplanation", "explain_generation", "write_generation_explanations", "context_limit", "lens_table",
            "neutral_token_id"]
@@ -55,7 +59,13 @@ class GenerationExplanation:
             :func:`~attnlab.inspect.draw.generation_explanation.render_generation_explanation`).
         integrated_gradients_delta: ``[G]`` completeness error, when integrated gradients ran.
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its largest
-            completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
+            completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`);
+            integrated_gradients_gaps: ``[G]`` each generated token's gap.
+        integrated_gradients_baseline: its baseline (``"pad"``, ``"zero"`` or ``"mean"``).
+        attn_lrp_logit, attn_lrp_sum: ``[G]`` the logit (difference) ``attn-lrp`` explains and
+            its relevances' sum, when it ran.
+        faithfulness: each method's measured faithfulness on a decoder of this family
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`).
     """
 
     prompt: str
@@ -70,6 +80,19 @@ class GenerationExplanation:
     integrated_gradients_delta: Optional[list[float]] = None
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
+    integrated_gradients_gaps: Optional[list[float]] = None
+    integrated_gradients_baseline: Optional[str] = None
+    attn_lrp_logit: Optional[list[float]] = None
+    attn_lrp_sum: Optional[list[float]] = None
+    faithfulness: Optional[dict[str, Any]] = None
+
+    def completeness(self) -> Optional[str]:
+        """Integrated gradients' points, baseline and largest completeness gap in one line
+        (a warning over 5 %)."""
+        if self.integrated_gradients_steps is None:
+            return None
+        return completeness_note(self.integrated_gradients_steps, self.integrated_gradients_gap,
+                                 self.integrated_gradients_baseline)
 
     @property
     def generated(self) -> list[str]:
@@ -86,7 +109,14 @@ class GenerationExplanation:
             "attention_only_methods": [name for name in self.scores if name in ATTENTION_ONLY_METHODS],
             "integrated_gradients_delta": self.integrated_gradients_delta,
             "integrated_gradients_steps": self.integrated_gradients_steps,
-            "integrated_gradients_completeness_gap": self.integrated_gradients_gap, "logit_lens": self.lens,
+            "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
+            "integrated_gradients_completeness_gaps": self.integrated_gradients_gaps,
+            "integrated_gradients_baseline": self.integrated_gradients_baseline,
+            "integrated_gradients_complete": None if self.integrated_gradients_gap is None
+            else self.integrated_gradients_gap <= COMPLETENESS_TOLERANCE,
+            "integrated_gradients_note": self.completeness(),
+            "attn_lrp_logit": self.attn_lrp_logit, "attn_lrp_sum": self.attn_lrp_sum, "logit_lens": self.lens,
+            "faithfulness": self.faithfulness,
         }
 
     def page(self, *, model_name: str = "model") -> str:
@@ -95,8 +125,11 @@ class GenerationExplanation:
                 "explained": self.objective_name + (f", foil {self.foil!r}" if self.foil else "")}
         if self.foil:
             meta["note"] = "raw and rollout read attention only: the same scores as without a foil"
+        if self.completeness() is not None:
+            meta["integrated gradients"] = self.completeness()
         return render_generation_explanation(self.tokens, self.prompt_length, self.scores, objective=self.objective,
-                                             objective_name=self.objective_name, lens=self.lens, meta=meta)
+                                             objective_name=self.objective_name, lens=self.lens, meta=meta,
+                                             faithfulness=self.faithfulness)
 
     def _repr_html_(self) -> str:
         return generation_explanation_fragment(self.page())
@@ -172,7 +205,7 @@ def explain_generation(
     model: nn.Module,
     tokenizer: Any,
     prompts: Union[str, Sequence[str]],
-    methods: Sequence[str] = GENERATION_METHODS,
+    methods: Sequence[str] = DEFAULT_GENERATION_METHODS,
     *,
     continuation: Optional[str] = None,
     max_new_tokens: int = 8,
@@ -180,6 +213,7 @@ def explain_generation(
     foil: Optional[str] = None,
     steps: Optional[int] = None,
     neutral_id: Optional[int] = None,
+    baseline: str = DEFAULT_BASELINE,
     lens: bool = True,
     names: Optional[dict[str, str]] = None,
 ) -> list[GenerationExplanation]:
@@ -200,6 +234,9 @@ def explain_generation(
             completeness gap is under 5 % (:func:`~attnlab.inspect.compute.integrated_gradients_steps.until_complete`).
         neutral_id: occlusion's replacement and integrated gradients' baseline token (default
             :func:`neutral_token_id`).
+        baseline: integrated gradients' starting point: ``"pad"`` (the neutral token's embedding),
+            ``"zero"`` (the zero vector) or ``"mean"`` (the mean embedding), at the token
+            embedding's output (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
         lens: also read the logit lens at the predicting positions.
         names: how the caller names the arguments in messages (the CLI: ``{"prompts": "--prompt", ...}``).
 
@@ -213,6 +250,7 @@ def explain_generation(
     named = {"prompts": "prompts", "continuation": "continuation", "target": "target", "foil": "foil",
              "max_new_tokens": "max_new_tokens", **(names or {})}
     methods = check_generation_methods(methods)
+    check_baseline(baseline, named.get("baseline", "baseline"))
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or any(not isinstance(p, str) or not p for p in prompts):
         raise ValueError(f"{named['prompts']} must be one or more non-empty strings, got {prompts!r}")
@@ -256,12 +294,14 @@ def explain_generation(
         P = len(ids)
         foils = None if foil_id is None else torch.full((len(new),), foil_id)
         first = AUTO_STEPS[0] if steps is None else steps
-        found = attribute_generation(model, full, P, methods, foil_ids=foils, neutral_id=neutral, steps=first)
+        found = attribute_generation(model, full, P, methods, foil_ids=foils, neutral_id=neutral,
+                                     baseline=baseline, steps=first)
         integrated = None
         if found.delta is not None:
             def run(points: int) -> tuple:  # called at once, in this iteration
                 again = found if points == first else attribute_generation(
-                    model, full, P, [IG], foil_ids=foils, neutral_id=neutral, steps=points)
+                    model, full, P, [IG], foil_ids=foils, neutral_id=neutral, baseline=baseline,
+                    steps=points)
                 return again, again.scores[IG], again.delta
 
             integrated, used, gap = until_complete(run, steps)
@@ -276,8 +316,14 @@ def explain_generation(
         if integrated is not None:
             explanation.integrated_gradients_delta = [float(v) for v in found.delta]
             explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = used, gap
+            explanation.integrated_gradients_gaps = row_gaps(found.scores[IG], found.delta)
+            explanation.integrated_gradients_baseline = baseline
+        if found.attn_lrp_logit is not None:
+            explanation.attn_lrp_logit = [float(v) for v in found.attn_lrp_logit]
+            explanation.attn_lrp_sum = [float(v) for v in found.attn_lrp_sum]
         if lens:
             explanation.lens = _lens_data(model, tokenizer, full, P)
+        explanation.faithfulness = faithfulness_notes("decoder", model_family(model), methods)
         results.append(explanation)
     return results
 

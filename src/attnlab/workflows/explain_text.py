@@ -18,8 +18,12 @@ from torch import nn
 
 from .._files import write_json
 from ..inspect.compute.attribution_target import is_causal_model, logits_of
-from ..inspect.compute.integrated_gradients_steps import AUTO_STEPS, IG, until_complete
-from ..inspect.compute.token_attribution import METHODS, attribute_tokens, check_methods
+from ..inspect.compute.integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
+from ..inspect.compute.integrated_gradients_steps import (AUTO_STEPS, COMPLETENESS_TOLERANCE, IG,
+                                                          completeness_note, until_complete)
+from ..inspect.compute.token_attribution import DEFAULT_METHODS, attribute_tokens, check_methods
+from ..inspect.faithfulness import model_family
+from ..inspect.faithfulness_notes import faithfulness_notes
 from ..inspect.draw.explanation import explanation_fragment, plot_explanation, render_explanation
 from ..inspect.draw.plots import save_figure
 from .inspect_text import encode_text
@@ -41,9 +45,15 @@ class Explanation:
         integrated_gradients_delta: completeness error of integrated gradients, when run.
         integrated_gradients_steps: its quadrature points; integrated_gradients_gap: its
             completeness gap (:mod:`~attnlab.inspect.compute.integrated_gradients_steps`).
+        integrated_gradients_baseline: its baseline (``"pad"``, ``"zero"`` or ``"mean"``).
+        attn_lrp_logit, attn_lrp_sum: the class logit ``attn-lrp`` explains and its relevances'
+            sum (the gap is what biases and the softmax's rule absorbed), when it ran.
         explained_position: the query position whose attention ``raw``, ``rollout`` and
             ``flow`` read when no class is explained: ``"pooled position"``, or for a causal
             decoder the last token (the one that predicts the next token).
+        faithfulness: each method's measured faithfulness on a model of this kind
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`); ``None`` when nothing
+            was measured (a bare encoder explains no prediction).
     """
 
     text: str
@@ -55,7 +65,18 @@ class Explanation:
     integrated_gradients_delta: Optional[float] = None
     integrated_gradients_steps: Optional[int] = None
     integrated_gradients_gap: Optional[float] = None
+    integrated_gradients_baseline: Optional[str] = None
+    attn_lrp_logit: Optional[float] = None
+    attn_lrp_sum: Optional[float] = None
     explained_position: str = "pooled position"
+    faithfulness: Optional[dict[str, Any]] = None
+
+    def completeness(self) -> Optional[str]:
+        """Integrated gradients' points, baseline and completeness gap in one line (a warning over 5 %)."""
+        if self.integrated_gradients_steps is None:
+            return None
+        return completeness_note(self.integrated_gradients_steps, self.integrated_gradients_gap,
+                                 self.integrated_gradients_baseline)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON values (``explanation.json``)."""
@@ -70,7 +91,14 @@ class Explanation:
             "integrated_gradients_delta": self.integrated_gradients_delta,
             "integrated_gradients_steps": self.integrated_gradients_steps,
             "integrated_gradients_completeness_gap": self.integrated_gradients_gap,
+            "integrated_gradients_baseline": self.integrated_gradients_baseline,
+            "integrated_gradients_complete": None if self.integrated_gradients_gap is None
+            else self.integrated_gradients_gap <= COMPLETENESS_TOLERANCE,
+            "integrated_gradients_note": self.completeness(),
+            "attn_lrp_logit": self.attn_lrp_logit,
+            "attn_lrp_sum": self.attn_lrp_sum,
             "explained_position": self.explained_position,
+            "faithfulness": self.faithfulness,
         }
 
     def describe_target(self) -> str:
@@ -82,7 +110,8 @@ class Explanation:
         return f"explained class {self.target}{name}{probability}"
 
     def _repr_html_(self) -> str:
-        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target())
+        return explanation_fragment(self.tokens, self.scores, caption=self.describe_target(),
+                                    faithfulness=self.faithfulness)
 
 
 def baseline_for(input_ids: torch.Tensor, tokenizer: Any, pad_id: int) -> torch.Tensor:
@@ -102,11 +131,12 @@ def explain(
     model: nn.Module,
     tokenizer: Any,
     text: str,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     *,
     target: Optional[Union[int, str]] = None,
     max_length: int = 512,
     steps: Optional[int] = None,
+    baseline: str = DEFAULT_BASELINE,
 ) -> Explanation:
     """Score every token of ``text`` with each method, for the predicted (or given) class.
 
@@ -119,29 +149,40 @@ def explain(
         max_length: tokens kept from the text.
         steps: integrated gradients' quadrature points; default: from 50, doubled until the
             completeness gap is under 5 % (:func:`~attnlab.inspect.compute.integrated_gradients_steps.until_complete`).
+        baseline: integrated gradients' starting point: ``"pad"`` (the pad token's embedding),
+            ``"zero"`` (the zero vector) or ``"mean"`` (the mean embedding); ``[CLS]``/``[SEP]``
+            keep their own embedding under each
+            (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
 
     Example:
         >>> model, tokenizer, _ = attnlab.load("runs/demo")
         >>> explain(model, tokenizer, "a gripping, funny film").scores["rollout"]
     """
     methods = check_methods(methods)
+    check_baseline(baseline)
     input_ids, tokens = encode_text(tokenizer, text, max_length)
     encoder = getattr(model, "encoder", model)
     pad_id = getattr(getattr(encoder, "config", None), "pad_id", None)
-    baseline = baseline_for(input_ids, tokenizer, 0 if pad_id is None else pad_id)
+    reference = baseline_for(input_ids, tokenizer, 0 if pad_id is None else pad_id)
     first = AUTO_STEPS[0] if steps is None else steps
-    result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=baseline, steps=first)
+    result = attribute_tokens(model, input_ids, methods, target=target, baseline_ids=reference,
+                               baseline=baseline, steps=first)
     explanation = Explanation(text, tokens, {name: result.scores[name][0].tolist() for name in methods})
     if result.delta is not None:
         def run(points: int) -> tuple:
             found = result if points == first else attribute_tokens(
-                model, input_ids, [IG], target=int(result.target[0]), baseline_ids=baseline, steps=points)
+                model, input_ids, [IG], target=int(result.target[0]), baseline_ids=reference,
+                baseline=baseline, steps=points)
             return found, found.scores[IG], found.delta
 
         integrated, explanation.integrated_gradients_steps, explanation.integrated_gradients_gap = until_complete(
             run, steps)
         explanation.scores[IG] = integrated.scores[IG][0].tolist()
         explanation.integrated_gradients_delta = float(integrated.delta[0])
+        explanation.integrated_gradients_baseline = baseline
+    if result.attn_lrp_logit is not None:
+        explanation.attn_lrp_logit = float(result.attn_lrp_logit[0])
+        explanation.attn_lrp_sum = float(result.attn_lrp_sum[0])
     if is_causal_model(model):  # row 0 of a causal model sees only itself: read the last token's row
         explanation.explained_position = f"last token, {tokens[-1]!r}, which predicts the next token"
     if result.target is not None:
@@ -153,6 +194,7 @@ def explain(
             with torch.no_grad():
                 logits = logits_of(model(input_ids))
         explanation.probabilities = torch.softmax(logits[0].float(), -1).tolist()
+        explanation.faithfulness = faithfulness_notes("classifier", model_family(model), list(explanation.scores))
     return explanation
 
 
@@ -167,11 +209,10 @@ def write_explanation(
         explanation.tokens, explanation.scores, title=f"{model_name}: {explanation.describe_target()}"
     )
     written = [out / "explanation.json"] + save_figure(figure, out / "explanation", ("png",))
-    page = render_explanation(
-        explanation.tokens,
-        explanation.scores,
-        title="attnlab explanation",
-        meta={"model": model_name, "text": explanation.text, "target": explanation.describe_target()},
-    )
+    meta = {"model": model_name, "text": explanation.text, "target": explanation.describe_target()}
+    if explanation.completeness() is not None:
+        meta["integrated gradients"] = explanation.completeness()
+    page = render_explanation(explanation.tokens, explanation.scores, title="attnlab explanation", meta=meta,
+                              faithfulness=explanation.faithfulness)
     (out / "explanation.html").write_text(page, encoding="utf-8")
     return written + [out / "explanation.html"]

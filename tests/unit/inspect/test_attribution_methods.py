@@ -204,7 +204,7 @@ def test_target_by_name_and_bad_targets():
 
 @pytest.mark.parametrize("pooling", ["mean", "first"])
 def test_every_method_gives_one_finite_score_per_token(pooling):
-    result = attribute_tokens(_classifier(pooling), IDS, target="pos")
+    result = attribute_tokens(_classifier(pooling), IDS, METHODS, target="pos")
     assert list(result.scores) == list(METHODS)
     for scores in result.scores.values():
         assert scores.shape == IDS.shape and torch.isfinite(scores).all()

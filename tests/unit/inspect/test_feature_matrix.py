@@ -212,8 +212,8 @@ FEATURES: dict[str, Callable] = {
     "layer patching": layer_patch,
     "head importance": importance,
     "rollout summaries": rollout,
-    **{f"explain: {method}": _explain(method) for method in ("raw", "rollout", "flow", "grad-attention",
-                                                              "integrated-gradients", "occlusion")},
+    **{f"explain: {method}": _explain(method) for method in (
+        "raw", "rollout", "flow", "grad-attention", "integrated-gradients", "occlusion", "attn-lrp")},
     "LRP": lrp,
     "logit lens": lens,
     "head roles": head_roles,

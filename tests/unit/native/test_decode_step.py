@@ -138,7 +138,7 @@ def test_models_it_does_not_compute_keep_the_module_path():
     del gpt2.layers[1].self_attn.forward
     gpt2.layers[0].feed_forward.activation = torch.tanh
     assert unserved_reason(gpt2, 1) == "a feed-forward net's activation is not its config's"
-    assert "not a contiguous float32" in unserved_reason(_model().bfloat16(), 1)
+    assert unserved_reason(_model().bfloat16(), 1) == served  # see test_decode_step_low_precision.py
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert unserved_reason(model, 1) == "autocast is on"
     model.layers[1].feed_forward.up_proj = torch.nn.Linear(32, 72)

@@ -37,16 +37,18 @@ def test_equals_a_float64_product(rows, depth, width, with_bias):
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 4])
-def test_bfloat16_weights_give_a_bfloat16_gemm_s_numbers(rows):
-    """bfloat16 operands, float32 sums, one rounding to bfloat16 at the end."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_width_weights_give_a_gemm_s_numbers_in_their_dtype(rows, dtype):
+    """bfloat16 (float16) operands, float32 sums, one rounding to the dtype at the end; a depth
+    that leaves a tail of fewer than one vector of weights to widen."""
     generator = torch.Generator().manual_seed(rows)
-    x, weight, bias = (torch.randn(*shape, generator=generator).bfloat16()
+    x, weight, bias = (torch.randn(*shape, generator=generator).to(dtype)
                        for shape in ((rows, 300), (70, 300), (70,)))
     out = skinny_linear(x, weight, bias)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == dtype
     exact = _reference(x, weight, bias)
-    # within one bfloat16 rounding (2^-8 relative) of the exact sum of the bfloat16 operands
-    assert ((out.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
+    # within one rounding (half the dtype's eps, relative) of the exact sum of the operands
+    assert ((out.double() - exact).abs() <= exact.abs() * torch.finfo(dtype).eps / 2 + 1e-3).all()
 
 
 @needs_kernel

@@ -15,7 +15,14 @@ difference with a foil's for a contrastive question).
 ``grad-attention``        Chefer et al.'s gradient-weighted rollout of the objective (:mod:`.gradient_rollout`)
 ``integrated-gradients``  on the token embeddings (:mod:`.generation_integrated_gradients`)
 ``occlusion``             the objective's drop when the token is replaced by a neutral one (:mod:`.occlusion`)
+``attn-lrp``              AttnLRP (Achtibat et al. 2024) of the token's logit (:mod:`.attn_lrp`)
 ========================  =====================================================
+
+``attn-lrp`` explains the token's **logit** (minus the foil's, for a contrastive question),
+not its log-probability: AttnLRP's relevance starts at a logit. The logit difference with a
+foil equals the difference of log-probabilities; a plain question's logit differs from its
+log-probability by the softmax's normaliser, which the method does not explain. The explained
+logits and the relevances' sums come with the scores (``attn_lrp_logit``, ``attn_lrp_sum``).
 
 ``raw`` and ``rollout`` read attention only, so a contrastive question gets the same
 scores as the plain one from them (the page and the JSON say so).
@@ -29,19 +36,22 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from .attn_lrp import attn_lrp_generation
 from .inspectable import inspectable, require
 from .modes import eval_mode
 from .capture import capture_attention
 from .generation_integrated_gradients import generation_integrated_gradients
+from .integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
 from .gradient_rollout import gradient_weighted_rollout
 from .next_token_objective import check_sequence, decoder_logits, explained_positions, next_token_objective
 from .occlusion import occlusion_scores
 from .rollout import attention_rollout
 
-__all__ = ["GENERATION_METHODS", "ATTENTION_ONLY_METHODS", "GenerationAttributions", "attribute_generation",
-           "check_generation_methods"]
+__all__ = ["GENERATION_METHODS", "DEFAULT_GENERATION_METHODS", "ATTENTION_ONLY_METHODS",
+           "GenerationAttributions", "attribute_generation", "check_generation_methods"]
 
-GENERATION_METHODS = ("raw", "rollout", "grad-attention", "integrated-gradients", "occlusion")
+DEFAULT_GENERATION_METHODS = ("raw", "rollout", "grad-attention", "integrated-gradients", "occlusion")
+GENERATION_METHODS = DEFAULT_GENERATION_METHODS + ("attn-lrp",)
 ATTENTION_ONLY_METHODS = ("raw", "rollout")
 
 
@@ -68,6 +78,9 @@ class GenerationAttributions:
         objective: ``[G]`` the explained quantity (log-probability, or the difference with the foil's).
         foil_ids: ``[G]`` contrast tokens, or ``None``.
         delta: ``[G]`` integrated gradients' completeness error, when it ran.
+        attn_lrp_logit: ``[G]`` the logit (difference) ``attn-lrp`` explains, when it ran.
+        attn_lrp_sum: ``[G]`` the sum of its relevances: ``attn_lrp_sum - attn_lrp_logit`` is
+            what the model's biases and the softmax's rule absorbed.
     """
 
     scores: dict[str, Tensor] = field(default_factory=dict)
@@ -75,6 +88,8 @@ class GenerationAttributions:
     objective: Optional[Tensor] = None
     foil_ids: Optional[Tensor] = None
     delta: Optional[Tensor] = None
+    attn_lrp_logit: Optional[Tensor] = None
+    attn_lrp_sum: Optional[Tensor] = None
 
 
 def _attention_rows(model: nn.Module, input_ids: Tensor, keep_graph: bool):
@@ -92,11 +107,12 @@ def attribute_generation(
     model: nn.Module,
     input_ids: Tensor,
     prompt_length: int,
-    methods: Sequence[str] = GENERATION_METHODS,
+    methods: Sequence[str] = DEFAULT_GENERATION_METHODS,
     *,
     foil_ids: Optional[Tensor] = None,
     neutral_id: int = 0,
     baseline_ids: Optional[Tensor] = None,
+    baseline: str = DEFAULT_BASELINE,
     steps: int = 50,
     residual_weight: float = 0.5,
 ) -> GenerationAttributions:
@@ -107,11 +123,14 @@ def attribute_generation(
             :class:`~attnlab.hf.opening.TransformersModel` language model; run in eval mode.
         input_ids: ``[1, N]`` prompt then generated (or given) tokens.
         prompt_length: ``P``: tokens after it are explained.
-        methods: names from :data:`GENERATION_METHODS`.
+        methods: names from :data:`GENERATION_METHODS` (default: :data:`DEFAULT_GENERATION_METHODS`,
+            every one but ``attn-lrp``).
         foil_ids: ``[G]`` (or an int for every token): explain ``log p(target) - log p(foil)``.
         neutral_id: the token occlusion puts in place of a token, and integrated
             gradients' baseline at every position (unless ``baseline_ids``).
         baseline_ids: ``[1, N]`` integrated gradients' reference input.
+        baseline: integrated gradients' baseline: ``"pad"`` (the neutral token's embedding),
+            ``"zero"`` or ``"mean"`` (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
         steps: integrated gradients' quadrature points.
         residual_weight: rollout's attention share against the residual.
 
@@ -124,6 +143,7 @@ def attribute_generation(
         torch.Size([1, 4])
     """
     methods = check_generation_methods(methods)
+    check_baseline(baseline)
     require(inspectable(model), "one_sequence", "explaining generated tokens")
     N, P = check_sequence(input_ids, prompt_length)
     G = N - P
@@ -147,13 +167,19 @@ def attribute_generation(
         if "grad-attention" in methods:
             result.scores["grad-attention"] = _grad_attention(model, input_ids, P, foil_ids)
         if "integrated-gradients" in methods:
-            baseline = torch.full_like(input_ids, neutral_id) if baseline_ids is None else baseline_ids
-            integrated = generation_integrated_gradients(model, input_ids, P, baseline_ids=baseline,
-                                                         foil_ids=foil_ids, steps=steps)
+            if baseline_ids is None and baseline == "pad":
+                baseline_ids = torch.full_like(input_ids, neutral_id)
+            integrated = generation_integrated_gradients(model, input_ids, P, baseline_ids=baseline_ids,
+                                                         baseline=baseline, foil_ids=foil_ids, steps=steps)
             result.scores["integrated-gradients"], result.delta = integrated.scores, integrated.delta
         if "occlusion" in methods:
             result.scores["occlusion"] = occlusion_scores(model, input_ids, P, neutral_id=neutral_id,
                                                           foil_ids=foil_ids)
+        if "attn-lrp" in methods:
+            relevance = attn_lrp_generation(model, input_ids, P, foil_ids)
+            result.scores["attn-lrp"] = _visible(relevance.scores, positions)
+            result.attn_lrp_logit = relevance.logit.float().cpu()
+            result.attn_lrp_sum = relevance.total.float().cpu()
         if result.objective is None:
             with torch.no_grad():
                 result.objective = next_token_objective(decoder_logits(model, input_ids), input_ids, P, foil_ids)[0]

@@ -229,6 +229,18 @@ def require(view: Inspectable, feature: str, what: str = "") -> None:
 DOORS: dict[str, str] = {"transformers.": "attnlab.hf.opening"}
 OWN_DOOR = "attnlab.inspect.compute.own_model"
 
+# AttnLRP's rules for the modules a door serves (:mod:`~attnlab.inspect.compute.attn_lrp_rules`
+# asks): a module prefix of a module's class -> the attnlab module whose ``rule_for(module)``
+# knows them, imported by name when a model holds one.
+ATTN_LRP_RULES: dict[str, str] = dict.fromkeys(("transformers.", "attnlab.hf."), "attnlab.hf.attn_lrp_rules")
+
+
+def door_rules(module_name: str) -> Optional[Any]:
+    """The AttnLRP rule table (a module with ``rule_for`` and ``FAMILIES``) of the door serving
+    classes of ``module_name``, or ``None`` when no door has one."""
+    table = next((table for prefix, table in ATTN_LRP_RULES.items() if module_name.startswith(prefix)), None)
+    return None if table is None else importlib.import_module(table)
+
 
 def inspectable(model: Any) -> Inspectable:
     """What ``model`` offers to be looked inside.

@@ -2,8 +2,9 @@
 
 Dimension letters: ``B`` batch, ``T`` length, ``E`` model dim, ``K`` integration steps.
 
-The path runs from the embeddings of ``baseline_ids`` to those of ``input_ids`` at the
-output of the encoder's token embedding (positions and token types stay as they are,
+The path runs from a baseline (:mod:`.integrated_gradients_baseline`: the embeddings of
+``baseline_ids``, the zero vector or the mean embedding) to the embeddings of ``input_ids``
+at the output of the encoder's token embedding (positions and token types stay as they are,
 as in captum's ``LayerIntegratedGradients`` on a BERT's word embeddings):
 ``IG = (x - x') * integral_0^1 d y_c(x' + a (x - x')) / dx da``, summed over ``E`` for a
 token's score. The integral uses ``K``-point Gauss-Legendre quadrature, captum's
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from .modes import eval_mode
 from .attribution_target import logits_of, resolve_target, token_embedding_of
+from .integrated_gradients_baseline import DEFAULT_BASELINE, baseline_embeddings, check_baseline
 
 __all__ = ["IntegratedGradients", "integrated_gradients", "BACKENDS", "MAX_STEPS"]
 
@@ -58,13 +60,28 @@ def _forward(model: nn.Module, input_ids: Tensor, mask: Optional[Tensor]) -> Ten
         return logits_of(model(input_ids) if mask is None else model(input_ids, mask=mask))
 
 
-def _ours(model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch) -> Tensor:
+def _forward_at(model: nn.Module, embedding: nn.Module, input_ids: Tensor, mask: Optional[Tensor],
+               embeddings: Tensor) -> Tensor:
+    """Logits with the token embedding's output replaced by ``embeddings`` ``[B', T, E]``
+    (``B'`` a multiple of ``B``: ids and mask are repeated to match)."""
+    repeats = embeddings.shape[0] // input_ids.shape[0]
+
+    def replace(module, args, output):
+        return embeddings
+
+    handle = embedding.register_forward_hook(replace)
+    try:
+        repeated_mask = None if mask is None else mask.repeat(repeats, 1)
+        return _forward(model, input_ids.repeat(repeats, 1), repeated_mask)
+    finally:
+        handle.remove()
+
+
+def _ours(model, embedding, input_ids, start, end, mask, target, steps, internal_batch) -> Tensor:
     B, T = input_ids.shape
     points, weights = np.polynomial.legendre.leggauss(steps)
     alphas = torch.tensor(0.5 * (points + 1.0))  # [K] in (0, 1)
     weights = torch.tensor(0.5 * weights)  # [K], summing to 1
-    with torch.no_grad():
-        start, end = embedding(baseline_ids), embedding(input_ids)  # [B, T, E]
     total = torch.zeros(start.shape, dtype=torch.float64)
     for chunk in torch.arange(steps).split(max(1, internal_batch // max(B, 1))):
         k = len(chunk)
@@ -72,39 +89,37 @@ def _ours(model, embedding, input_ids, baseline_ids, mask, target, steps, intern
         path = (
             (start + alpha * (end - start)).reshape(k * B, T, -1).detach().requires_grad_(True)
         )  # [kB, T, E]
-
-        def replace(module, args, output, path=path):
-            return path
-
-        handle = embedding.register_forward_hook(replace)
-        try:
-            with torch.enable_grad():
-                ids = input_ids.repeat(k, 1)  # [kB, T]
-                logits = _forward(model, ids, None if mask is None else mask.repeat(k, 1))
-                chosen = logits.gather(1, target.repeat(k)[:, None]).sum()
-                (gradient,) = torch.autograd.grad(chosen, path)
-        finally:
-            handle.remove()
+        with torch.enable_grad():
+            logits = _forward_at(model, embedding, input_ids, mask, path)
+            chosen = logits.gather(1, target.repeat(k)[:, None]).sum()
+            (gradient,) = torch.autograd.grad(chosen, path)
         gradient = gradient.double().reshape(k, B, T, -1)  # [k, B, T, E]
         total += (weights[chunk][:, None, None, None] * gradient).sum(0)
     return (end - start).double() * total  # [B, T, E]
 
 
-def _captum(model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch) -> Tensor:
+def _captum(model, embedding, input_ids, baseline_ids, start, end, baseline, mask, target, steps,
+            internal_batch) -> Tensor:
     try:
-        from captum.attr import LayerIntegratedGradients
+        from captum.attr import IntegratedGradients as CaptumIntegratedGradients, LayerIntegratedGradients
     except ImportError as error:
         raise ImportError("backend='captum' needs captum: pip install 'attnlab[explain]'") from error
 
-    def forward(ids: Tensor) -> Tensor:
-        repeats = ids.shape[0] // input_ids.shape[0]
-        return _forward(model, ids, None if mask is None else mask.repeat(repeats, 1))
+    if baseline == "pad":  # token ids in, the layer's attributions out: captum's usual way
+        def forward(ids: Tensor) -> Tensor:
+            repeats = ids.shape[0] // input_ids.shape[0]
+            return _forward(model, ids, None if mask is None else mask.repeat(repeats, 1))
 
-    method = LayerIntegratedGradients(forward, embedding)
+        method, inputs, baselines = LayerIntegratedGradients(forward, embedding), input_ids, baseline_ids
+    else:  # a baseline that is no token's embedding: integrate over the embeddings themselves
+        def forward(embeddings: Tensor) -> Tensor:
+            return _forward_at(model, embedding, input_ids, mask, embeddings)
+
+        method, inputs, baselines = CaptumIntegratedGradients(forward), end, start
     with torch.enable_grad():
         attributions = method.attribute(
-            input_ids,
-            baselines=baseline_ids,
+            inputs,
+            baselines=baselines,
             target=target,
             n_steps=steps,
             internal_batch_size=internal_batch,
@@ -118,6 +133,7 @@ def integrated_gradients(
     *,
     target: Optional[Union[int, str, Tensor, list[int]]] = None,
     baseline_ids: Optional[Tensor] = None,
+    baseline: str = DEFAULT_BASELINE,
     mask: Optional[Tensor] = None,
     steps: int = 50,
     internal_batch: int = 64,
@@ -132,6 +148,9 @@ def integrated_gradients(
             list, as captum takes), or ``None`` for each example's prediction.
         baseline_ids: ``[B, T]`` ids of the reference input; default the pad id at every
             position (keep ``[CLS]``/``[SEP]`` there to explain only the words).
+        baseline: ``"pad"`` (the embeddings of ``baseline_ids``), ``"zero"`` or ``"mean"``
+            (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`); under the last two
+            the positions where ``baseline_ids`` equal ``input_ids`` keep the input's embedding.
         mask: ``[B, T]``, ``True`` on real tokens.
         steps: quadrature points ``K``, at most :data:`MAX_STEPS` (50-300 is usual).
         internal_batch: at most this many path points per forward pass.
@@ -145,6 +164,7 @@ def integrated_gradients(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_baseline(baseline)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if steps > MAX_STEPS:
@@ -159,15 +179,20 @@ def integrated_gradients(
         raise ValueError(
             f"baseline_ids must match input_ids {tuple(input_ids.shape)}, got {tuple(baseline_ids.shape)}"
         )
+    start = baseline_embeddings(embedding, input_ids, baseline, baseline_ids=baseline_ids,
+                                keep=baseline_ids == input_ids)  # [B, T, E]
+    with torch.no_grad():
+        end = embedding(input_ids)  # [B, T, E]
     with eval_mode(model):
         with torch.no_grad():
             logits = _forward(model, input_ids, mask)
             target = resolve_target(logits, target, getattr(model, "label_names", None))
-            baseline_logits = _forward(model, baseline_ids, mask)
-        run = _ours if backend == "attnlab" else _captum
-        attributions = run(
-            model, embedding, input_ids, baseline_ids, mask, target, steps, internal_batch
-        )
+            baseline_logits = _forward_at(model, embedding, input_ids, mask, start)
+        if backend == "attnlab":
+            attributions = _ours(model, embedding, input_ids, start, end, mask, target, steps, internal_batch)
+        else:
+            attributions = _captum(model, embedding, input_ids, baseline_ids, start, end, baseline, mask,
+                                   target, steps, internal_batch)
     scores = attributions.sum(-1)  # [B, T]
     gain = (logits.gather(1, target[:, None]) - baseline_logits.gather(1, target[:, None]))[:, 0]
     delta = scores.sum(-1) - gain.double()

@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional
 
 from torch import Tensor
 
-__all__ = ["AUTO_STEPS", "COMPLETENESS_TOLERANCE", "IG", "completeness_gap", "until_complete"]
+__all__ = ["AUTO_STEPS", "COMPLETENESS_TOLERANCE", "IG", "completeness_gap", "completeness_note", "row_gaps",
+           "until_complete"]
 
 IG = "integrated-gradients"
 """The method's name among the explain methods."""
@@ -35,6 +36,22 @@ def completeness_gap(scores: Tensor, delta: Tensor) -> float:
     error = delta.detach().double().reshape(-1)
     change = (totals - error).abs().clamp_min(1e-12)  # f(x) - f(x')
     return float((error.abs() / change).max())
+
+
+def row_gaps(scores: Tensor, delta: Tensor) -> list[float]:
+    """``|delta| / |f(x) - f(x')|`` of each row (``scores`` ``[R, T]``, ``delta`` ``[R]``):
+    :func:`completeness_gap` is their largest."""
+    return [completeness_gap(scores[r:r + 1], delta[r:r + 1]) for r in range(delta.shape[0])]
+
+
+def completeness_note(steps: int, gap: float, baseline: str) -> str:
+    """One line for people: points, gap and baseline, with a warning when the gap is over
+    :data:`COMPLETENESS_TOLERANCE` (the scores then describe the quadrature as much as the model)."""
+    line = f"{steps} points, {baseline} baseline, completeness gap {gap:.1%} of the objective's change"
+    if gap > COMPLETENESS_TOLERANCE:
+        line = (f"warning: {line}, over {COMPLETENESS_TOLERANCE:.0%}: the scores are approximate "
+                f"(more steps, up to 1000, narrow the gap)")
+    return line
 
 
 def until_complete(run: Callable[[int], tuple[Any, Tensor, Tensor]], steps: Optional[int]

@@ -11,7 +11,12 @@ Methods (see each module for the exact definition):
 ``grad-attention``        Chefer, Gur & Wolf 2021, generic (``gradient_rollout``)
 ``relevance``             Chefer, Gur & Wolf 2021, CVPR: LRP (``lrp``, ``gradient_rollout``)
 ``integrated-gradients``  on the token embeddings (``integrated_gradients``)
+``attn-lrp``              Achtibat et al. 2024, ICML: AttnLRP of the class logit (``attn_lrp``)
 ========================  =====================================================
+
+``attn-lrp`` also serves transformers classifiers of the families its rules know
+(:mod:`~attnlab.hf.attn_lrp_rules`); the logit it explains and its relevances' sum come with
+the scores (``attn_lrp_logit``, ``attn_lrp_sum``).
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ import torch
 from torch import Tensor, nn
 
 from .inspectable import inspectable, require
+from .attn_lrp import attn_lrp_classifier
 from .attention_flow import attention_flow
 from .attention_scores import raw_attention_scores, rollout_scores
 from .attribution_target import logits_of, query_weights, resolve_target
 from .capture import capture_attention
 from .gradient_rollout import attention_gradients, gradient_weighted_rollout
 from .integrated_gradients import integrated_gradients
+from .integrated_gradients_baseline import DEFAULT_BASELINE, check_baseline
 from .lrp import attention_relevance
 
-__all__ = ["METHODS", "GRADIENT_METHODS", "TokenAttributions", "attribute_tokens", "check_methods"]
+__all__ = ["METHODS", "DEFAULT_METHODS", "GRADIENT_METHODS", "TokenAttributions", "attribute_tokens",
+           "check_methods"]
 
-METHODS = ("raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients")
-GRADIENT_METHODS = ("grad-attention", "relevance", "integrated-gradients")
+DEFAULT_METHODS = ("raw", "rollout", "flow", "grad-attention", "relevance", "integrated-gradients")
+METHODS = DEFAULT_METHODS + ("attn-lrp",)
+GRADIENT_METHODS = ("grad-attention", "relevance", "integrated-gradients", "attn-lrp")
 
 
 def check_methods(methods: Sequence[str]) -> list[str]:
@@ -58,22 +67,28 @@ class TokenAttributions:
         target: ``[B]`` explained class, or ``None`` for a model without logits.
         logits: ``[B, C]`` or ``None``.
         delta: ``[B]`` integrated gradients' completeness error, when it ran.
+        attn_lrp_logit: ``[B]`` the class logit ``attn-lrp`` explains, when it ran.
+        attn_lrp_sum: ``[B]`` the sum of its relevances (``attn_lrp_sum - attn_lrp_logit``:
+            what the model's biases and the softmax's rule absorbed).
     """
 
     scores: dict[str, Tensor] = field(default_factory=dict)
     target: Optional[Tensor] = None
     logits: Optional[Tensor] = None
     delta: Optional[Tensor] = None
+    attn_lrp_logit: Optional[Tensor] = None
+    attn_lrp_sum: Optional[Tensor] = None
 
 
 def attribute_tokens(
     model: nn.Module,
     input_ids: Tensor,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     *,
     mask: Optional[Tensor] = None,
     target: Optional[Union[int, str]] = None,
     baseline_ids: Optional[Tensor] = None,
+    baseline: str = DEFAULT_BASELINE,
     steps: int = 50,
     residual_weight: float = 0.5,
 ) -> TokenAttributions:
@@ -81,13 +96,17 @@ def attribute_tokens(
 
     Args:
         model: an attnlab classifier (all methods; ``relevance`` needs an
-            ``EncoderClassifier`` whose layers :mod:`~attnlab.inspect.compute.lrp` supports)
+            ``EncoderClassifier`` whose layers :mod:`~attnlab.inspect.compute.lrp` supports,
+            ``attn-lrp`` one whose modules :mod:`~attnlab.inspect.compute.attn_lrp_rules` knows)
             or bare encoder (``raw``, ``rollout``, ``flow``), run in eval mode.
         input_ids: ``[B, T]``; explain unpadded texts (one at a time) for the gradient methods.
-        methods: names from :data:`METHODS`.
+        methods: names from :data:`METHODS` (default: :data:`DEFAULT_METHODS`, every one but
+            ``attn-lrp``).
         mask: ``[B, T]``, ``True`` on real tokens (default: every position).
         target: class index, label name, or ``None`` for the prediction.
         baseline_ids: integrated gradients' reference input (default: pad ids).
+        baseline: integrated gradients' baseline: ``"pad"`` (the embeddings of ``baseline_ids``),
+            ``"zero"`` or ``"mean"`` (:mod:`~attnlab.inspect.compute.integrated_gradients_baseline`).
         steps: integrated gradients' quadrature points.
         residual_weight: rollout's and flow's attention share against the residual.
 
@@ -95,6 +114,7 @@ def attribute_tokens(
         :class:`TokenAttributions`.
     """
     methods = check_methods(methods)
+    check_baseline(baseline)
     require(inspectable(model), "one_sequence", "explain")
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(
@@ -134,9 +154,15 @@ def attribute_tokens(
             result.scores[name] = gradient_weighted_rollout(gradients.attentions, gradients.gradients, weights)
         elif name == "relevance":
             result.scores[name] = gradient_weighted_rollout(relevance.relevances, relevance.gradients, weights)
+        elif name == "attn-lrp":
+            explained = attn_lrp_classifier(model, input_ids, keep, target)
+            result.scores[name] = explained.scores.float()
+            result.attn_lrp_logit, result.attn_lrp_sum = explained.logit.float(), explained.total.float()
+            result.logits, result.target = explained.logits, explained.target
         else:
             integrated = integrated_gradients(
-                model, input_ids, target=target, baseline_ids=baseline_ids, mask=keep, steps=steps
+                model, input_ids, target=target, baseline_ids=baseline_ids, baseline=baseline, mask=keep,
+                steps=steps,
             )
             result.scores[name] = integrated.scores
             result.delta, result.target = integrated.delta, integrated.target

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import secrets
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -77,7 +77,8 @@ def _row_range(scores: Sequence[float]) -> str:
     return f"±{np.abs(values).max():.3g}"
 
 
-def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]]) -> dict:
+def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]],
+          faithfulness: Optional[Mapping[str, Any]] = None) -> dict:
     return {
         "tokens": [str(token) for token in tokens],
         "methods": [
@@ -85,18 +86,31 @@ def _data(tokens: Sequence[str], scores: Mapping[str, Sequence[float]]) -> dict:
                 "name": name,
                 "scores": [round(float(v), 6) for v in values],
                 "normalized": normalized_scores(values),
+                **method_faithfulness(faithfulness, name),
             }
             for name, values in scores.items()
         ],
     }
 
 
+def method_faithfulness(faithfulness: Optional[Mapping[str, Any]], method: str) -> dict[str, Any]:
+    """The page's line on ``method``'s measured faithfulness (:func:`~attnlab.inspect.faithfulness_notes.
+    faithfulness_notes`' entry): ``{"faithfulness": note, "below_random": bool}``, or nothing."""
+    entry = (faithfulness or {}).get("methods", {}).get(method)
+    if entry is None:
+        return {}
+    return {"faithfulness": entry["note"], "below_random": bool(entry["at_or_below_random"])}
+
+
 def explanation_fragment(
-    tokens: Sequence[str], scores: Mapping[str, Sequence[float]], *, caption: str = ""
+    tokens: Sequence[str], scores: Mapping[str, Sequence[float]], *, caption: str = "",
+    faithfulness: Optional[Mapping[str, Any]] = None,
 ) -> str:
     """An HTML fragment (for notebooks and pages): every method's tokens as highlighted text.
 
-    Element ids are random, so several fragments can share one notebook.
+    Element ids are random, so several fragments can share one notebook. ``faithfulness``
+    (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`) puts each method's measured
+    faithfulness under its name, a method at or below random marked as such.
     """
     for name, values in scores.items():
         if len(values) != len(tokens):
@@ -109,7 +123,7 @@ def explanation_fragment(
     return (
         f'<div class="attnlab-explanation"><style>{asset("explanation.css")}</style>{note}'
         f'<div class="methods" id="{root_id}"></div>'
-        f'<script id="{data_id}" type="application/json">{json_for_script(_data(tokens, scores))}</script>'
+        f'<script id="{data_id}" type="application/json">{json_for_script(_data(tokens, scores, faithfulness))}</script>'
         f"<script>{script}</script></div>"
     )
 
@@ -120,14 +134,16 @@ def render_explanation(
     *,
     title: str = "attnlab explanation",
     meta: Optional[Mapping[str, str]] = None,
+    faithfulness: Optional[Mapping[str, Any]] = None,
 ) -> str:
-    """A whole offline page: the methods as highlighted text side by side."""
+    """A whole offline page: the methods as highlighted text side by side, each with its measured
+    faithfulness when ``faithfulness`` is given."""
     caption = (
         "Each method on its own scale: its scores over their largest |score| (blue positive, red "
         "negative), so a flat row stays flat; hover a token for its score."
     )
     body = (
         f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"
-        f"<main><section>{explanation_fragment(tokens, scores, caption=caption)}</section></main>"
+        f"<main><section>{explanation_fragment(tokens, scores, caption=caption, faithfulness=faithfulness)}</section></main>"
     )
     return _page(title, body)

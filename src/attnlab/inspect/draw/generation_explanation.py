@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ._assets import asset
-from .explanation import normalized_scores
+from .explanation import method_faithfulness, normalized_scores
 from .logit_lens import visible_token
 from .report import _meta_html, _page, inline_frame
 
@@ -74,6 +74,7 @@ def render_generation_explanation(
     tokens: Sequence[str], prompt_length: int, scores: Mapping[str, Sequence[Sequence[float]]], *,
     objective: Sequence[float], objective_name: str = "log p(token)", lens: Optional[Mapping[str, Any]] = None,
     title: str = "attnlab explanation of generated text", meta: Optional[Mapping[str, str]] = None,
+    faithfulness: Optional[Mapping[str, Any]] = None,
 ) -> str:
     """The whole offline page.
 
@@ -87,6 +88,8 @@ def render_generation_explanation(
             [L + 1][G][K] {"token", "probability"}, "rank": [L + 1][G], "probability": [L + 1][G]}``.
         title: page title.
         meta: ``{label: text}`` lines under the title.
+        faithfulness: each method's measured faithfulness
+            (:func:`~attnlab.inspect.faithfulness_notes.faithfulness_notes`), shown under its name.
     """
     G = len(tokens) - prompt_length
     if G < 1 or prompt_length < 1:
@@ -98,8 +101,8 @@ def render_generation_explanation(
     data = {
         "tokens": [str(token) for token in tokens],
         "prompt_length": int(prompt_length),
-        "methods": [{"name": name, "scores": [[round(float(v), 6) for v in row] for row in rows]}
-                    for name, rows in scores.items()],
+        "methods": [{"name": name, "scores": [[round(float(v), 6) for v in row] for row in rows],
+                     **method_faithfulness(faithfulness, name)} for name, rows in scores.items()],
         "objective": [round(float(v), 6) for v in objective],
         "objective_name": objective_name,
         "lens": lens,

@@ -149,10 +149,12 @@ def generate(
     :func:`next_token_scores` with a generator seeded by ``seed``: the same seed gives the
     same text.
 
-    After the prompt pass, each decoding step of a float32 CPU model (up to 8 sequences,
-    no forward hooks) is one call into attnlab's native decoding step
+    After the prompt pass, each decoding step of a float32, bfloat16 or float16 CPU model
+    (up to 8 sequences, no forward hooks) is one call into attnlab's native decoding step
     (:mod:`attnlab.models.decoder.native_decoding`); other models run their modules'
-    ``forward`` step by step. Both give the same tokens (to float32 rounding).
+    ``forward`` step by step. Both give the same tokens (to float32 rounding; in bfloat16
+    and float16 the native step computes in float32 and the modules in the model's dtype,
+    so tokens may differ where two logits are within the dtype's rounding).
 
     Args:
         model: a :class:`~attnlab.models.decoder.DecoderForCausalLM`.

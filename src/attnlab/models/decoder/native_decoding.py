@@ -10,12 +10,20 @@ feed-forward net, then the final norm and the LM head) in one call, so that a st
 about the time of its products, without the compilation ``compile=True`` needs.
 
 It serves every decoder attnlab builds (the Llama family: RMSNorm, SwiGLU, rotary
-positions; GPT-2: LayerNorm, a plain GELU net, learned positions, biases) in float32 on the
-CPU, for batches the few-row kernel takes (up to :data:`attnlab._skinny.MAX_ROWS` rows),
+positions; GPT-2: LayerNorm, a plain GELU net, learned positions, biases) in float32, bfloat16 or
+float16 on the CPU, for batches the few-row kernel takes (up to :data:`attnlab._skinny.MAX_ROWS` rows),
 when no module has forward hooks (the steps do not go through the modules' ``forward``:
 ``mask_heads`` and ``capture_attention`` keep the module path) and every module is
 attnlab's own. :func:`unserved_reason` says why it does not serve a model; ``generate``
 then runs the modules, which give the same tokens.
+
+In bfloat16 and float16 the step reads the weight matrices and the cache in the model's
+dtype (half the bytes of float32: a step is bounded by reading them) and computes in
+float32: the residual stream, the sums of the products, the norms (their weights and the
+biases widened once per ``generate`` call), attention. The module path rounds every
+operation's result to the model's dtype instead, so the native logits are closer to a
+float64 forward of the same weights, and greedy tokens agree except where two logits are
+within the dtype's rounding of each other.
 
 Dimension letters: ``B`` batch, ``H`` query heads, ``C`` cache slots, ``S`` positions so
 far, ``D`` head dim, ``V`` vocabulary.
@@ -46,6 +54,7 @@ __all__ = ["NativeDecoding", "unserved_reason"]
 _KERNEL = "decode_step"
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernel's weight and cache dtypes
 _NORMS = {"rms": 0, "layer": 1}  # the kernel's codes (decode_step.cpp: Norm, Activation)
 _ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
 
@@ -94,10 +103,14 @@ def _module_reason(model) -> Optional[str]:
         return "a LayerNorm without weights"
     if model.rotary is not None and model.layers[0].self_attn.head_dim % 2:
         return "rotary positions with an odd head dim"
+    first_name, first = next(iter(model.named_parameters()))
     for name, parameter in model.named_parameters():
-        if not (parameter.dtype == torch.float32 and parameter.device.type == "cpu"
-                and parameter.is_contiguous()):
-            return f"parameter {name} is not a contiguous float32 CPU tensor"
+        if not (parameter.device.type == "cpu" and parameter.is_contiguous()):
+            return f"parameter {name} is not a contiguous CPU tensor"
+        if parameter.dtype not in _DTYPES:
+            return f"parameter {name} is {parameter.dtype}, not float32, bfloat16 or float16"
+        if parameter.dtype != first.dtype:
+            return f"the parameters mix dtypes: {first_name} is {first.dtype}, {name} {parameter.dtype}"
     return None
 
 
@@ -143,8 +156,14 @@ class NativeDecoding:
             layer_scale = layer.self_attn.scale
             return layer_scale if layer_scale is not None else attention.head_dim ** -0.5
 
+        def widened(parameter: Optional[Tensor]) -> Optional[Tensor]:
+            # matrices in the model's dtype, as they are; norms' weights and biases in
+            # float32 (a few KiB, widened once; the same tensors in a float32 model)
+            return parameter if parameter is None or parameter.dim() == 2 else parameter.float()
+
         def weight_and_bias(module: Optional[nn.Module]) -> list[Optional[Tensor]]:
-            return [None, None] if module is None else [module.weight, getattr(module, "bias", None)]
+            return [None, None] if module is None else [widened(module.weight),
+                                                        widened(getattr(module, "bias", None))]
 
         weights: list[Optional[Tensor]] = []  # decode_step.cpp's Entry order, then the final norm and LM head
         for layer in layers:
@@ -161,19 +180,24 @@ class NativeDecoding:
         self.kernel = _native.build(_KERNEL)
 
     def __call__(self, tokens: Tensor) -> tuple[Tensor, Optional[LayerAttentions]]:
-        """Tokens ``[B]`` -> next-token logits ``[B, 1, V]`` and, with weights on, each
+        """Tokens ``[B]`` -> next-token logits ``[B, 1, V]`` (float32) and, with weights on, each
         layer's ``[B, H, 1, S]`` weights over the positions so far."""
         model, slots = self.model, self.slots
         slot = slots.next_slot()
         x = model.embed_tokens(tokens)  # [B, E]
         if model.embed_positions is not None:
             x = x + model.embed_positions(slots.positions)
+        dtype = x.dtype
         cos = sin = None
         if model.rotary is not None:
-            angles = model.rotary(slots.positions[:, None], x.dtype)  # ([B, 1, D],) x 2
+            angles = model.rotary(slots.positions[:, None], torch.float32)  # ([B, 1, D],) x 2
             cos, sin = (part[:, 0].contiguous() for part in angles)  # [B, D]
-        logits, weights = self.kernel.step(x.contiguous(), cos, sin, slots.allowed, slot, *self.arguments,
-                                           self.need_weights)
+        logits, weights = self.kernel.step(x.float().contiguous(), cos, sin, slots.allowed, slot,
+                                           *self.arguments, self.need_weights)
         slots.step_done()
-        return logits[:, None], LayerAttentions(weights) if self.need_weights else None
+        if not self.need_weights:
+            return logits[:, None], None
+        # float32 logits (closer to exact than the model's dtype); weights in the model's dtype,
+        # like the prompt pass's
+        return logits[:, None], LayerAttentions([layer.to(dtype) for layer in weights])
 

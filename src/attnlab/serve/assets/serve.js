@@ -300,10 +300,13 @@
     const method = $("method").value;
     if (!measured) { $("faithfulness").textContent = "no faithfulness measured for this kind of model"; return; }
     const aopc = measured.aopc[method];
-    $("faithfulness").textContent = aopc === undefined
-      ? method + ": faithfulness not measured"
-      : method + ": deletion AOPC " + aopc.toFixed(3) + " (random ranking " + measured.random.toFixed(3) + "; higher is more faithful), measured on " +
-        measured.measured_on + ", " + measured.quantity + ", not on this model";
+    if (aopc === undefined) { $("faithfulness").textContent = method + ": faithfulness not measured"; return; }
+    const span = measured.interval[method], random = measured.random;
+    const below = measured.at_or_below_random.indexOf(method) >= 0 ? ", not above random" : "";
+    $("faithfulness").textContent = method + ": deletion AOPC " + aopc.toFixed(3) + " [" + span[0].toFixed(3) + ", " +
+      span[1].toFixed(3) + "]" + below + " (random ranking " + (random === null ? "?" : random.toFixed(3)) +
+      "; higher is more faithful; 95 % interval), measured on " + measured.measured_on + ", " + measured.quantity +
+      (measured.same_family ? ", a model of this family" : ", a model of another family") + ", not on this model";
   }
 
   async function explain() {

@@ -13,6 +13,13 @@
     var heading = document.createElement("h3");
     heading.textContent = method.name;
     box.appendChild(heading);
+    if (method.faithfulness) {
+      var measured = document.createElement("p");
+      measured.className = "faithfulness" + (method.below_random ? " below-random" : "");
+      measured.textContent = (method.below_random ? "\u26a0 measured at or below random: " : "measured: ") +
+        method.faithfulness;
+      box.appendChild(measured);
+    }
     data.tokens.forEach(function (token, i) {
       var span = document.createElement("span");
       var value = method.normalized[i];

@@ -2,7 +2,12 @@
 
 A random Llama-style model of realistic size (12 layers, width 768, 12 query heads sharing
 4 key/value heads, SwiGLU 2048, vocabulary 32000) is saved once and opened by both
-(``--family gpt2``: GPT-2 small's shape, vocabulary 32000). Greedy
+(``--family gpt2``: GPT-2 small's shape, vocabulary 32000; ``--family qwen3``, ``gemma3``,
+``phi3``, ``olmo2``, ``gemma2``, ``mistral``: the same sizes in that family's transformers
+config; ``llama-hf`` and ``qwen2-hf``: a Llama or Qwen2 that attnlab runs as a transformers
+model rather than converting it). Models of transformers' families are opened as
+``attnlab.load`` opens them (a ``TransformersModel``): their ``generate`` runs attnlab's
+native decoding step where it serves (each batch's line says whether, or why not). Greedy
 decoding, prompt 128 tokens, 128 new tokens (no early stop), at batch 1 and 8; the runs are
 interleaved so that machine noise hits both alike. Two comparisons:
 
@@ -26,6 +31,9 @@ that dtype.
 attnlab's native step reads the weights and cache in it and computes in float32) and adds
 attnlab's float32 ``generate`` on the same weights, timed in the same rounds, for the
 ratio of the two dtypes; the floor is then the pass over the dtype's weights.
+The native step serves transformers' families in float32 only: with ``--family qwen3
+--dtype bfloat16`` (any of them in a half dtype) attnlab's side runs transformers'
+``generate`` under attnlab's attention, and each batch's line says so.
 
 Run (one heavy job at a time on a shared machine; minutes on a few CPU cores)::
 
@@ -51,38 +59,73 @@ from attnlab._machine import competing_load, machine_line
 from attnlab._dispatch import paths_line
 from attnlab._packed_weights import packed_for_rows
 from attnlab._skinny import serves_rows
-from attnlab._precision import Linear
+from attnlab.hf.opening import TransformersModel, open_transformers
 from attnlab.models.decoder.generation import packs_weights
 from attnlab.models.decoder.native_decoding import unserved_reason
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# transformers families attnlab opens as transformers models (attnlab.load gives a
+# TransformersModel), beside its own (llama, gpt2, mistral: converted into attnlab's decoder)
+TRANSFORMERS_FAMILIES = {"qwen3": "Qwen3", "gemma3": "Gemma3Text", "phi3": "Phi3", "olmo2": "Olmo2",
+                         "gemma2": "Gemma2", "qwen2-hf": "Qwen2", "llama-hf": "Llama"}
+FAMILIES = ("llama", "gpt2", "mistral", *TRANSFORMERS_FAMILIES)
+
+
+def _config(family: str, quick: bool, vocab: int):
+    """The random model's config: the default benchmark size (12 x 768, 12 query heads sharing
+    4 key/value heads of dim 64, feed-forward 2048) in ``family``'s config class."""
+    import transformers
+
+    if family == "gpt2":  # GPT-2 small's shape: 12 x 768, 12 heads, MLP 3072, learned positions
+        sizes = (dict(n_embd=64, n_layer=2, n_head=4) if quick else dict(n_embd=768, n_layer=12, n_head=12))
+        return transformers.GPT2Config(**sizes, vocab_size=vocab, n_positions=1024, bos_token_id=1,
+                                       eos_token_id=2), transformers.GPT2LMHeadModel
+    sizes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16) if quick else
+             dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                  num_key_value_heads=4, head_dim=64))
+    common = dict(**sizes, vocab_size=vocab, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    if family == "mistral":
+        return transformers.MistralConfig(**common, sliding_window=4096), transformers.MistralForCausalLM
+    name = "Llama" if family == "llama" else TRANSFORMERS_FAMILIES[family]
+    config = getattr(transformers, f"{name}Config")(**common)
+    return config, transformers.AutoModelForCausalLM
 
 
 def build_models(directory: Path, quick: bool, family: str = "llama", dtype: torch.dtype = torch.float32):
     import transformers
 
     vocab = 500 if quick else 32000
-    if family == "gpt2":  # GPT-2 small's shape: 12 x 768, 12 heads, MLP 3072, learned positions
-        sizes = (dict(n_embd=64, n_layer=2, n_head=4) if quick else dict(n_embd=768, n_layer=12, n_head=12))
-        config = transformers.GPT2Config(**sizes, vocab_size=vocab, n_positions=1024, bos_token_id=1,
-                                         eos_token_id=2)
-        model_class = transformers.GPT2LMHeadModel
-    else:
-        sizes = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2) if quick else
-                 dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                      num_key_value_heads=4))
-        config = transformers.LlamaConfig(**sizes, vocab_size=vocab, max_position_embeddings=1024,
-                                          bos_token_id=1, eos_token_id=2)
-        model_class = transformers.LlamaForCausalLM
+    config, model_class = _config(family, quick, vocab)
     torch.manual_seed(0)
-    model_class(config).save_pretrained(directory)
-    hf = {name: model_class.from_pretrained(directory, attn_implementation=name, dtype=dtype).eval()
+    built = (model_class.from_config(config) if model_class is transformers.AutoModelForCausalLM
+             else model_class(config))
+    built.save_pretrained(directory)
+    hf = {name: transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=name,
+                                                                   dtype=dtype).eval()
           for name in ("sdpa", "eager")}
-    ours = attnlab.load(directory, dtype=dtype).model
+    # attnlab.load opens the transformers families as transformers models (open_transformers),
+    # and llama-hf / qwen2-hf, which it would convert, the same way here
+    def opened(in_dtype: torch.dtype):
+        if family in TRANSFORMERS_FAMILIES:
+            return open_transformers(directory, dtype=str(in_dtype).removeprefix("torch."))
+        return attnlab.load(directory, dtype=in_dtype).model
+
+    ours = opened(dtype)
     if dtype != torch.float32:  # the same weights in float32, for the ratio of the two dtypes
-        hf["float32"] = attnlab.load(directory).model
+        hf["float32"] = opened(torch.float32)
     return hf, ours, vocab
+
+
+def native_line(model, batch: int) -> str:
+    """Whether attnlab's native decoding step serves ``generate`` of ``batch`` rows, or why not."""
+    if isinstance(model, TransformersModel):
+        reason, instead = model.unserved_reason(batch), "transformers' generate runs"
+    else:
+        reason, instead = unserved_reason(model, batch), "attnlab's modules run"
+    return "native step serves" if reason is None else f"native step does not serve: {reason}; {instead}"
 
 
 def timed(function: Callable[[], object]) -> float:
@@ -96,7 +139,7 @@ def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, i
     the model's own layers (``packed``: inside ``packed_for_rows``, as ``generate`` runs its
     steps past the native kernel's rows): what one decoding step cannot go below (each step reads every
     weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
-    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     dtype = layers[0].weight.dtype
     widths = {layer.in_features for layer in layers}
     inputs = {width: torch.randn(batch, width, dtype=dtype) for width in widths}
@@ -118,8 +161,9 @@ def recorded_bytes(output) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model and lengths")
-    parser.add_argument("--family", choices=("llama", "gpt2"), default="llama",
-                        help="the random model's family (default: a Llama of 12 x 768)")
+    parser.add_argument("--family", choices=FAMILIES, default="llama",
+                        help="the random model's family (default: a Llama of 12 x 768); the transformers "
+                             "families (and llama-hf, qwen2-hf) run as transformers models under attnlab")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                         help="both models' dtype (default float32)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -154,12 +198,16 @@ def run(args: argparse.Namespace) -> int:
     for batch in args.batches:
         ids = torch.randint(3, vocab, (batch, prompt))
         hf_options = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        own = not isinstance(ours, TransformersModel)
         ours_options = dict(max_new_tokens=new, eos_token_id=-1)
+        plain = {} if own else {"output_attentions": False}  # a transformers model records unless told not to
+        prefill_options = dict(max_new_tokens=1, eos_token_id=-1, **plain)
+        print(f"  batch {batch}: {native_line(ours, batch)}")
         cases: dict[str, Callable[[], object]] = {
-            "prefill": lambda: ours.generate(ids, max_new_tokens=1, eos_token_id=-1),
+            "prefill": lambda: ours.generate(ids, **prefill_options),
             "prefill sdpa": lambda: hf["sdpa"].generate(ids, **{**hf_options, "max_new_tokens": 1,
                                                                 "min_new_tokens": 1}),
-            "generate": lambda: ours.generate(ids, **ours_options),
+            "generate": lambda: ours.generate(ids, **plain, **ours_options),
             "compile=True": lambda: ours.generate(ids, compile=True, **ours_options),
             "sdpa": lambda: hf["sdpa"].generate(ids, **hf_options),
             "+weights": lambda: ours.generate(ids, output_attentions=True, **ours_options),
@@ -169,14 +217,15 @@ def run(args: argparse.Namespace) -> int:
                                                              return_dict_in_generate=True, **hf_options),
         }
         if ours32 is not None:
-            cases["generate float32"] = lambda: ours32.generate(ids, **ours_options)
-            cases["prefill float32"] = lambda: ours32.generate(ids, max_new_tokens=1, eos_token_id=-1)
+            cases["generate float32"] = lambda: ours32.generate(ids, **plain, **ours_options)
+            cases["prefill float32"] = lambda: ours32.generate(ids, **prefill_options)
         compiled = [key for key in cases if "compile" in key]
-        if not args.compile:
+        if not args.compile or not own:
             for key in compiled:
                 del cases[key]
         with torch.no_grad():
-            ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1)  # warm-up: first calls pay set-up
+            # warm-up: first calls pay set-up
+            ours.generate(ids[:, :8], max_new_tokens=2, eos_token_id=-1, **plain)
             hf["sdpa"].generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)
             # compile=True pays its compilation on the first call for a batch size and length
             compile_seconds = {key: timed(cases[key]) for key in compiled if key in cases}
@@ -205,15 +254,12 @@ def run(args: argparse.Namespace) -> int:
                       if whole in runs and prefill in runs and min(runs[whole]) > min(runs[prefill])}
         print(f"  batch {batch}: decoding steps alone (generate less its prompt pass), tok/s: "
               + ", ".join(f"{label} {value:.1f}" for label, value in step_rates.items()))
-        served = unserved_reason(ours, batch)
-        print(f"  batch {batch}: attnlab's decoding steps: "
-              + ("the native step" if served is None else f"the modules ({served})"))
         if compile_seconds:
             print(f"  batch {batch}: first compile=True calls (compiling included): "
                   + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
         packed = packs_weights(batch, new, compile=False)
-        floor, size = weight_pass(ours, batch, repeats, packed)
-        how = ("MKL packed, as generate runs here" if packed else
+        floor, size = weight_pass(ours if own else ours.model, batch, repeats, packed and own)
+        how = ("MKL packed, as generate runs here" if packed and own else
                "the native few-row kernel" if serves_rows(batch) else "plain products")
         print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of {args.dtype} weights ({how}; a "
               f"decoding step's floor, up to noise) takes {floor * 1e3:.1f} ms "

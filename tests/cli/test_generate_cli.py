@@ -175,3 +175,21 @@ def test_dtype_flag_chooses_the_weights_dtype_and_the_command_says_which(llama_d
                  "--dtype", "auto"]) == 0  # the file is float32
     assert capsys.readouterr().out.splitlines()[0] == (
         f"dtype: float32 for {llama_dir} (--dtype auto: the checkpoint's own)")
+
+
+def test_verbose_says_how_the_decoding_steps_ran(llama_dir, tmp_path, capsys):
+    """A Qwen3 directory opens through transformers: the native step serves its greedy
+    generation; a report asks for weights, so transformers' generate runs, and says why."""
+    directory = tmp_path / "qwen3"
+    config = transformers.Qwen3Config(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=8, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(directory)
+    (directory / "tokenizer.json").write_text((llama_dir / "tokenizer.json").read_text())
+    argv = ["generate", "--model", str(directory), "--prompt", "the cat sat on", "--max-new-tokens", "4",
+            "--verbose"]
+    assert main(argv) == 0
+    assert "decoding: attnlab's native decoding step" in capsys.readouterr().out
+    assert main([*argv, "--report", str(tmp_path / "report")]) == 0
+    assert "decoding: transformers' generate (the weights are asked for" in capsys.readouterr().out

@@ -12,7 +12,8 @@ pytest.importorskip("transformers", reason="the benchmark compares with transfor
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generate.py"
 
 
-@pytest.mark.parametrize("family,dtype", [("llama", "float32"), ("gpt2", "float32"), ("llama", "bfloat16")])
+@pytest.mark.parametrize("family,dtype", [("llama", "float32"), ("gpt2", "float32"), ("llama", "bfloat16"),
+                                          ("qwen3", "float32"), ("qwen3", "bfloat16")])
 def test_quick_run_prints_the_table(capsys, family, dtype):
     spec = importlib.util.spec_from_file_location("attnlab_benchmark_generate", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -28,3 +29,6 @@ def test_quick_run_prints_the_table(capsys, family, dtype):
     assert "| 2 | prefill |" in printed and f"MiB of {dtype} weights" in printed and "CPU: " in printed
     assert ("attnlab generate, float32" in printed) == (dtype != "float32")
     assert "decoding steps alone" in printed
+    assert "native step" in printed  # whether it served, or why not
+    if family == "qwen3":  # a transformers model: the native step serves it in float32 only
+        assert ("transformers' generate runs" in printed) == (dtype != "float32")

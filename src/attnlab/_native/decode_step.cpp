@@ -22,6 +22,13 @@
 // allowed slots; SiLU as x / (1 + e^-x), GELU with erf or its tanh form, ReLU); sums run in
 // another order than torch's, so results agree to float32 rounding.
 //
+// Optional pieces, off by default, for the transformers families whose layers add to that
+// step (each switched on by an argument): RMSNorms of the queries and keys before rotary
+// positions, per head or over all heads (Qwen3, Gemma 3, OLMo 2); norms of the attention's
+// and the feed-forward net's outputs before their residual adds (Gemma 2 and 3, OLMo 2),
+// with either pre-norm left out (OLMo 2); a sliding window per layer, with its own rotary
+// angles (Gemma 2 and 3); tanh soft-capping of the scores and of the logits (Gemma 2).
+//
 // Dimension letters: B rows (sequences), H query heads, K key/value heads, G = H / K query
 // heads per key/value head, C cache slots, D head dim, E model dim, F feed-forward width,
 // V vocabulary.
@@ -154,12 +161,12 @@ struct Shape {
   int64_t B, H, K, D, C, slot;
 };
 
-// The new token's attention over slots [0, slot] of one layer's cache (T: its dtype), for
-// every row and head: attended [B, H*D]; weights [B, H, 1, slot + 1] when given (nullptr:
-// not kept).
+// The new token's attention over slots [first, slot] of one layer's cache (T: its dtype),
+// for every row and head: attended [B, H*D]; weights [B, H, 1, slot + 1] when given
+// (nullptr: not kept). softcap > 0: scores become tanh(score / softcap) * softcap.
 template <typename T>
 void attend(const float* qkv, const T* keys, const T* values, const bool* allowed, const Shape& s,
-            float scale, float* attended, float* weights) {
+            float scale, float* attended, float* weights, int64_t first, float softcap) {
   const int64_t group = s.H / s.K, width = (s.H + 2 * s.K) * s.D, S = s.slot + 1;
   // Each (row, key/value head) pair reads S keys and values of D floats: enough pairs per
   // thread that a parallel region pays for itself.
@@ -177,7 +184,10 @@ void attend(const float* qkv, const T* keys, const T* values, const bool* allowe
         const float excluded = -std::numeric_limits<float>::infinity();
         float largest = excluded;
         for (int64_t j = 0; j < S; ++j) {
-          probabilities[j] = row_allowed[j] ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
+          const bool in_reach = row_allowed[j] && j >= first;
+          probabilities[j] = in_reach ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
+          if (softcap > 0.f && in_reach)  // tanh(score / cap) * cap
+            probabilities[j] = std::tanh(probabilities[j] / softcap) * softcap;
           largest = std::max(largest, probabilities[j]);
         }
         const float total = exp_minus(probabilities.data(), S, largest);  // e^-inf: 0 where excluded
@@ -230,10 +240,12 @@ void write_slot(const float* from, const at::Tensor& cache, int64_t offset, int6
 }
 
 void attend(const float* qkv, const at::Tensor& keys, const at::Tensor& values, const bool* allowed,
-            const Shape& s, float scale, float* attended, float* weights) {
+            const Shape& s, float scale, float* attended, float* weights, int64_t first = 0,
+            float softcap = 0.f) {
   with_type(keys.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
-    attend<T>(qkv, keys.data_ptr<T>(), values.data_ptr<T>(), allowed, s, scale, attended, weights);
+    attend<T>(qkv, keys.data_ptr<T>(), values.data_ptr<T>(), allowed, s, scale, attended, weights, first,
+              softcap);
   });
 }
 
@@ -247,20 +259,39 @@ enum Entry : int64_t {
   kInWeight, kInBias, kGateWeight, kGateBias, kDownWeight, kDownBias, kPerLayer
 };
 
+// The entries of `extras` for each layer, each None or a float32 weight (1-d, as every
+// norm's weight): the queries' and the keys' RMSNorm ([D]: per head; [H*D] or [K*D]: over
+// all heads), the attention output's and the feed-forward output's norm ([E], before the
+// residual add).
+enum Extra : int64_t { kQueryNorm, kKeyNorm, kPostAttnNorm, kPostFfnNorm, kExtrasPerLayer };
+
 // x [B, E]: the new tokens' embeddings (float32). cos, sin [B, D] (float32) or None (no
 // rotary). allowed [B, C] bool: the slots each row may attend (the new token's slot
 // included). weights: see Entry. keys, values: each layer's cache [B, K, C, D] in the
 // matrices' dtype (slot `slot` is written). scales: each layer's score scale. -> logits
 // [B, V] (float32) and, with need_weights, each layer's weights [B, H, 1, slot + 1] (float32).
+// The optional pieces: extras (see Extra; empty: none), windows (per layer; 0: none; empty:
+// none), cos_local and sin_local (float32: the angles of the layers with a window),
+// attention_softcap and logit_softcap (0: none).
 std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     const at::Tensor& x_in, const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
     const at::Tensor& allowed, int64_t slot, const c10::List<std::optional<at::Tensor>>& weight_list,
     at::TensorList keys, at::TensorList values, at::ArrayRef<double> scales, int64_t num_heads,
-    int64_t num_kv_heads, int64_t norm_kind, double eps, int64_t activation, bool need_weights) {
+    int64_t num_kv_heads, int64_t norm_kind, double eps, int64_t activation, bool need_weights,
+    const std::optional<c10::List<std::optional<at::Tensor>>>& extra_list, at::IntArrayRef windows,
+    const std::optional<at::Tensor>& cos_local, const std::optional<at::Tensor>& sin_local,
+    double attention_softcap, double logit_softcap) {
   std::vector<at::Tensor> weights;  // undefined tensors for the None entries
   weights.reserve(weight_list.size());
   for (const std::optional<at::Tensor>& entry : weight_list) weights.push_back(entry.value_or(at::Tensor()));
+  std::vector<at::Tensor> extras;
+  if (extra_list.has_value())
+    for (const std::optional<at::Tensor>& entry : *extra_list) extras.push_back(entry.value_or(at::Tensor()));
   const int64_t layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(extras.empty() || static_cast<int64_t>(extras.size()) == layers * kExtrasPerLayer,
+              "decode step: no extras, or ", kExtrasPerLayer, " per layer");
+  TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == layers,
+              "decode step: no windows, or one per layer");
   TORCH_CHECK(layers > 0 && values.size() == keys.size() && scales.size() == keys.size() &&
                   static_cast<int64_t>(weights.size()) == layers * kPerLayer + 4,
               "decode step: one cache, one scale and ", kPerLayer, " weights per layer expected, then 4");
@@ -284,6 +315,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     check_float(*sin, "sin");
     TORCH_CHECK(cos->numel() == B * D && sin->numel() == B * D && D % 2 == 0,
                 "decode step: cos and sin must be [B, D] with an even D");
+  }
+  const bool local = cos_local.has_value() && cos_local->defined();
+  TORCH_CHECK(local == (sin_local.has_value() && sin_local->defined()) && (!local || rotary),
+              "decode step: cos_local and sin_local come together, with cos and sin");
+  if (local) {
+    check_float(*cos_local, "cos_local");
+    check_float(*sin_local, "sin_local");
+    TORCH_CHECK(cos_local->numel() == B * D && sin_local->numel() == B * D,
+                "decode step: cos_local and sin_local must be [B, D]");
   }
   const Shape shape{B, H, K, D, C, slot};
   const int64_t qkv_width = (H + 2 * K) * D;
@@ -314,13 +354,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     TORCH_CHECK(in.defined() && in.dim() == 2, "decode step: layer ", l, " lacks its feed-forward product");
     const int64_t hidden = in.size(0);
     F = std::max(F, hidden);
-    check(l, kAttnNormWeight, {E}, false);
+    check(l, kAttnNormWeight, {E}, true);  // None: no norm before attention (OLMo 2)
     check(l, kAttnNormBias, {E}, true);
     check(l, kQkvWeight, {qkv_width, E}, false);
     check(l, kQkvBias, {qkv_width}, true);
     check(l, kOutWeight, {E, H * D}, false);
     check(l, kOutBias, {E}, true);
-    check(l, kFfnNormWeight, {E}, false);
+    check(l, kFfnNormWeight, {E}, true);
     check(l, kFfnNormBias, {E}, true);
     check(l, kInWeight, {hidden, E}, false);
     check(l, kInBias, {hidden}, true);
@@ -330,6 +370,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
     check(l, kGateBias, {hidden}, true);
     check(l, kDownWeight, {E, hidden}, false);
     check(l, kDownBias, {E}, true);
+    for (int64_t e = 0; e < static_cast<int64_t>(extras.empty() ? 0 : kExtrasPerLayer); ++e) {
+      const at::Tensor& t = extras[l * kExtrasPerLayer + e];
+      if (!t.defined()) continue;
+      check_float(t, "every extra weight");
+      const int64_t heads = e == kQueryNorm ? H : K;
+      const bool fits = e >= kPostAttnNorm ? t.size(0) == E : (t.size(0) == D || t.size(0) == heads * D);
+      TORCH_CHECK(t.dim() == 1 && fits, "decode step: layer ", l, "'s extra entry ", e,
+                  " has a size the model's widths do not give it");
+    }
     for (const at::Tensor& store : {keys[l], values[l]}) {
       check_type(store, dtype, "every weight matrix and cache");
       TORCH_CHECK(store.sizes() == at::IntArrayRef({B, K, C, D}), "decode step: layer ", l,
@@ -364,16 +413,43 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
   float* ps = projected.data_ptr<float>();
   float* hs = hidden.data_ptr<float>();
   const float epsilon = static_cast<float>(eps);
+  // normed = norm(x), or x itself where the layer has no norm there
+  auto pre_norm = [&](const at::Tensor& weight, const at::Tensor& bias) {
+    if (weight.defined())
+      norm(norm_kind, xs, B, E, data(weight), data(bias), epsilon, ns);
+    else
+      std::copy(xs, xs + B * E, ns);
+  };
+  // x += the sublayer's output [B, E] (in projected), normed first where a weight is given
+  auto add_residual = [&](const float* post_weight) {
+    if (post_weight != nullptr) norm(kRmsNorm, ps, B, E, post_weight, nullptr, epsilon, ps);
+    for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
+  };
 
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kPerLayer;
-    norm(norm_kind, xs, B, E, data(w[kAttnNormWeight]), data(w[kAttnNormBias]), epsilon, ns);
+    const at::Tensor* extra = extras.empty() ? nullptr : extras.data() + l * kExtrasPerLayer;
+    auto extra_data = [&](int64_t e) -> const float* { return extra == nullptr ? nullptr : data(extra[e]); };
+    pre_norm(w[kAttnNormWeight], w[kAttnNormBias]);
     product(ns, w[kQkvWeight], w[kQkvBias], ps);  // [B, (H + 2K) * D]
+    for (int64_t e : {kQueryNorm, kKeyNorm}) {  // groups of D (per head) or of all heads' features
+      const float* weight = extra_data(e);
+      if (weight == nullptr) continue;
+      const int64_t group = extra[e].size(0), offset = e == kQueryNorm ? 0 : H * D;
+      const int64_t count = (e == kQueryNorm ? H : K) * D / group;
+      for (int64_t b = 0; b < B; ++b) {
+        float* part = ps + b * qkv_width + offset;
+        norm(kRmsNorm, part, count, group, weight, nullptr, epsilon, part);
+      }
+    }
+    const bool use_local = local && !windows.empty() && windows[l] > 0;
+    const float* layer_cos = rotary ? (use_local ? cos_local : cos)->data_ptr<float>() : nullptr;
+    const float* layer_sin = rotary ? (use_local ? sin_local : sin)->data_ptr<float>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
       float* row = ps + b * qkv_width;
       if (rotary)
         for (int64_t h = 0; h < H + K; ++h)  // the query heads, then the key heads
-          rotate(row + h * D, cos->data_ptr<float>() + b * D, sin->data_ptr<float>() + b * D, D, scratch.data());
+          rotate(row + h * D, layer_cos + b * D, layer_sin + b * D, D, scratch.data());
       for (int64_t k = 0; k < K; ++k) {
         write_slot(row + (H + k) * D, keys[l], ((b * K + k) * C + slot) * D, D);
         write_slot(row + (H + K + k) * D, values[l], ((b * K + k) * C + slot) * D, D);
@@ -384,11 +460,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       recorded.push_back(at::empty({B, H, 1, slot + 1}, options));
       kept = recorded.back().data_ptr<float>();
     }
+    const int64_t window = windows.empty() ? 0 : windows[l];
     attend(ps, keys[l], values[l], allowed.data_ptr<bool>(), shape, static_cast<float>(scales[l]),
-           attended.data_ptr<float>(), kept);
+           attended.data_ptr<float>(), kept, window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0,
+           static_cast<float>(attention_softcap));
     product(attended.data_ptr<float>(), w[kOutWeight], w[kOutBias], ps);  // [B, E]
-    for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
-    norm(norm_kind, xs, B, E, data(w[kFfnNormWeight]), data(w[kFfnNormBias]), epsilon, ns);
+    add_residual(extra_data(kPostAttnNorm));
+    pre_norm(w[kFfnNormWeight], w[kFfnNormBias]);
     const int64_t width = w[kInWeight].size(0);
     product(ns, w[kInWeight], w[kInBias], hs);  // [B, F]
     if (gated) {
@@ -400,11 +478,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       activation_times(activation, hs, nullptr, B * width);
       product(hs, w[kDownWeight], w[kDownBias], ps);  // [B, E]
     }
-    for (int64_t i = 0; i < B * E; ++i) xs[i] += ps[i];
+    add_residual(extra_data(kPostFfnNorm));
   }
   norm(norm_kind, xs, B, E, data(last[0]), data(last[1]), epsilon, ns);
   at::Tensor logits = at::empty({B, V}, options);
   product(ns, last[2], last[3], logits.data_ptr<float>());
+  if (logit_softcap > 0) logits = at::tanh(logits / logit_softcap) * logit_softcap;
   return {logits, recorded};
 }
 
@@ -414,6 +493,7 @@ TORCH_LIBRARY(attnlab_decode_step, m) {
   m.def(
       "step(Tensor x, Tensor? cos, Tensor? sin, Tensor allowed, int slot, Tensor?[] weights, Tensor[] keys, "
       "Tensor[] values, float[] scales, int num_heads, int num_kv_heads, int norm, float eps, int activation, "
-      "bool need_weights) -> (Tensor, Tensor[])");
+      "bool need_weights, Tensor?[]? extras=None, int[] windows=[], Tensor? cos_local=None, "
+      "Tensor? sin_local=None, float attention_softcap=0., float logit_softcap=0.) -> (Tensor, Tensor[])");
   m.impl("step", c10::DispatchKey::CPU, &step);
 }

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="compile the decoding steps with torch.compile: faster steps after a "
                              "compilation of seconds to a minute (worth it for long generations)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="say how the decoding steps ran (attnlab's native step, or what ran "
+                             "instead and why)")
     parser.add_argument("--max-tokens", type=int, default=128,
                         help="beyond this many positions the report pools neighbouring positions")
     add_dtype_argument(parser)
@@ -80,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         **({} if args.temperature is None else {"temperature": args.temperature}),
     )
     print(generation.text)
+    if args.verbose:
+        print(f"decoding: {generation.decoding}")
     for path in generation.files:
         print(f"wrote {path}")
     return 0

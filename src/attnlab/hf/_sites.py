@@ -14,11 +14,11 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["AttentionSite", "attention_sites", "unrouted_attention"]
+__all__ = ["AttentionSite", "attention_sites", "unrouted_attention", "window_of"]
 
 _CROSS = re.compile(r"cross|encdec|encoder_attn", re.IGNORECASE)
 # Role words looked for in a stack's path, most specific first.
@@ -119,3 +119,15 @@ def unrouted_attention(model: nn.Module) -> list[str]:
         if not related and has_projections:
             unrouted.append(path)
     return unrouted
+
+
+def window_of(module: nn.Module, config: Any) -> Optional[int]:
+    """A transformers attention module's sliding window: its own ``sliding_window`` (Gemma 2
+    and 3, Qwen2: ``None`` on global layers), else the config's for every layer of a model
+    without ``layer_types`` (Mistral)."""
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window
+    else:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        window = None if getattr(text, "layer_types", None) else getattr(text, "sliding_window", None)
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None

@@ -9,6 +9,10 @@ return_dict_in_generate=True)`` gives each forward pass's exact weights (the pro
 more cached step, so that the last generated token's row is there too, and returns
 attnlab's :class:`~attnlab.models.decoder.generation.GenerationOutput`: the generation
 report, ``attention_maps()`` and the causal statistics take it as they take attnlab's own.
+
+Without weights (``output_attentions=False``), greedy generation with a decoder whose layers
+attnlab's native decoding step computes runs that step (:mod:`attnlab.hf.native_decoding`);
+any other call runs transformers' ``generate`` as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import Tensor, nn
 from ..models.decoder.generation import GenerationOutput
 from ..outputs import LayerAttentions
 from .backend import attach
+from .native_decoding import native_generate, unserved_reason
 
 __all__ = ["generate"]
 
@@ -32,20 +37,24 @@ def generate(
     *,
     attention_mask: Optional[Tensor] = None,
     max_new_tokens: int = 32,
+    output_attentions: bool = True,
     **generate_options: Any,
 ) -> GenerationOutput:
-    """Generate with a transformers decoder and record every token's attention.
+    """Generate with a transformers decoder and record every token's attention, or not.
 
     Args:
         model: a transformers ``*ForCausalLM`` whose attention goes through the registry.
         input_ids: ``[B, T]`` prompt ids (left-padded for a batch).
         attention_mask: ``[B, T]``, 1 on real tokens; default all real.
         max_new_tokens: tokens to generate (at least 1).
+        output_attentions: record every step's weights; ``False``: greedy calls the native
+            step serves (:func:`~attnlab.hf.native_decoding.unserved_reason`) run it, the
+            others transformers' ``generate`` without recording.
         **generate_options: passed to ``model.generate`` (``do_sample``, ``temperature``, ...).
 
     Returns:
-        :class:`~attnlab.models.decoder.generation.GenerationOutput` with ``attentions``:
-        the prompt's pass, then one row per generated token.
+        :class:`~attnlab.models.decoder.generation.GenerationOutput` with ``attentions``
+        (with ``output_attentions``): the prompt's pass, then one row per generated token.
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise ValueError(f"{type(model).__name__} is an encoder-decoder model; attnlab.hf.generate takes "
@@ -63,6 +72,16 @@ def generate(
         pad = getattr(model.generation_config, "pad_token_id", None) or getattr(model.generation_config,
                                                                               "eos_token_id", None)
         pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+    if not output_attentions:
+        if unserved_reason(model, B, **generate_options) is None:
+            return native_generate(model, input_ids, mask, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                   **generate_options)
+        with torch.no_grad():
+            sequences = model.generate(input_ids=input_ids, attention_mask=mask,
+                                       max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=pad,
+                                       **generate_options)
+        full_mask = torch.cat([mask, torch.ones(B, sequences.shape[1] - T, dtype=mask.dtype)], dim=1)
+        return GenerationOutput(sequences=sequences, attention_mask=full_mask.bool(), prompt_length=T)
     with torch.no_grad(), attach(model):
         out = model.generate(
             input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, output_attentions=True,

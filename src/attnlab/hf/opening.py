@@ -27,7 +27,7 @@ from ..inspect.compute.inspectable import (HeadMask, Site, residual_blocks, shar
 from ..inspect.compute.site_statistics import SiteStatistics
 from ._kernel import BACKEND_NAME, use_eager_masks, register
 from .backend import AttachedModel, _configs_of, attach, scale_heads
-from ._sites import attention_sites, unrouted_attention
+from ._sites import attention_sites, unrouted_attention, window_of
 from .seq2seq import decoder_start
 
 if TYPE_CHECKING:
@@ -43,18 +43,6 @@ DECODER_INPUT = ("each text itself, shifted right after the decoder start token 
 _NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _window_of(module: nn.Module, config: Any) -> Optional[int]:
-    """A transformers attention module's sliding window: its own ``sliding_window`` (Gemma 2
-    and 3, Qwen2: ``None`` on global layers), else the config's for every layer of a model
-    without ``layer_types`` (Mistral)."""
-    if hasattr(module, "sliding_window"):
-        window = module.sliding_window
-    else:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        window = None if getattr(text, "layer_types", None) else getattr(text, "sliding_window", None)
-    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 def is_transformers_only(source: Union[str, Path, "Source"]) -> bool:
@@ -131,7 +119,7 @@ class TransformersModel(nn.Module):
     def attention_sites(self) -> list[Site]:
         return [Site(site.name, site.path, site.module, site.heads, site.cross,
                      bool(getattr(site.module, "is_causal", False)) and not site.cross,
-                     None if site.cross else _window_of(site.module, self.config)) for site in self.sites]
+                     None if site.cross else window_of(site.module, self.config)) for site in self.sites]
 
     def unsupported(self, feature: str) -> Optional[str]:
         name = self.architecture
@@ -219,22 +207,33 @@ class TransformersModel(nn.Module):
     def generate(self, input_ids: Tensor, *, attention_mask: Optional[Tensor] = None, max_new_tokens: int = 20,
                  **options: Any) -> Any:
         """:func:`attnlab.hf.generate`: transformers' ``generate``, every step's attention
-        recorded. ``options`` are attnlab's (``do_sample``, ``temperature``, ``top_k``,
-        ``top_p``, ``seed``); ``compile`` serves attnlab's own decoders only."""
+        recorded (``output_attentions=False``: none recorded, and greedy generation runs
+        attnlab's native decoding step where it serves, :meth:`unserved_reason`).
+        ``options`` are attnlab's (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+        ``seed``, ``eos_token_id``, ``pad_token_id``); ``compile`` serves attnlab's own
+        decoders only."""
         from .generation import generate
 
         reason = self.unsupported("generate")
         if reason is not None:
             raise ValueError(f"generate: {reason}")
         options = {key: value for key, value in options.items() if value is not None}
-        options.pop("output_attentions", None)  # always recorded
+        output_attentions = options.pop("output_attentions", True)  # recorded unless asked not to
         if options.pop("compile", False):
             raise ValueError("--compile applies to attnlab's own decoders, not to models opened through transformers")
         seed = options.pop("seed", None)
         if seed is not None:
             torch.manual_seed(seed)
         return generate(self.model, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                        **options)
+                        output_attentions=output_attentions, **options)
+
+    def unserved_reason(self, batch: int = 1, **options: Any) -> Optional[str]:
+        """``None`` where attnlab's native decoding step serves ``generate`` of ``batch`` rows
+        with these ``options``, else why transformers' ``generate`` runs
+        (:func:`attnlab.hf.native_decoding.unserved_reason`)."""
+        from .native_decoding import unserved_reason
+
+        return unserved_reason(self.model, batch, **options)
 
     def forward(self, input_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None, **kwargs: Any) -> Any:
         """``model(input_ids=, attention_mask=)``; an encoder-decoder given no decoder input

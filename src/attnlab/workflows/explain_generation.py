@@ -174,7 +174,8 @@ def _one_token(tokenizer: Any, text: Optional[str], argument: str) -> Optional[i
 def _continue(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     """Greedy continuation, cut after the first end-of-text token."""
     view = inspectable(model)
-    sequences = view.generate(input_ids, max_new_tokens=max_new_tokens).sequences
+    # only the tokens: no weights recorded (the native decoding step serves where it can)
+    sequences = view.generate(input_ids, max_new_tokens=max_new_tokens, output_attentions=False).sequences
     new = sequences[0, input_ids.shape[1]:].tolist()
     stops = set(view.special_ids["eos"])
     for index, token in enumerate(new):

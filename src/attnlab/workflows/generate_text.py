@@ -19,7 +19,7 @@ from ..inspect.compute.inspectable import inspectable
 from ..inspect.draw.generation_report import write_generation_report
 from ..inspect.draw.report import write_report
 
-__all__ = ["Generation", "generate_text"]
+__all__ = ["Generation", "decoding_path", "generate_text"]
 
 _TOP = 5  # attended positions listed per head in generation.json
 
@@ -33,6 +33,7 @@ class Generation:
         prompt_tokens, generated_tokens: the tokens as text.
         report: ``report.html`` when a report directory was given.
         files: every file written.
+        decoding: how the decoding steps ran, and why (:func:`decoding_path`).
     """
 
     text: str
@@ -40,6 +41,28 @@ class Generation:
     generated_tokens: list[str]
     report: Optional[Path] = None
     files: list[Path] = field(default_factory=list)
+    decoding: str = ""
+
+
+def decoding_path(model: nn.Module, batch: int = 1, *, output_attentions: bool = False,
+                  **options: Any) -> str:
+    """How ``generate`` runs the decoding steps of ``model`` for ``batch`` rows with these
+    options: attnlab's native step, or the path that runs instead and why (the
+    ``unserved_reason`` of attnlab's decoders or of transformers' ones)."""
+    from ..hf.opening import TransformersModel
+    from ..models.decoder import DecoderForCausalLM
+    from ..models.decoder.native_decoding import unserved_reason
+
+    active = {key: value for key, value in options.items() if value not in (None, False)}
+    if isinstance(model, TransformersModel):
+        reason = model.unserved_reason(batch, output_attentions=output_attentions, **active)
+        return "attnlab's native decoding step" if reason is None else f"transformers' generate ({reason})"
+    if not isinstance(model, DecoderForCausalLM):
+        return f"{type(model).__name__}'s own generate"
+    if active.get("compile"):
+        return "steps compiled by torch.compile (compile=True)"
+    reason = unserved_reason(model, batch)
+    return "attnlab's native decoding step" if reason is None else f"the modules' forward ({reason})"
 
 
 def _token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
@@ -91,7 +114,9 @@ def generate_text(
     capture = report_dir is not None
     generated = view.generate(input_ids, max_new_tokens=max_new_tokens, output_attentions=capture, **sampling)
     new_ids = generated.sequences[0, len(ids):].tolist()
-    result = Generation(tokenizer.decode(new_ids), _token_texts(tokenizer, ids), _token_texts(tokenizer, new_ids))
+    result = Generation(tokenizer.decode(new_ids), _token_texts(tokenizer, ids),
+                        _token_texts(tokenizer, new_ids),
+                        decoding=decoding_path(model, 1, output_attentions=capture, **sampling))
     if not capture:
         return result
     out = Path(report_dir)

@@ -121,3 +121,19 @@ def test_local_layers_put_nothing_beyond_the_window_and_global_layers_do(gemma3_
             assert heads == [0.0] * 4, (layer, heads)  # exactly: the window's mask, not a small number
     assert ("sliding window 512 tokens: layers 1-5, 7-11, 13-17 put exactly 0 beyond it; layers 6, 12, 18 put"
             in capsys.readouterr().out)
+
+
+def test_greedy_tokens_through_the_native_step_are_transformers_generate_s(gemma3_from_dir, gemma3_dir):
+    """Gemma 3's four norms per layer, query/key norms, scaled embeddings and sliding layers
+    with their own rotary angles, in attnlab's native decoding step: transformers' own tokens."""
+    import transformers
+
+    model, tokenizer, _ = gemma3_from_dir
+    assert model.unserved_reason(1, do_sample=False) is None
+    reference = transformers.AutoModelForCausalLM.from_pretrained(gemma3_dir, attn_implementation="eager")
+    reference.eval()
+    ids = torch.tensor([tokenizer.encode(PROMPT).ids])
+    with torch.no_grad():
+        expected = reference.generate(input_ids=ids, max_new_tokens=16, do_sample=False)
+    ours = model.generate(ids, max_new_tokens=16, do_sample=False, output_attentions=False)
+    assert ours.attentions is None and torch.equal(ours.sequences, expected)

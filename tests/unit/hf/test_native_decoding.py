@@ -1,0 +1,159 @@
+"""transformers decoders through attnlab's native decoding step (``attnlab.hf.native_decoding``):
+per family, greedy tokens and every step's logits against transformers' own eager ``generate``;
+the models and calls it leaves to transformers, each with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import _dispatch
+from attnlab.hf.native_decoding import NativeSteps, native_layout, unserved_reason
+from attnlab.hf.opening import as_inspectable
+
+transformers = pytest.importorskip("transformers", reason="the reference is transformers' own generate")
+needs_kernel = pytest.mark.skipif(_dispatch.native_unavailable_reason("decode_step") is not None,
+                                  reason="the native kernel cannot be built here (no compiler or ninja)")
+
+VOCAB = 101
+SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=0,
+             bos_token_id=1, eos_token_id=2)
+FAMILIES = {
+    "llama": lambda **extra: transformers.LlamaConfig(**SIZES, **extra),
+    # a window shorter than prompt + new tokens, so that it cuts
+    "mistral": lambda **extra: transformers.MistralConfig(**SIZES, sliding_window=5, **extra),
+    "qwen2": lambda **extra: transformers.Qwen2Config(**SIZES, **extra),  # query/key/value biases
+    "phi3": lambda **extra: transformers.Phi3Config(**SIZES, **extra),  # fused qkv and gate/up products
+    "qwen2, a window on layer 2": lambda **extra: transformers.Qwen2Config(
+        **SIZES, use_sliding_window=True, sliding_window=4, max_window_layers=1, **extra),
+    # query/key norms per head
+    "qwen3": lambda **extra: transformers.Qwen3Config(**SIZES, head_dim=16, **extra),
+    # query/key norms over all heads; norms after attention and the feed-forward net, none before
+    "olmo2": lambda **extra: transformers.Olmo2Config(**SIZES, **extra),
+    # 1 + w norms, four per layer, scaled embeddings, a window on every other layer, soft caps
+    # small enough to bite
+    "gemma2": lambda **extra: transformers.Gemma2Config(
+        **SIZES, head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, **extra),
+    # query/key norms, sliding layers with their own rotary angles
+    "gemma3": lambda **extra: transformers.Gemma3TextConfig(
+        **SIZES, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "full_attention"], **extra),
+    "llama, biases, GELU, untied": lambda **extra: transformers.LlamaConfig(
+        **SIZES, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh",
+        tie_word_embeddings=False, **extra),
+}
+
+
+def _model(config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # weights large enough that the tokens differ from step to step
+        for name, parameter in model.named_parameters():
+            parameter.normal_(1.0, 0.2) if "norm" in name else parameter.normal_(0.0, 0.3)
+    return model
+
+
+def _prompt(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, VOCAB, (batch, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[1, :3] = 0  # left padding
+    return ids, mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_tokens_and_each_step_s_logits_are_transformers_eager_ones(family, batch):
+    model = _model(FAMILIES[family]())
+    ids, mask = _prompt(batch)
+    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                               eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    wrapped = as_inspectable(model)
+    assert wrapped.unserved_reason(batch) is None
+    out = wrapped.generate(ids, attention_mask=mask, max_new_tokens=20, output_attentions=False,
+                           eos_token_id=-1)
+    assert out.attentions is None
+    assert torch.equal(out.sequences, reference.sequences)
+    # every step's logits, fed transformers' own tokens
+    layout = native_layout(model)
+    steps = NativeSteps(model, layout, ids, mask, ids.shape[1] + 20)
+    for step, expected in enumerate(reference.logits):
+        if step:
+            steps(reference.sequences[:, ids.shape[1] + step - 1])
+        torch.testing.assert_close(steps.logits, expected, atol=1e-4, rtol=0)
+
+
+@needs_kernel
+def test_a_row_that_meets_eos_continues_with_pad_as_transformers_does():
+    model = _model(FAMILIES["llama"]())
+    ids, mask = _prompt(2)
+    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                          eos_token_id=None)
+    eos = int(free[0, ids.shape[1] + 3])  # a token row 0 generates: it stops there
+    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               eos_token_id=eos, pad_token_id=0)
+    out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=12, output_attentions=False,
+                                         eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+
+
+def _refused(config_or_model, expected: str, batch: int = 1, **options) -> None:
+    model = config_or_model if isinstance(config_or_model, torch.nn.Module) else _model(config_or_model)
+    reason = unserved_reason(model, batch, **options)
+    assert reason is not None and expected in reason, reason
+
+
+def test_unsupported_features_keep_transformers_path_and_say_why():
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    _refused(FAMILIES["llama"](rope_parameters=dynamic), "rope type 'dynamic'")
+    _refused(transformers.GPTNeoXConfig(**SIZES), "model_type 'gpt_neox'")
+    _refused(FAMILIES["phi3"](rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.5}), "partial rotary")
+    _refused(FAMILIES["llama"](), "past the 8 rows", batch=9)
+    _refused(FAMILIES["llama"](), "weights are asked for", output_attentions=True)
+    _refused(FAMILIES["llama"](), "sampling", do_sample=True)
+    _refused(FAMILIES["llama"](), "repetition_penalty", repetition_penalty=1.2)
+
+
+def test_a_forward_hook_keeps_transformers_path_and_its_effect():
+    model = _model(FAMILIES["llama"]())
+    model.model.layers[1].mlp.register_forward_hook(lambda module, args, output: output * 0)
+    _refused(model, "model.layers.1.mlp has forward hooks")
+    ids, mask = _prompt(1)
+    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                               eos_token_id=None)
+    out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=6, output_attentions=False,
+                                         eos_token_id=-1)
+    assert torch.equal(out.sequences, reference)
+
+
+def test_a_norm_that_computes_something_else_is_refused():
+    model = _model(FAMILIES["llama"]())
+    norm = model.model.layers[0].post_attention_layernorm
+    norm.variance_epsilon = 0.5  # the final norm's differs: the kernel takes one epsilon
+    _refused(model, "differs in epsilon")
+    model = _model(FAMILIES["llama"]())
+    eps = model.model.norm.variance_epsilon
+    model.model.layers[1].input_layernorm = torch.nn.LayerNorm(64, eps=eps, bias=False)
+    _refused(model, "input_layernorm: LayerNorm computes something else than an RMSNorm")
+
+
+@needs_kernel
+def test_asking_for_weights_keeps_transformers_path_and_eager_s_weights():
+    """The native step records no weights for transformers models: weights come from
+    attnlab's attention function on transformers' path, equal to eager's (padded batches:
+    test_hf_backend.py)."""
+    model = _model(FAMILIES["qwen2"]())
+    ids, mask = _prompt(1)
+    reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                               eos_token_id=None, output_attentions=True, return_dict_in_generate=True)
+    out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=-1)
+    assert torch.equal(out.sequences, reference.sequences)
+    # transformers' own output-capturing hooks, installed now, record nothing outside such calls
+    assert unserved_reason(model, 1) is None
+    for step, (ours, theirs) in enumerate(zip(out.attentions, reference.attentions)):
+        for got, want in zip(ours.values(), theirs):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"step {step}")

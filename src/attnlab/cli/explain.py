@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=list(dict.fromkeys([*METHODS, *GENERATION_METHODS, ALL])),
         dest="methods",
-        help=f"attribution methods, or {ALL} for every method; with --text: {', '.join(METHODS)}; with --prompt: "
-             f"{', '.join(GENERATION_METHODS)}. Default: the one benchmarks/faithfulness.py ranks most faithful "
+        help=f"attribution methods, or {ALL} for every method; with --text: {', '.join(METHODS)}; "
+             f"with --prompt: {', '.join(GENERATION_METHODS)}. Default: the one benchmarks/faithfulness.py "
+             f"ranks most faithful "
              f"for the kind of model (a classifier or a decoder; raw, rollout and flow for a bare encoder)",
     )
     parser.add_argument(
@@ -108,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     methods = _every_method(args.methods, METHODS)
     if methods is None:
         classifier = isinstance(getattr(resolved.model, "num_labels", None), int)
-        methods = _default_methods("classifier", resolved.model, METHODS) if classifier else ["raw", "rollout", "flow"]
+        methods = (_default_methods("classifier", resolved.model, METHODS) if classifier
+                   else ["raw", "rollout", "flow"])
         if not classifier:
             print("note: the model has no classifier; the gradient methods need one (raw, rollout, flow only)")
     if is_causal_model(resolved.model):
@@ -206,8 +208,8 @@ def _default_methods(kind: str, model, available) -> list[str]:
     best = None if measured is None else measured.best_method(available)
     if best is None:
         return list(available)
-    print(f"method: {best}, the most faithful measured for this kind of model ({describe_method(measured, best)}); "
-          f"--method all runs every method")
+    print(f"method: {best}, the most faithful measured for this kind of model "
+          f"({describe_method(measured, best)}); --method all runs every method")
     return [best]
 
 
@@ -237,7 +239,8 @@ def _run_image(args: argparse.Namespace) -> int:
     model, preprocessing = open_vision_model(
         args.model, flag="--image", dtype=args.dtype, placement=placement_from_args(args),
         takes="image classifier directory (ViT, DeiT, DINOv2 ...ForImageClassification: config.json + safetensors)")
-    written = write_image_explanation(model, image, args.out, methods=_every_method(args.methods, IMAGE_METHODS) or IMAGE_METHODS,
+    written = write_image_explanation(model, image, args.out,
+                                      methods=_every_method(args.methods, IMAGE_METHODS) or IMAGE_METHODS,
                                       target=args.target, preprocessing=preprocessing, model_name=args.model,
                                       image_name=Path(args.image).name)
     explanation = written.explanation

@@ -123,7 +123,8 @@ def explanation_fragment(
     return (
         f'<div class="attnlab-explanation"><style>{asset("explanation.css")}</style>{note}'
         f'<div class="methods" id="{root_id}"></div>'
-        f'<script id="{data_id}" type="application/json">{json_for_script(_data(tokens, scores, faithfulness))}</script>'
+        f'<script id="{data_id}" type="application/json">'
+        f"{json_for_script(_data(tokens, scores, faithfulness))}</script>"
         f"<script>{script}</script></div>"
     )
 
@@ -144,6 +145,7 @@ def render_explanation(
     )
     body = (
         f"<header><h1>{html.escape(title)}</h1>{_meta_html(meta)}</header>"
-        f"<main><section>{explanation_fragment(tokens, scores, caption=caption, faithfulness=faithfulness)}</section></main>"
+        f"<main><section>{explanation_fragment(tokens, scores, caption=caption, faithfulness=faithfulness)}"
+        "</section></main>"
     )
     return _page(title, body)

@@ -92,7 +92,8 @@ class _BF16LinearViaFP32(torch.autograd.Function):
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``F.linear``, except under CPU bfloat16 autocast on a CPU that would emulate it.
+    """``F.linear``, except for bfloat16 products on a CPU that would emulate them: under CPU
+    bfloat16 autocast, or with a bfloat16 input and weight (a bfloat16 model's forward).
 
     There the operands are rounded to bfloat16 as autocast would, and the product is
     computed by float32 GEMMs (the same numbers a bfloat16 GEMM with float32
@@ -101,6 +102,9 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     Shape:
         ``x`` ``[..., in]``, ``weight`` ``[out, in]``, ``bias`` ``[out]`` -> ``[..., out]``.
     """
+    if bf16_is_emulated(x) and weight.dtype == torch.bfloat16 and not torch.is_autocast_enabled("cpu"):
+        # a bfloat16 model's forward (a prompt pass): the same products, in float32 GEMMs
+        return _BF16LinearViaFP32.apply(x, weight, None if bias is None else bias.to(torch.bfloat16))
     if not emulates_bf16_autocast(x, weight):
         return F.linear(x, weight, bias)
     with torch.autocast("cpu", enabled=False):

@@ -187,3 +187,18 @@ def test_float32_route_validates_the_mask_before_attending(emulated) -> None:
     q = torch.randn(1, 1, 3, 4).bfloat16()
     with pytest.raises(TypeError, match="holding -inf besides 0 and 1"):
         attention(q, q, q, torch.full((3, 3), float("-inf"), dtype=torch.float16))
+
+
+def test_a_bfloat16_linear_outside_autocast_runs_float32_products_with_bfloat16_numbers(emulated, monkeypatch):
+    """A bfloat16 model's prompt pass: the products of the rounded operands, exact in float32, summed
+    in float32 and rounded once, as a bfloat16 GEMM with float32 accumulation gives them."""
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(x.dtype) or real(x, w, b))
+    x = torch.randn(40, 96).to(torch.bfloat16)
+    weight, bias = torch.randn(48, 96).to(torch.bfloat16), torch.randn(48).to(torch.bfloat16)
+    out = linear(x, weight, bias)
+    assert out.dtype == torch.bfloat16 and calls == [torch.float32]  # no emulated bfloat16 GEMM
+    exact = x.double() @ weight.double().t() + bias.double()
+    assert torch.allclose(out.double(), exact, rtol=2 ** -8, atol=1e-2)
+    assert torch.equal(out, (x.float() @ weight.float().t() + bias.float()).to(torch.bfloat16))

@@ -165,7 +165,7 @@ def test_without_method_a_classifier_gets_the_most_faithful_measured_one(trained
     measured_faithfulness("classifier", "bert", {"grad-attention": 4.0, "raw": 0.2, "rollout": 2.0})
     out = tmp_path / "default"
     assert main(["explain", "--model", str(trained_run), "--text", "a superb film", "--out", str(out)]) == 0
-    assert "method: grad-attention, the most faithful" in capsys.readouterr().out
+    assert "method: grad-attention, ranked most faithful" in capsys.readouterr().out
     data = json.loads((out / "explanation.json").read_text())
     assert data["methods"] == ["grad-attention"]
     assert data["faithfulness"]["methods"]["grad-attention"]["at_or_below_random"] is False

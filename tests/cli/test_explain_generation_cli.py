@@ -162,7 +162,7 @@ def test_without_method_the_most_faithful_measured_one_runs_and_the_page_marks_t
     out = tmp_path / "default"
     assert main(["explain", "--model", str(llama_dir), "--prompt", "the cat sat", "--max-new-tokens", "2",
                  "--out", str(out)]) == 0
-    assert "method: occlusion, the most faithful" in capsys.readouterr().out
+    assert "method: occlusion, ranked most faithful" in capsys.readouterr().out
     assert json.loads((out / "explanation.json").read_text())["prompts"][0]["methods"] == ["occlusion"]
 
     out = tmp_path / "chosen"

@@ -208,7 +208,7 @@ def _default_methods(kind: str, model, available) -> list[str]:
     best = None if measured is None else measured.best_method(available)
     if best is None:
         return list(available)
-    print(f"method: {best}, the most faithful measured for this kind of model "
+    print(f"method: {best}, ranked most faithful over the measured models of this kind "
           f"({describe_method(measured, best)}); --method all runs every method")
     return [best]
 

@@ -52,8 +52,12 @@ class FamilyFaithfulness:
     same_family: bool = True
 
     def best_method(self, methods: Optional[Sequence[str]] = None) -> Optional[str]:
-        """The method with the best mean on ``primary`` among ``methods`` (all measured ones when
-        ``None``); the random ranking is never chosen; ``None`` when none of them was measured.
+        """The method ranked best among ``methods`` (all measured ones when ``None``): the best mean
+        rank over the measures, each ranking the candidates by their means, the primary measure's
+        mean breaking ties. One measure alone can reward an artefact (deleting a decoder's first
+        token moves its output whatever the token says: deletion AOPC favours attention to it);
+        the ranks over all four do not. The random ranking is never chosen; ``None`` when none of
+        ``methods`` was measured.
 
         Args:
             methods: the candidates, e.g. those a model offers; names never measured are skipped.
@@ -65,8 +69,14 @@ class FamilyFaithfulness:
                       if name != RANDOM and name in measured]
         if not candidates:
             return None
+        ranks: dict[str, list[int]] = {name: [] for name in candidates}
+        for measure, row in self.figures.items():
+            sign = 1.0 if self.higher_is_better.get(measure, True) else -1.0
+            ordered = sorted((name for name in candidates if name in row), key=lambda name: -sign * row[name][0])
+            for rank, name in enumerate(ordered):
+                ranks[name].append(rank)
         sign = 1.0 if self.higher_is_better.get(self.primary, True) else -1.0
-        return max(candidates, key=lambda name: sign * measured[name][0])
+        return min(candidates, key=lambda name: (sum(ranks[name]) / len(ranks[name]), -sign * measured[name][0]))
 
     def at_or_below_random(self, method: str, measure: Optional[str] = None) -> bool:
         """Whether ``method``'s 95 % interval on ``measure`` fails to clear the random ranking's.

@@ -26,8 +26,8 @@ __all__ = ["default_method", "faithfulness_notes", "describe_method"]
 
 
 def default_method(kind: str, family: Optional[str], available: Sequence[str]) -> Optional[str]:
-    """The method ``explain`` runs when none is named: the one ranked best on the primary measure
-    among ``available``, on this family's figures (another family's of the same kind when this
+    """The method ``explain`` runs when none is named: the one ranked best over the measures
+    (:meth:`~attnlab.inspect.faithfulness.FamilyFaithfulness.best_method`) among ``available``, on this family's figures (another family's of the same kind when this
     one was not measured); ``None`` when nothing of ``available`` was measured for ``kind``.
 
     Args:

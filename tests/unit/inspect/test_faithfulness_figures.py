@@ -41,7 +41,7 @@ def figures(monkeypatch):
     monkeypatch.setattr(faithfulness, "load_figures", lambda: FIGURES)
 
 
-def test_best_method_ranks_on_the_primary_measure_and_never_picks_random(figures):
+def test_best_method_never_picks_random(figures):
     measured = faithfulness_for("decoder", "llama")
     assert measured.best_method() == "raw"
     assert measured.best_method(["occlusion", "rollout", "random"]) == "occlusion"
@@ -50,10 +50,19 @@ def test_best_method_ranks_on_the_primary_measure_and_never_picks_random(figures
     assert lent.best_method() == "raw"  # random (9.0) is higher, but it is no method
 
 
-def test_best_method_follows_a_lower_is_better_primary(figures, monkeypatch):
-    lower = {**FIGURES, "primary": "soft_sufficiency"}
-    monkeypatch.setattr(faithfulness, "load_figures", lambda: lower)
-    assert faithfulness_for("decoder", "llama").best_method() == "rollout"
+def test_best_method_takes_the_best_mean_rank_over_the_measures_and_the_primary_breaks_ties(monkeypatch):
+    rows = {"random": [4.0, 3.5, 4.5], "first": [9.0, 8.0, 10.0], "second": [6.0, 5.5, 6.5]}
+    entry = _entry("llama", "decoder", rows)
+    for measure in ("insertion_aopc", "soft_comprehensiveness"):  # "second" wins three of the four
+        entry["figures"][measure] = {**rows, "first": [5.0, 4.5, 5.5], "second": [6.0, 5.5, 6.5]}
+    entry["figures"]["soft_sufficiency"] = {**rows, "first": [5.0, 4.5, 5.5], "second": [4.0, 3.5, 4.5]}
+    monkeypatch.setattr(faithfulness, "load_figures", lambda: {**FIGURES, "families": [entry]})
+    assert faithfulness_for("decoder", "llama").best_method() == "second"  # though "first" leads the primary
+    tied = _entry("llama", "decoder", rows)
+    tied["figures"]["soft_sufficiency"] = {**rows, "first": [6.0, 5.5, 6.5], "second": [5.0, 4.5, 5.5]}
+    tied["figures"]["insertion_aopc"] = {**rows, "first": [5.0, 4.5, 5.5], "second": [6.0, 5.5, 6.5]}
+    monkeypatch.setattr(faithfulness, "load_figures", lambda: {**FIGURES, "families": [tied]})
+    assert faithfulness_for("decoder", "llama").best_method() == "first"  # ranks 0, 1, 0, 1 each: primary
 
 
 def test_at_or_below_random_on_a_higher_is_better_measure(figures):

@@ -103,22 +103,13 @@ def evaluate_classifier(model, tokenizer, texts: Sequence[str], *, max_length: i
         with torch.no_grad():
             label = int(model(input_ids).logits[0].argmax())
         quantity = Quantity(model, label, decoder=False, pad_id=pad_id, batch=64)
-        full = quantity.of_ids([ids])[0]
-        orders = {}
-        for name in BASELINES:
-            def run(points: int, name=name) -> tuple[np.ndarray, float]:
-                found = attribute_tokens(model, input_ids, [IG], target=label, baseline_ids=reference,
-                                         baseline=name, steps=points)
-                return found.scores[IG][0].numpy(), completeness_gap(found.scores[IG], found.delta)
 
-            started = time.perf_counter()
-            scores, points, first_gap, last_gap = _until_complete(run, tried)
-            _count(tallies[name], points, first_gap, last_gap, time.perf_counter() - started)
-            orders[name] = sorted(words, key=lambda i: -scores[i])
-        orders["random"] = list(rng.permutation(words))
-        for name, order in orders.items():
-            values = quantity.of_ids(_deletion_inputs(ids, words, order))
-            tallies[name].curves.append(np.concatenate([[0.0], full - values]))
+        def run(name: str, points: int) -> tuple[np.ndarray, float]:
+            found = attribute_tokens(model, input_ids, [IG], target=label, baseline_ids=reference,
+                                     baseline=name, steps=points)
+            return found.scores[IG][0].numpy(), completeness_gap(found.scores[IG], found.delta)
+
+        _measure_text(tallies, run, quantity, ids, words, rng, tried)
     return {name: tally.summary() for name, tally in tallies.items()}
 
 
@@ -136,23 +127,31 @@ def evaluate_decoder(model, tokenizer, texts: Sequence[str], *, prompt_tokens: i
             target = int(model(torch.tensor([ids])).logits[0, -1].argmax())
         sequence, words = torch.tensor([ids + [target]]), list(range(len(ids)))
         quantity = Quantity(model, target, decoder=True, pad_id=neutral, batch=16, empty_id=neutral)
-        full = quantity.of_ids([ids])[0]
-        orders = {}
-        for name in BASELINES:
-            def run(points: int, name=name) -> tuple[np.ndarray, float]:
-                found = attribute_generation(model, sequence, len(ids), [IG], neutral_id=neutral, baseline=name,
-                                             steps=points)
-                return found.scores[IG][0, : len(ids)].numpy(), completeness_gap(found.scores[IG], found.delta)
 
-            started = time.perf_counter()
-            scores, points, first_gap, last_gap = _until_complete(run, tried)
-            _count(tallies[name], points, first_gap, last_gap, time.perf_counter() - started)
-            orders[name] = sorted(words, key=lambda i: -scores[i])
-        orders["random"] = list(rng.permutation(words))
-        for name, order in orders.items():
-            values = quantity.of_ids(_deletion_inputs(ids, words, order))
-            tallies[name].curves.append(np.concatenate([[0.0], full - values]))
+        def run(name: str, points: int) -> tuple[np.ndarray, float]:
+            found = attribute_generation(model, sequence, len(ids), [IG], neutral_id=neutral, baseline=name,
+                                         steps=points)
+            return found.scores[IG][0, : len(ids)].numpy(), completeness_gap(found.scores[IG], found.delta)
+
+        _measure_text(tallies, run, quantity, ids, words, rng, tried)
     return {name: tally.summary() for name, tally in tallies.items()}
+
+
+def _measure_text(tallies: dict, run: Callable[[str, int], tuple[np.ndarray, float]], quantity: Quantity,
+                  ids: list[int], words: list[int], rng: np.random.Generator, tried: Sequence[int]) -> None:
+    """One text: each baseline's integrated gradients until complete (``run(baseline, points)``),
+    then the deletion curve of its ranking and of a random one, into ``tallies``."""
+    full = quantity.of_ids([ids])[0]
+    orders = {}
+    for name in BASELINES:
+        started = time.perf_counter()
+        scores, points, first_gap, last_gap = _until_complete(lambda points: run(name, points), tried)
+        _count(tallies[name], points, first_gap, last_gap, time.perf_counter() - started)
+        orders[name] = sorted(words, key=lambda i: -scores[i])
+    orders["random"] = list(rng.permutation(words))
+    for name, order in orders.items():
+        values = quantity.of_ids(_deletion_inputs(ids, words, order))
+        tallies[name].curves.append(np.concatenate([[0.0], full - values]))
 
 
 def _count(tally: _Tally, points: int, first_gap: float, last_gap: float, seconds: float) -> None:

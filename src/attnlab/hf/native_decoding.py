@@ -36,11 +36,11 @@ from torch import Tensor, nn
 
 from .. import _native
 from .._dispatch import native_unavailable_reason
-from .._skinny import MAX_ROWS
 from .._threads import threads_for_load
 from ..attention.interface import head_scale_of
 from ..inspect.compute.routing import route_of
 from ..models.decoder.generation import GenerationOutput
+from ..models.decoder.native_decoding import call_reason
 from ..models.decoder.step_slots import StepSlots
 from ._native_layout import NativeLayout, native_layout
 
@@ -102,11 +102,7 @@ def unserved_reason(model: nn.Module, batch: int, **options: Any) -> Optional[st
     model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
     if options.pop("output_attentions", False):
         return "the weights are asked for: transformers' path records them through attnlab's attention"
-    if not 0 < batch <= MAX_ROWS:
-        return f"batch {batch} is past the {MAX_ROWS} rows of the few-row kernel"
-    if torch.is_autocast_enabled("cpu"):
-        return "autocast is on"
-    reason = _options_reason(model, options)
+    reason = call_reason(batch) or _options_reason(model, options)
     if reason is not None:
         return reason
     layout = native_layout(model)

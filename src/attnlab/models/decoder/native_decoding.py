@@ -114,12 +114,21 @@ def _module_reason(model) -> Optional[str]:
     return None
 
 
-def unserved_reason(model, batch: int) -> Optional[str]:
-    """``None`` where the native step serves ``model``'s decoding at ``batch`` rows, else why not."""
+def call_reason(batch: int) -> Optional[str]:
+    """Why the native step cannot take a call of ``batch`` rows whatever the model, or ``None``:
+    past the few-row kernel's rows, or under autocast (whose dtypes the step does not follow)."""
     if not 0 < batch <= MAX_ROWS:
         return f"batch {batch} is past the {MAX_ROWS} rows of the few-row kernel"
     if torch.is_autocast_enabled("cpu"):
         return "autocast is on"
+    return None
+
+
+def unserved_reason(model, batch: int) -> Optional[str]:
+    """``None`` where the native step serves ``model``'s decoding at ``batch`` rows, else why not."""
+    reason = call_reason(batch)
+    if reason is not None:
+        return reason
     try:
         check_no_hooks(model)
     except ValueError:

@@ -57,6 +57,7 @@ import torch
 import attnlab
 from attnlab._machine import competing_load, machine_line
 from attnlab._dispatch import paths_line
+from attnlab._native import build as build_native
 from attnlab._packed_weights import packed_for_rows
 from attnlab._skinny import serves_rows
 from attnlab.hf.opening import TransformersModel, open_transformers
@@ -135,18 +136,26 @@ def timed(function: Callable[[], object]) -> float:
 
 
 def weight_pass(model, batch: int, repeats: int, packed: bool) -> tuple[float, int]:
-    """One product of ``batch`` rows with every weight matrix but the input embedding, through
-    the model's own layers (``packed``: inside ``packed_for_rows``, as ``generate`` runs its
-    steps past the native kernel's rows): what one decoding step cannot go below (each step reads every
-    weight once). Returns the seconds (best of ``repeats``) and the bytes of those weights."""
+    """One product of ``batch`` rows with every weight matrix but the input embedding: what one
+    decoding step cannot go below (each step reads every weight once). Where the native
+    few-row kernel serves ``batch`` rows, the pass calls it directly, on float32 rows as the
+    native step does (through the layers, each call's Python would count as reading);
+    elsewhere through the model's own layers (``packed``: inside ``packed_for_rows``, as
+    ``generate`` runs its steps past the native kernel's rows). Returns the seconds (best of
+    ``repeats``) and the bytes of those weights."""
     layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     dtype = layers[0].weight.dtype
     widths = {layer.in_features for layer in layers}
-    inputs = {width: torch.randn(batch, width, dtype=dtype) for width in widths}
+    native = serves_rows(batch)
+    inputs = {width: torch.randn(batch, width, dtype=torch.float32 if native else dtype) for width in widths}
+    kernel = build_native("skinny_linear") if native else None
 
     def one_pass() -> None:
         for layer in layers:
-            layer(inputs[layer.in_features])
+            if kernel is not None:
+                kernel.linear(inputs[layer.in_features], layer.weight, None)
+            else:
+                layer(inputs[layer.in_features])
 
     with torch.no_grad(), packed_for_rows(model, batch) if packed else contextlib.nullcontext():
         one_pass()
@@ -259,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
                   + ", ".join(f"{key} {seconds:.1f} s" for key, seconds in compile_seconds.items()))
         packed = packs_weights(batch, new, compile=False)
         floor, size = weight_pass(ours if own else ours.model, batch, repeats, packed and own)
-        how = ("MKL packed, as generate runs here" if packed and own else
-               "the native few-row kernel" if serves_rows(batch) else "plain products")
+        how = ("the native few-row kernel" if serves_rows(batch) else
+               "MKL packed, as generate runs here" if packed and own else "plain products")
         print(f"  batch {batch}: one pass over the {size / 2**20:.0f} MiB of {args.dtype} weights ({how}; a "
               f"decoding step's floor, up to noise) takes {floor * 1e3:.1f} ms "
               f"({size / floor / 1e9:.1f} GB/s): "

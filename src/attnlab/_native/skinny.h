@@ -40,6 +40,15 @@ inline Vec load_weights(const W* w, int64_t size) {
   return Vec::loadu(tail);
 }
 
+// A hint to bring the cache line at `address` in, not to be kept past its use.
+inline void prefetch(const void* address) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address, 0, 0);
+#else
+  (void)address;
+#endif
+}
+
 // out[r * out_stride + o] = dot(x row r, w row o) for R rows of x and O rows of w, each of
 // `depth` elements; the vectors' lanes are summed at the end (one reduction per output).
 template <int64_t R, int64_t O, typename W>
@@ -51,6 +60,13 @@ inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride,
   const int64_t step = Vec::size();
   int64_t k = 0;
   for (; k + step <= depth; k += step) {
+    // Once per cache line, ask for the same line of the next group's rows (the next O rows):
+    // the hardware's prefetcher alone follows the O interleaved rows poorly, which held
+    // bfloat16 rows to 10-15 GB/s where float32 rows reached 17-30 (2 cores, AVX2 EPYC); with
+    // it bfloat16 reads at float32's rate, so half the bytes take about half the time.
+    // A prefetch never faults, so the rows past the matrix's end need no guard.
+    if ((k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+      for (int64_t o = 0; o < O; ++o) prefetch(w + (o + O) * w_stride + k);
     Vec weights[O];
     for (int64_t o = 0; o < O; ++o) weights[o] = load_weights(w + o * w_stride + k, step);
     for (int64_t r = 0; r < R; ++r) {

@@ -12,7 +12,8 @@ Dimension letters: ``H`` query heads, ``K`` key/value heads, ``D`` head dim, ``E
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
@@ -59,6 +60,9 @@ class NativeLayout:
         windows: per layer its sliding window (0: none).
         local_rotary: the angles of the layers with a window, where they have their own.
         attention_softcap, logit_softcap: tanh soft-capping (0: none).
+        copies: what fills the weights that are not the model's own tensors (the packed
+            query/key/value weights, Gemma's ``1 + w``) from the model's, in place:
+            :meth:`refresh` runs them.
     """
 
     weights: list[Optional[Tensor]]
@@ -75,15 +79,24 @@ class NativeLayout:
     local_rotary: Optional[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]] = None
     attention_softcap: float = 0.0
     logit_softcap: float = 0.0
+    copies: list[Callable[[], None]] = field(default_factory=list)
+
+    def refresh(self) -> None:
+        """Copy the model's weights into the layout's own again (they may have changed in a
+        way no version counter shows, as through ``.data``)."""
+        with torch.no_grad():
+            for copy in self.copies:
+                copy()
 
 
 def _probe(width: int) -> Tensor:
     return torch.randn(2, width, generator=torch.Generator().manual_seed(0))  # [2, E]
 
 
-def _norm_weight(norm: nn.Module, eps: float) -> Union[Tensor, str]:
+def _norm_weight(norm: nn.Module, eps: float, copies: list[Callable[[], None]]) -> Union[Tensor, str]:
     """The weight ``w`` with which ``norm(x) = x * rsqrt(mean(x^2) + eps) * w`` (``w`` itself,
-    or ``1 + w`` for Gemma's offset form), found by running the norm on a probe."""
+    or ``1 + w`` for Gemma's offset form, a copy that ``copies`` refills), found by running the
+    norm on a probe."""
     weight = getattr(norm, "weight", None)
     if not isinstance(weight, Tensor) or weight.dim() != 1 or getattr(norm, "bias", None) is not None:
         return f"{type(norm).__name__} is not an RMSNorm with one weight"
@@ -94,7 +107,11 @@ def _norm_weight(norm: nn.Module, eps: float) -> Union[Tensor, str]:
         for candidate in (weight, None):
             scale = weight if candidate is not None else 1.0 + weight
             if torch.allclose(got, normed * scale, rtol=1e-5, atol=1e-6):
-                return weight if candidate is not None else (1.0 + weight).contiguous()
+                if candidate is not None:
+                    return weight
+                offset = (1.0 + weight).contiguous()
+                copies.append(lambda: torch.add(weight, 1.0, out=offset))
+                return offset
     return f"{type(norm).__name__} computes something else than an RMSNorm"
 
 
@@ -146,10 +163,10 @@ def _projection(module: Any, name: str) -> Union[tuple[Tensor, Optional[Tensor]]
     return module.weight, module.bias
 
 
-def _attention_weights(attention: nn.Module, H: int, K: int, D: int
+def _attention_weights(attention: nn.Module, H: int, K: int, D: int, copies: list[Callable[[], None]]
                        ) -> Union[tuple[Tensor, Optional[Tensor], Tensor, Optional[Tensor]], str]:
     """The packed ``[(H + 2K) * D, E]`` query/key/value weight and bias (a view of Phi-3's,
-    a copy of the three others), the output product's weight and bias."""
+    a copy of the three others, which ``copies`` refills), the output product's weight and bias."""
     parts = {name for name, _ in attention.named_children()} - {"q_norm", "k_norm"}  # read by the caller
     fused = parts == {"qkv_proj", "o_proj"}
     if not fused and parts != {"q_proj", "k_proj", "v_proj", "o_proj"}:
@@ -166,10 +183,13 @@ def _attention_weights(attention: nn.Module, H: int, K: int, D: int
     else:
         (q, q_bias), (k, k_bias), (v, v_bias) = found["q_proj"], found["k_proj"], found["v_proj"]
         qkv = torch.cat((q, k, v))
-        biases = (q_bias, k_bias, v_bias)
-        qkv_bias = (None if all(bias is None for bias in biases) else
-                    torch.cat([bias if bias is not None else q.new_zeros(w.shape[0])
-                               for bias, w in zip(biases, (q, k, v))]))
+        copies.append(lambda: torch.cat((q, k, v), out=qkv))
+        biases = [bias if bias is not None else q.new_zeros(w.shape[0]) for bias, w in zip((q_bias, k_bias, v_bias),
+                                                                                           (q, k, v))]
+        qkv_bias = None
+        if any(bias is not None for bias in (q_bias, k_bias, v_bias)):
+            qkv_bias = torch.cat(biases)
+            copies.append(lambda: torch.cat(biases, out=qkv_bias))
     if qkv.shape[0] != (H + 2 * K) * D:
         return (f"the query/key/value products give {qkv.shape[0]} features, not "
                 f"(H + 2K) * D = {(H + 2 * K) * D}")
@@ -215,8 +235,8 @@ def _causal_lm_parts(model: nn.Module) -> Union[tuple[nn.Module, nn.Module], str
     return base, head
 
 
-def _layer_norms(layer: nn.Module, names: tuple[Optional[str], ...], eps: float, index: int
-                 ) -> Union[list[Optional[Tensor]], str]:
+def _layer_norms(layer: nn.Module, names: tuple[Optional[str], ...], eps: float, index: int,
+                 copies: list[Callable[[], None]]) -> Union[list[Optional[Tensor]], str]:
     """The kernel's weights of a layer's four norms (pre-attention, pre-feed-forward,
     post-attention, post-feed-forward; ``None`` where the wiring has none)."""
     found: list[Optional[Tensor]] = []
@@ -227,16 +247,35 @@ def _layer_norms(layer: nn.Module, names: tuple[Optional[str], ...], eps: float,
         norm = getattr(layer, name)
         if getattr(norm, "variance_epsilon", getattr(norm, "eps", None)) != eps:
             return f"layer {index}'s {name} differs in epsilon from the final norm"
-        weight = _norm_weight(norm, eps)
+        weight = _norm_weight(norm, eps, copies)
         if isinstance(weight, str):
             return f"layer {index}'s {name}: {weight}"
         found.append(weight)
     return found
 
 
+# the layout read last of each model, with the state it was read in (_state): reading probes
+# every norm and copies the query/key/value weights, tens of milliseconds a call
+_READ: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Union[NativeLayout, str]]]" = weakref.WeakKeyDictionary()
+
+
+def _state(model: nn.Module) -> tuple:
+    """What a layout depends on that can change after it is read: every parameter and buffer
+    (which tensor, its storage, its in-place version, dtype, device), every module's class and
+    mode, and the config. Values changed where no version counter sees them (``.data``) are
+    caught by :meth:`NativeLayout.refresh`, which copies the weights anew at every call."""
+    tensors = (*model.parameters(), *model.buffers())
+    return (tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device, t.shape) for t in tensors),
+            tuple((type(module), module.training) for module in model.modules()),
+            model.config.to_json_string(use_diff=False))
+
+
 def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
     """The kernel's weights of a transformers causal LM whose layers are what it computes,
     else the first reason they are not.
+
+    The layout is read once per model and kept while the model's tensors, modules and config
+    stay the same (its own copies are refilled by :meth:`NativeLayout.refresh`).
 
     Args:
         model: a transformers ``*ForCausalLM`` (or a :class:`~attnlab.hf.TransformersModel`).
@@ -247,6 +286,19 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
         or a one-line reason.
     """
     model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
+    try:
+        state = _state(model)
+    except (AttributeError, TypeError):  # not a transformers model: read it, keep nothing
+        return _read_layout(model)
+    kept = _READ.get(model)
+    if kept is not None and kept[0] == state:
+        return kept[1]
+    layout = _read_layout(model)
+    _READ[model] = (state, layout)
+    return layout
+
+
+def _read_layout(model: nn.Module) -> Union[NativeLayout, str]:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in _WIRINGS:
@@ -271,6 +323,7 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
         return "the final norm has no epsilon"
     weights: list[Optional[Tensor]] = []
     extras: list[Optional[Tensor]] = []
+    copies: list[Callable[[], None]] = []
     scales, windows, activations, softcaps = [], [], set(), set()
     for index, layer in enumerate(layers):
         children = {name for name, _ in layer.named_children()}
@@ -280,7 +333,7 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
         if layer.training and any(getattr(layer, name).p for name in dropouts):
             return f"layer {index} has dropout, in training mode"
         attention = layer.self_attn
-        found = _attention_weights(attention, H, K, D)
+        found = _attention_weights(attention, H, K, D, copies)
         if isinstance(found, str):
             return f"layer {index}: {found}"
         qkv, qkv_bias, out, out_bias = found
@@ -289,11 +342,11 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
             return f"layer {index}: {mlp}"
         ffn, activation = mlp
         activations.add(_activation_code(activation))
-        norms = _layer_norms(layer, wiring, eps, index)
+        norms = _layer_norms(layer, wiring, eps, index, copies)
         if isinstance(norms, str):
             return norms
         query_key = _layer_norms(attention, tuple(name if hasattr(attention, name) else None
-                                                  for name in ("q_norm", "k_norm")), eps, index)
+                                                  for name in ("q_norm", "k_norm")), eps, index, copies)
         if isinstance(query_key, str):
             return query_key
         scale = getattr(attention, "scaling", None)
@@ -308,7 +361,7 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
         return "the feed-forward activation is none of SiLU, GELU (erf or tanh) and ReLU"
     if len(softcaps) != 1:
         return "the layers differ in attention soft-capping"
-    final_norm = _norm_weight(base.norm, eps)
+    final_norm = _norm_weight(base.norm, eps, copies)
     if isinstance(final_norm, str):
         return f"the final norm: {final_norm}"
     weights += [final_norm, None, head.weight, head.bias]
@@ -319,4 +372,5 @@ def native_layout(model: nn.Module) -> Union[NativeLayout, str]:
     rotary, local = rotaries
     return NativeLayout(weights, scales, H, K, D, eps, activations.pop(), base.embed_tokens, rotary,
                         extras if any(extra is not None for extra in extras) else [], windows, local,
-                        float(softcaps.pop()), float(getattr(config, "final_logit_softcapping", None) or 0.0))
+                        float(softcaps.pop()), float(getattr(config, "final_logit_softcapping", None) or 0.0),
+                        copies)

@@ -146,6 +146,7 @@ class NativeSteps:
                  capacity: int) -> None:
         from transformers import DynamicCache
 
+        layout.refresh()  # the layout's own copies of the weights, as the weights are now
         B, T = input_ids.shape
         # [B, T], as transformers' generate numbers left-padded rows
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)

@@ -157,3 +157,42 @@ def test_asking_for_weights_keeps_transformers_path_and_eager_s_weights():
     for step, (ours, theirs) in enumerate(zip(out.attentions, reference.attentions)):
         for got, want in zip(ours.values(), theirs):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"step {step}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])  # packed q/k/v copies; 1 + w norm copies
+def test_the_layout_is_read_once_and_follows_every_change_of_the_weights(family):
+    model = _model(FAMILIES[family]())
+    ids, mask = _prompt(1)
+    layout = native_layout(model)
+    assert native_layout(model) is layout  # kept: reading probes every norm and copies weights
+
+    def tokens_agree() -> None:
+        reference = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                   eos_token_id=None)
+        out = as_inspectable(model).generate(ids, attention_mask=mask, max_new_tokens=8,
+                                             output_attentions=False, eos_token_id=-1)
+        assert torch.equal(out.sequences, reference)
+
+    attention = model.model.layers[0].self_attn
+    norm = model.model.layers[0].input_layernorm
+    # in place under no_grad: the version counter moves, the layout is read anew
+    with torch.no_grad():
+        attention.k_proj.weight.mul_(-1.5)
+    assert native_layout(model) is not layout
+    tokens_agree()
+    # through .data no counter moves: the kept layout's own copies (the packed q/k/v weight,
+    # the first norm's weight, 1 + w in Gemma) go stale until a call refills them
+    kept = native_layout(model)
+    qkv, first_norm = kept.weights[2], kept.weights[0]
+    queries = attention.q_proj.weight.shape[0]
+    attention.q_proj.weight.data.mul_(-2.0)
+    norm.weight.data.add_(0.5)
+    assert native_layout(model) is kept
+    assert not torch.equal(qkv[:queries], attention.q_proj.weight)
+    tokens_agree()
+    assert torch.equal(qkv[:queries], attention.q_proj.weight)
+    assert torch.equal(first_norm, norm.weight if family == "qwen3" else 1.0 + norm.weight)
+    # a replaced module: read anew, and a module the step does not compute is refused
+    attention.v_proj = torch.nn.Sequential(attention.v_proj)
+    assert "v_proj" in unserved_reason(model, 1)

@@ -31,9 +31,7 @@ that dtype.
 attnlab's native step reads the weights and cache in it and computes in float32) and adds
 attnlab's float32 ``generate`` on the same weights, timed in the same rounds, for the
 ratio of the two dtypes; the floor is then the pass over the dtype's weights.
-The native step serves transformers' families in float32 only: with ``--family qwen3
---dtype bfloat16`` (any of them in a half dtype) attnlab's side runs transformers'
-``generate`` under attnlab's attention, and each batch's line says so.
+The transformers families run the native step in all three dtypes too.
 
 Run (one heavy job at a time on a shared machine; minutes on a few CPU cores)::
 

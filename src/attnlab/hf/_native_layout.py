@@ -39,6 +39,8 @@ _WIRINGS: dict[str, tuple[Optional[str], ...]] = {
 # the kernel's activation codes (decode_step.cpp: Activation), with the function each is
 _ACTIVATIONS: dict[int, Callable[[Tensor], Tensor]] = {
     0: F.silu, 1: F.gelu, 2: lambda x: F.gelu(x, approximate="tanh"), 3: F.relu}
+# the dtypes the kernel reads weight matrices and the cache in
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # rotary types whose angles depend on the position alone (the model's rotary module computes them)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -105,12 +107,12 @@ def _norm_weight(norm: nn.Module, eps: float, copies: list[Callable[[], None]]) 
         got = norm(x)
         normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         for candidate in (weight, None):
-            scale = weight if candidate is not None else 1.0 + weight
-            if torch.allclose(got, normed * scale, rtol=1e-5, atol=1e-6):
+            scale = weight.float() if candidate is not None else 1.0 + weight.float()
+            if torch.allclose(got.float(), normed * scale, rtol=1e-5, atol=1e-6):
                 if candidate is not None:
                     return weight
-                offset = (1.0 + weight).contiguous()
-                copies.append(lambda: torch.add(weight, 1.0, out=offset))
+                offset = weight.float() + 1.0  # in float32, as Gemma's norm adds it
+                copies.append(lambda: offset.copy_(weight).add_(1.0))
                 return offset
     return f"{type(norm).__name__} computes something else than an RMSNorm"
 
@@ -365,10 +367,20 @@ def _read_layout(model: nn.Module) -> Union[NativeLayout, str]:
     if isinstance(final_norm, str):
         return f"the final norm: {final_norm}"
     weights += [final_norm, None, head.weight, head.bias]
+    matrices = [tensor for tensor in weights if tensor is not None and tensor.dim() == 2]
+    dtypes = {tensor.dtype for tensor in matrices}
+    if len(dtypes) != 1 or not dtypes <= set(_DTYPES):
+        return (f"the weight matrices are {', '.join(sorted(str(dtype) for dtype in dtypes))}, not all one of "
+                "float32, bfloat16 and float16")
     for tensor in weights + extras:
-        if tensor is not None and not (tensor.dtype == torch.float32 and tensor.device.type == "cpu"
-                                       and tensor.is_contiguous()):
-            return "the weights are not contiguous float32 CPU tensors"
+        if tensor is not None and not (tensor.device.type == "cpu" and tensor.is_contiguous()):
+            return "the weights are not contiguous CPU tensors"
+    # the kernel reads the matrices in their dtype; the vectors (norms' weights, biases) in float32
+    for entries in (weights, extras):
+        for index, tensor in enumerate(entries):
+            if tensor is not None and tensor.dim() == 1 and tensor.dtype != torch.float32:
+                widened = entries[index] = tensor.float()
+                copies.append(lambda source=tensor, into=widened: into.copy_(source))
     rotary, local = rotaries
     return NativeLayout(weights, scales, H, K, D, eps, activations.pop(), base.embed_tokens, rotary,
                         extras if any(extra is not None for extra in extras) else [], windows, local,

@@ -17,7 +17,10 @@ reason instead, and generation keeps transformers' ``generate``.
 The prompt runs through the model's own forward (transformers' attention and masks);
 its keys and values are copied into a cache the kernel writes in place, and each new
 token is one kernel call. Greedy tokens are transformers' ``generate``'s (to float32
-rounding). Asking for the weights keeps transformers' path, where attnlab's attention
+rounding). A model in bfloat16 or float16 keeps its matrices and the cache in that dtype
+and the step computes in float32: closer to exact than transformers' own forward in the
+dtype, which rounds every operation, so where two tokens nearly tie the two may pick
+differently. Asking for the weights keeps transformers' path, where attnlab's attention
 function records them.
 
 Dimension letters: ``B`` batch, ``T`` prompt length, ``H`` query heads, ``K`` key/value
@@ -182,7 +185,7 @@ class NativeSteps:
         """Tokens ``[B]`` -> next-token logits ``[B, V]`` (also kept in :attr:`logits`)."""
         slots, layout = self.slots, self.layout
         slot = slots.next_slot()
-        x = layout.embedding(tokens)  # [B, E]
+        x = layout.embedding(tokens).float()  # [B, E]: the model's embedding (and scale), in float32
         cos, sin = layout.rotary(x[:, None], slots.positions[:, None])  # ([B, 1, D],) x 2
         local = {}
         if layout.local_rotary is not None:

@@ -196,3 +196,69 @@ def test_the_layout_is_read_once_and_follows_every_change_of_the_weights(family)
     # a replaced module: read anew, and a module the step does not compute is refused
     attention.v_proj = torch.nn.Sequential(attention.v_proj)
     assert "v_proj" in unserved_reason(model, 1)
+
+
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", HALF_DTYPES.values(), ids=HALF_DTYPES.keys())
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3", "gemma2", "gemma3"])
+def test_half_precision_models_step_closer_to_float64_than_their_own_forward(family, dtype):
+    """The matrices and the cache stay in the model's dtype, the step computes in float32:
+    each step's logits against a float64 forward of the same rounded weights are within the
+    dtype's tolerance and, over the steps, closer than transformers' own forward in the dtype."""
+    model = _model(FAMILIES[family]()).to(dtype)
+    exact_model = _model(FAMILIES[family]()).to(dtype).double()
+    assert unserved_reason(model, 2) is None
+    layout = native_layout(model)
+    assert {t.dtype for t in layout.weights if t is not None and t.dim() == 2} == {dtype}
+    ids, mask = _prompt(2)
+    new = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
+    steps = NativeSteps(model, layout, ids, mask, ids.shape[1] + new.shape[1])
+    native_errors, own_errors = [], []
+    with torch.no_grad():
+        for step in range(new.shape[1]):
+            logits = steps(new[:, step])
+            sequence = torch.cat((ids, new[:, : step + 1]), dim=1)
+            full = torch.cat((mask, torch.ones(2, step + 1, dtype=mask.dtype)), dim=1).bool()
+            # each row alone, without its padding (a padded row's masked positions give NaN in float64)
+            exact = torch.cat([exact_model(row[keep][None]).logits[:, -1] for row, keep in zip(sequence, full)])
+            own = torch.cat([model(row[keep][None]).logits[:, -1] for row, keep in zip(sequence, full)])
+            assert logits.dtype == torch.float32
+            native_errors.append(float((logits.double() - exact).abs().max()))
+            own_errors.append(float((own.double() - exact).abs().max()))
+            assert native_errors[-1] <= 16 * torch.finfo(dtype).eps * float(exact.abs().max())
+    assert sum(native_errors) <= sum(own_errors)
+    assert all(store.dtype == dtype for store in steps.arguments[1])  # the cache in the model's dtype
+
+
+@needs_kernel
+def test_half_precision_generation_picks_float64_s_tokens_where_they_clearly_lead():
+    model = _model(FAMILIES["qwen3"]()).to(torch.bfloat16)
+    ids, mask = _prompt(2)
+    wrapped = as_inspectable(model)
+    assert wrapped.unserved_reason(2) is None
+    out = wrapped.generate(ids, attention_mask=mask, max_new_tokens=20, output_attentions=False,
+                           eos_token_id=-1)
+    def each_row(forward) -> torch.Tensor:  # [B, 20, V]: the logits that chose each new token
+        # each row alone, without its padding (a padded row's masked positions give NaN in float64)
+        return torch.stack([forward(row[keep][None]).logits[0, -21:-1].double()
+                            for row, keep in zip(out.sequences, out.attention_mask)])
+
+    with torch.no_grad():
+        own = each_row(model)
+        exact = each_row(model.double())
+    tolerance = (own - exact).abs().amax(-1)  # [B, 20]: the model's own error in bfloat16
+    chosen = out.sequences[:, 7:]
+    clear = exact.topk(2, dim=-1).values.diff(dim=-1)[..., 0].abs() > 2 * tolerance
+    assert int(clear.sum()) >= 10  # the premise: enough clear steps to check
+    assert (chosen[clear] == exact.argmax(-1)[clear]).all()
+
+
+def test_mixed_or_unserved_dtypes_keep_transformers_path_and_say_why():
+    model = _model(FAMILIES["llama"]()).to(torch.bfloat16)
+    model.model.layers[1].mlp.float()
+    _refused(model, "the weight matrices are torch.bfloat16, torch.float32, not all one of float32, "
+                    "bfloat16 and float16")
+    _refused(_model(FAMILIES["llama"]()).double(), "the weight matrices are torch.float64")

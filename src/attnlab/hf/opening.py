@@ -327,6 +327,18 @@ def open_transformers(directory: Union[str, Path], *, dtype: str = "float32",
     return opened
 
 
+def _with_fused_attention(from_pretrained: Any, *args: Any, **options: Any) -> nn.Module:
+    """``from_pretrained`` with transformers' sdpa attention, or its eager one for a class
+    that refuses sdpa (Gemma 2): the implementation the model keeps where attnlab's
+    attention function is not attached."""
+    try:
+        return from_pretrained(*args, attn_implementation="sdpa", **options)
+    except ValueError as error:
+        if "does not support an attention implementation through" not in str(error):
+            raise
+        return from_pretrained(*args, attn_implementation="eager", **options)
+
+
 def _read_directory(transformers: Any, directory: Union[str, Path], dtype: str,
                     placement: Optional["Placement"]) -> nn.Module:
     """The transformers model of a HuggingFace directory (the class its config names), placed."""
@@ -345,9 +357,8 @@ def _read_directory(transformers: Any, directory: Union[str, Path], dtype: str,
     _check_weight_files(directory, model_class, config)
     placed = {} if placement is None else placement.from_pretrained_options()
     try:
-        model = model_class.from_pretrained(
-            directory, dtype="auto" if dtype == "auto" else _DTYPES[dtype], attn_implementation="sdpa", **placed
-        )
+        model = _with_fused_attention(model_class.from_pretrained, directory,
+                                      dtype="auto" if dtype == "auto" else _DTYPES[dtype], **placed)
     except OSError as error:  # transformers' word for missing or unreadable weight files
         raise ValueError(f"{directory}: {str(error).splitlines()[0]}") from None
     except RuntimeError as error:  # sizes the check above could not compare (renamed keys)
@@ -363,9 +374,9 @@ def _read_directory(transformers: Any, directory: Union[str, Path], dtype: str,
 def _read_gguf(transformers: Any, path: Path, dtype: str) -> nn.Module:
     """A GGUF language model through transformers' GGUF reader (its own dequantisation)."""
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32 if dtype == "auto" else _DTYPES[dtype],
-            attn_implementation="sdpa")
+        model = _with_fused_attention(transformers.AutoModelForCausalLM.from_pretrained, path.parent,
+                                      gguf_file=path.name,
+                                      dtype=torch.float32 if dtype == "auto" else _DTYPES[dtype])
     except (ValueError, KeyError, ImportError) as error:
         raise ValueError(f"{path}: transformers {transformers.__version__} cannot read this GGUF file "
                          f"({str(error).splitlines()[0]})") from None

@@ -51,7 +51,7 @@ inline void prefetch(const void* address) {
 
 // out[r * out_stride + o] = dot(x row r, w row o) for R rows of x and O rows of w, each of
 // `depth` elements; the vectors' lanes are summed at the end (one reduction per output).
-template <int64_t R, int64_t O, typename W>
+template <int64_t R, int64_t O, bool kPrefetch, typename W>
 inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride, int64_t depth,
                  float* out, int64_t out_stride) {
   Vec acc[R][O];
@@ -62,10 +62,12 @@ inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride,
   for (; k + step <= depth; k += step) {
     // Once per cache line, ask for the same line of the next group's rows (the next O rows):
     // the hardware's prefetcher alone follows the O interleaved rows poorly, which held
-    // bfloat16 rows to 10-15 GB/s where float32 rows reached 17-30 (2 cores, AVX2 EPYC); with
-    // it bfloat16 reads at float32's rate, so half the bytes take about half the time.
+    // bfloat16 rows to 10-15 GB/s where float32 rows reached 17-30 (one or two rows of x, 2
+    // cores, AVX2 EPYC); with it bfloat16 reads at float32's rate, so half the bytes take
+    // about half the time. With more rows of x the loop is busy enough for the hardware's
+    // prefetcher, and the hints slowed 8 rows by 1.1-1.5x: they are for one or two rows.
     // A prefetch never faults, so the rows past the matrix's end need no guard.
-    if ((k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
+    if (kPrefetch && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
       for (int64_t o = 0; o < O; ++o) prefetch(w + (o + O) * w_stride + k);
     Vec weights[O];
     for (int64_t o = 0; o < O; ++o) weights[o] = load_weights(w + o * w_stride + k, step);
@@ -93,14 +95,19 @@ inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride,
 template <int64_t O, typename W>
 inline void weight_rows_times_x(const float* x, int64_t rows, const W* w, int64_t depth, int64_t o,
                                 float* out, int64_t width) {
+  if (rows <= 2) {  // memory-bound: prefetch (see dots)
+    if (rows == 2) dots<2, O, true>(x, depth, w + o * depth, depth, depth, out + o, width);
+    else dots<1, O, true>(x, depth, w + o * depth, depth, depth, out + o, width);
+    return;
+  }
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows)
-    dots<kRows, O>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
+    dots<kRows, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
   // the rows left (fewer than kRows): in twos, then one
   for (; r + 2 <= rows; r += 2)
-    dots<2, O>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
+    dots<2, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
   if (r < rows)
-    dots<1, O>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
+    dots<1, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
 }
 
 template <typename W>

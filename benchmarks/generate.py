@@ -102,9 +102,16 @@ def build_models(directory: Path, quick: bool, family: str = "llama", dtype: tor
     built = (model_class.from_config(config) if model_class is transformers.AutoModelForCausalLM
              else model_class(config))
     built.save_pretrained(directory)
-    hf = {name: transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=name,
-                                                                   dtype=dtype).eval()
-          for name in ("sdpa", "eager")}
+    def hf_model(implementation: str):
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=implementation,
+                                                                 dtype=dtype).eval()
+
+    hf = {"eager": hf_model("eager")}
+    try:
+        hf["sdpa"] = hf_model("sdpa")
+    except ValueError:  # a family transformers serves only eagerly (Gemma 2): its eager is HF's best
+        print(f"transformers has no sdpa for {family}: the sdpa rows run its eager attention")
+        hf["sdpa"] = hf["eager"]
     # attnlab.load opens the transformers families as transformers models (open_transformers),
     # and llama-hf / qwen2-hf, which it would convert, the same way here
     def opened(in_dtype: torch.dtype):

@@ -137,3 +137,27 @@ def test_greedy_tokens_through_the_native_step_are_transformers_generate_s(gemma
         expected = reference.generate(input_ids=ids, max_new_tokens=16, do_sample=False)
     ours = model.generate(ids, max_new_tokens=16, do_sample=False, output_attentions=False)
     assert ours.attentions is None and torch.equal(ours.sequences, expected)
+
+
+def test_in_bfloat16_the_native_step_picks_float64_s_tokens_where_they_clearly_lead(gemma3_dir):
+    """The checkpoint's own dtype: matrices and cache in bfloat16, the step in float32. Each
+    new token is the argmax of a float64 forward of the same bfloat16 weights wherever that
+    argmax leads by more than twice transformers' own bfloat16 forward's error."""
+    import copy
+
+    import attnlab
+
+    model, tokenizer, _ = attnlab.load(gemma3_dir, dtype="bfloat16")
+    assert model.unserved_reason(1, do_sample=False) is None
+    ids = torch.tensor([tokenizer.encode(PROMPT).ids])
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, output_attentions=False)
+    inner = model.model
+    assert inner.lm_head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        own = inner(out.sequences).logits[0, -17:-1].double()  # [16, V]: the logits that chose each token
+        exact = copy.deepcopy(inner).double()(out.sequences).logits[0, -17:-1]
+    tolerance = (own - exact).abs().amax(-1)
+    chosen = out.sequences[0, -16:]
+    clear = exact.topk(2, dim=-1).values.diff(dim=-1)[..., 0].abs() > 2 * tolerance
+    assert int(clear.sum()) >= 8  # the premise: most steps are clear
+    assert (chosen[clear] == exact.argmax(-1)[clear]).all()

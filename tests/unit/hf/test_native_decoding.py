@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import _dispatch
+from attnlab import _dispatch, _precision
 from attnlab.hf.native_decoding import NativeSteps, native_layout, unserved_reason
 from attnlab.hf.opening import as_inspectable
 
@@ -262,3 +262,38 @@ def test_mixed_or_unserved_dtypes_keep_transformers_path_and_say_why():
     _refused(model, "the weight matrices are torch.bfloat16, torch.float32, not all one of float32, "
                     "bfloat16 and float16")
     _refused(_model(FAMILIES["llama"]()).double(), "the weight matrices are torch.float64")
+
+
+@needs_kernel
+def test_a_bfloat16_prompt_pass_multiplies_in_float32_where_the_cpu_emulates_bfloat16(monkeypatch):
+    """The numbers of transformers' own bfloat16 forward (a bfloat16 GEMM sums in float32 too),
+    from float32 GEMMs where torch would emulate bfloat16 products (an AVX2 CPU)."""
+    model = _model(FAMILIES["qwen2"]()).to(torch.bfloat16)  # with biases
+    products = []
+    linear = _precision.linear
+    monkeypatch.setattr(_precision, "linear", lambda *args, **kwargs: products.append(1) or linear(*args, **kwargs))
+    ids, mask = _prompt(2)
+    steps = NativeSteps(model, native_layout(model), ids, mask, ids.shape[1] + 4)
+    emulated = _precision.bf16_is_emulated(torch.zeros(1, dtype=torch.bfloat16))
+    assert len(products) == (2 * 7 + 1 if emulated else 0)  # q, k, v, o, gate, up, down per layer; the LM head
+    with torch.no_grad():
+        own = model(ids, attention_mask=mask).logits[:, -1].float()
+    assert float((steps.logits - own).abs().max()) <= 8 * torch.finfo(torch.bfloat16).eps * float(own.abs().max())
+
+
+@needs_kernel
+def test_a_gemma2_directory_opens_though_transformers_refuses_it_sdpa(tmp_path):
+    """transformers has no sdpa for Gemma 2: opening asked for it and failed; it now takes
+    transformers' eager attention where attnlab's is not attached."""
+    from attnlab.hf.opening import open_transformers
+
+    model = _model(FAMILIES["gemma2"]())
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="does not support an attention implementation"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    opened = open_transformers(tmp_path)
+    ids, _ = _prompt(1)
+    assert opened.unserved_reason(1) is None
+    out = opened.generate(ids, max_new_tokens=8, output_attentions=False, eos_token_id=-1)
+    expected = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert torch.equal(out.sequences, expected)

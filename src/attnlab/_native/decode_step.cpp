@@ -43,12 +43,15 @@
 #include <limits>
 #include <vector>
 
+#include "decode_attention.h"
 #include "skinny.h"
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 using attnlab_skinny::load_weights;  // float32, or bfloat16/float16 widened
+using attnlab_decode::attend;
+using attnlab_decode::Shape;
 
 // b: float32, or a cached key in bfloat16 or float16.
 template <typename T>
@@ -95,24 +98,6 @@ void rotate(float* head, const float* cos, const float* sin, int64_t head_dim, f
   for (int64_t i = 0; i < head_dim; ++i) head[i] = head[i] * cos[i] + scratch[i] * sin[i];
 }
 
-// values[i] = e^(values[i] - shift) in place; returns their sum.
-float exp_minus(float* values, int64_t size, float shift) {
-  Vec sums(0.f);
-  const Vec shifts(shift);
-  int64_t i = 0;
-  for (; i + Vec::size() <= size; i += Vec::size()) {
-    const Vec e = (Vec::loadu(values + i) - shifts).exp();
-    e.store(values + i);
-    sums = sums + e;
-  }
-  float total = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sums);
-  for (; i < size; ++i) {
-    values[i] = std::exp(values[i] - shift);
-    total += values[i];
-  }
-  return total;
-}
-
 enum Activation : int64_t { kSilu = 0, kGelu = 1, kGeluTanh = 2, kRelu = 3 };
 
 template <int64_t kind, typename T>
@@ -155,59 +140,6 @@ void activation_times(int64_t kind, float* hidden, const float* up, int64_t size
     case kGeluTanh: return activation_times<kGeluTanh>(hidden, up, size);
     default: return activation_times<kRelu>(hidden, up, size);
   }
-}
-
-struct Shape {
-  int64_t B, H, K, D, C, slot;
-};
-
-// The new token's attention over slots [first, slot] of one layer's cache (T: its dtype),
-// for every row and head: attended [B, H*D]; weights [B, H, 1, slot + 1] when given
-// (nullptr: not kept). softcap > 0: scores become tanh(score / softcap) * softcap.
-template <typename T>
-void attend(const float* qkv, const T* keys, const T* values, const bool* allowed, const Shape& s,
-            float scale, float* attended, float* weights, int64_t first, float softcap) {
-  const int64_t group = s.H / s.K, width = (s.H + 2 * s.K) * s.D, S = s.slot + 1;
-  // Each (row, key/value head) pair reads S keys and values of D floats: enough pairs per
-  // thread that a parallel region pays for itself.
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, group * S * s.D));
-  at::parallel_for(0, s.B * s.K, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> probabilities(S);
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t b = pair / s.K, k = pair % s.K;
-      const T* key_rows = keys + (b * s.K + k) * s.C * s.D;
-      const T* value_rows = values + (b * s.K + k) * s.C * s.D;
-      const bool* row_allowed = allowed + b * s.C;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = k * group + g;
-        const float* query = qkv + b * width + h * s.D;
-        const float excluded = -std::numeric_limits<float>::infinity();
-        float largest = excluded;
-        for (int64_t j = 0; j < S; ++j) {
-          const bool in_reach = row_allowed[j] && j >= first;
-          probabilities[j] = in_reach ? dot(query, key_rows + j * s.D, s.D) * scale : excluded;
-          if (softcap > 0.f && in_reach)  // tanh(score / cap) * cap
-            probabilities[j] = std::tanh(probabilities[j] / softcap) * softcap;
-          largest = std::max(largest, probabilities[j]);
-        }
-        const float total = exp_minus(probabilities.data(), S, largest);  // e^-inf: 0 where excluded
-        const float inverse = 1.f / total;
-        float* out = attended + b * s.H * s.D + h * s.D;
-        for (int64_t d = 0; d < s.D; ++d) out[d] = 0.f;
-        for (int64_t j = 0; j < S; ++j) {
-          probabilities[j] *= inverse;
-          if (probabilities[j] == 0.f) continue;
-          const Vec p(probabilities[j]);
-          const T* value = value_rows + j * s.D;
-          int64_t d = 0;
-          for (; d + Vec::size() <= s.D; d += Vec::size())
-            at::vec::fmadd(p, load_weights(value + d, Vec::size()), Vec::loadu(out + d)).store(out + d);
-          for (; d < s.D; ++d) out[d] += probabilities[j] * static_cast<float>(value[d]);
-        }
-        if (weights != nullptr) std::copy(probabilities.begin(), probabilities.end(), weights + (b * s.H + h) * S);
-      }
-    }
-  });
 }
 
 // Calls f(T()) with T the C++ type of `dtype`: float, at::BFloat16 or at::Half.

@@ -28,6 +28,9 @@ CONFIGS = {
                                                             activation="gelu_tanh", position="learned",
                                                             qkv_bias=True, out_bias=True, ffn_bias=True),
     "gated GELU": dict(activation="gelu", num_kv_heads=2),
+    # seven query heads per key/value head (blocks of 4 and 3), a head dim past a vector's width
+    "seven heads per group, head dim 12, window": dict(num_heads=7, num_kv_heads=1, head_dim=12,
+                                                        sliding_window=5),
     "plain ReLU": dict(feed_forward="plain", activation="relu"),
 }
 

@@ -3,7 +3,8 @@
 ``report.css`` / ``report.js`` serve ``report.html`` and the summary page,
 ``generation.css`` / ``generation.js`` add to them for ``generation.html``,
 ``generation_explanation.*`` for its page, and ``explanation.css`` / ``explanation.js``
-style and build the explanation fragment (notebooks and ``explanation.html``). They are
+style and build the explanation fragment (notebooks and ``explanation.html``), and
+``method_box.js`` builds a method's box (name, faithfulness) for both explanation pages. They are
 inlined into every page, so a page opens without the network. The scripts read their data
 from ``<script id="attnlab-data" type="application/json">`` and write token text only
 through ``textContent``, never as HTML.
@@ -21,5 +22,5 @@ __all__ = ["asset"]
 def asset(name: str) -> str:
     """The text of ``assets/<name>`` (``"report.css"``, ``"report.js"``, ``"generation.css"``,
     ``"generation.js"``, ``"generation_explanation.css"``, ``"generation_explanation.js"``,
-    ``"explanation.css"``, ``"explanation.js"``)."""
+    ``"explanation.css"``, ``"explanation.js"``, ``"method_box.js"``)."""
     return files(__package__).joinpath("assets", name).read_text(encoding="utf-8")

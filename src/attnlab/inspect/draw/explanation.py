@@ -117,8 +117,9 @@ def explanation_fragment(
             raise ValueError(f"{name} has {len(values)} scores for {len(tokens)} tokens")
     suffix = secrets.token_hex(6)
     data_id, root_id = f"attnlab-explanation-data-{suffix}", f"attnlab-explanation-{suffix}"
-    script = (asset("explanation.js").replace("ATTNLAB_DATA_ID", json_for_script(data_id))
-              .replace("ATTNLAB_ROOT_ID", json_for_script(root_id)))
+    fragment = (asset("explanation.js").replace("ATTNLAB_DATA_ID", json_for_script(data_id))
+                .replace("ATTNLAB_ROOT_ID", json_for_script(root_id)))
+    script = asset("method_box.js") + fragment
     note = f'<p class="note">{html.escape(caption)}</p>' if caption else ""
     return (
         f'<div class="attnlab-explanation"><style>{asset("explanation.css")}</style>{note}'

@@ -126,7 +126,7 @@ def render_generation_explanation(
   <table id="lens" class="lens"></table>
 </section>
 </main>"""
-    page = _page(title, body, script=asset("generation_explanation.js"), data=data)
+    page = _page(title, body, script=asset("method_box.js") + asset("generation_explanation.js"), data=data)
     return page.replace("</style>", asset("generation_explanation.css") + "</style>", 1)
 
 

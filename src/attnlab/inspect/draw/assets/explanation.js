@@ -7,19 +7,7 @@
   var data = JSON.parse(block.textContent);
   var root = document.getElementById(ATTNLAB_ROOT_ID);
   data.methods.forEach(function (method) {
-    var box = document.createElement("div");
-    box.className = "method";
-    box.setAttribute("data-method", method.name);
-    var heading = document.createElement("h3");
-    heading.textContent = method.name;
-    box.appendChild(heading);
-    if (method.faithfulness) {
-      var measured = document.createElement("p");
-      measured.className = "faithfulness" + (method.below_random ? " below-random" : "");
-      measured.textContent = (method.below_random ? "\u26a0 measured at or below random: " : "measured: ") +
-        method.faithfulness;
-      box.appendChild(measured);
-    }
+    var box = attnlabMethodBox(method);  // method_box.js
     data.tokens.forEach(function (token, i) {
       var span = document.createElement("span");
       var value = method.normalized[i];

@@ -23,19 +23,7 @@
     root.replaceChildren();
     const seen = P + step;  // positions 0 .. P + step - 1 predict token P + step
     data.methods.forEach((method) => {
-      const box = document.createElement("div");
-      box.className = "method";
-      box.setAttribute("data-method", method.name);
-      const heading = document.createElement("h3");
-      heading.textContent = method.name;
-      box.appendChild(heading);
-      if (method.faithfulness) {
-        const measured = document.createElement("p");
-        measured.className = "faithfulness" + (method.below_random ? " below-random" : "");
-        measured.textContent = (method.below_random ? "\u26a0 measured at or below random: " : "measured: ") +
-          method.faithfulness;
-        box.appendChild(measured);
-      }
+      const box = attnlabMethodBox(method);  // method_box.js
       const values = method.scores[step].slice(0, seen);
       const shades = normalized(values);
       for (let i = 0; i < seen; i++) {

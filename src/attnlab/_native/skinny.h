@@ -40,10 +40,12 @@ inline Vec load_weights(const W* w, int64_t size) {
   return Vec::loadu(tail);
 }
 
-// A hint to bring the cache line at `address` in, not to be kept past its use.
+// A hint to bring the cache line at `address` into the caches: kLocality 0 for a line used
+// once (not to be kept past its use), 3 for one read again soon. A prefetch never faults.
+template <int kLocality>
 inline void prefetch(const void* address) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(address, 0, 0);
+  __builtin_prefetch(address, 0, kLocality);
 #else
   (void)address;
 #endif
@@ -51,63 +53,84 @@ inline void prefetch(const void* address) {
 
 // out[r * out_stride + o] = dot(x row r, w row o) for R rows of x and O rows of w, each of
 // `depth` elements; the vectors' lanes are summed at the end (one reduction per output).
-template <int64_t R, int64_t O, bool kPrefetch, typename W>
+//
+// While it reads its rows, a pass asks for the next group's rows ahead of their use
+// (`next`: the first of them, further rows w_stride apart): one cache line of each per
+// kEvery lines of its own, from the start of `next`, so that memory streams at an even rate
+// while the cores compute. The hardware's prefetcher alone follows O short interleaved rows
+// poorly, and the passes came in bursts: one or two rows of x read bfloat16 weights at
+// 10-15 GB/s where float32 reached 17-30, and 8 rows read float32 at 17 GB/s (2 cores, AVX2
+// EPYC). With the hints: bfloat16 at float32's rate for one or two rows, and 8 rows 1.1-1.5x
+// faster in both dtypes. kEvery 0 asks for nothing.
+template <int64_t R, int64_t O, int64_t kEvery, int kLocality, typename W>
 inline void dots(const float* x, int64_t x_stride, const W* w, int64_t w_stride, int64_t depth,
-                 float* out, int64_t out_stride) {
+                 float* out, int64_t out_stride, const W* next = nullptr) {
   Vec acc[R][O];
   for (int64_t r = 0; r < R; ++r)
     for (int64_t o = 0; o < O; ++o) acc[r][o] = Vec(0.f);
-  const int64_t step = Vec::size();
+  // `size` elements of each row at k (the tail's loads of fewer lanes fill the rest with zeros)
+  const auto step = [&](int64_t k, int64_t size) {
+    Vec weights[O];
+    for (int64_t o = 0; o < O; ++o) weights[o] = load_weights(w + o * w_stride + k, size);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row_at = x + r * x_stride + k;
+      const Vec row = size == Vec::size() ? Vec::loadu(row_at) : Vec::loadu(row_at, size);
+      for (int64_t o = 0; o < O; ++o) acc[r][o] = at::vec::fmadd(row, weights[o], acc[r][o]);
+    }
+  };
   int64_t k = 0;
-  for (; k + step <= depth; k += step) {
-    // Once per cache line, ask for the same line of the next group's rows (the next O rows):
-    // the hardware's prefetcher alone follows the O interleaved rows poorly, which held
-    // bfloat16 rows to 10-15 GB/s where float32 rows reached 17-30 (one or two rows of x, 2
-    // cores, AVX2 EPYC); with it bfloat16 reads at float32's rate, so half the bytes take
-    // about half the time. With more rows of x the loop is busy enough for the hardware's
-    // prefetcher, and the hints slowed 8 rows by 1.1-1.5x: they are for one or two rows.
-    // A prefetch never faults, so the rows past the matrix's end need no guard.
-    if (kPrefetch && (k * static_cast<int64_t>(sizeof(W))) % 64 == 0)
-      for (int64_t o = 0; o < O; ++o) prefetch(w + (o + O) * w_stride + k);
-    Vec weights[O];
-    for (int64_t o = 0; o < O; ++o) weights[o] = load_weights(w + o * w_stride + k, step);
-    for (int64_t r = 0; r < R; ++r) {
-      const Vec row = Vec::loadu(x + r * x_stride + k);
-      for (int64_t o = 0; o < O; ++o) acc[r][o] = at::vec::fmadd(row, weights[o], acc[r][o]);
+  if constexpr (kEvery > 0) {
+    // kEvery cache lines of each of its rows per line asked for (a whole number of vectors)
+    constexpr int64_t kSpan = kEvery * 64 / static_cast<int64_t>(sizeof(W));
+    for (; k + kSpan <= depth; k += kSpan) {
+      for (int64_t o = 0; o < O; ++o) prefetch<kLocality>(next + o * w_stride + k / kEvery);
+#pragma GCC unroll 16
+      for (int64_t u = 0; u < kSpan / Vec::size(); ++u) step(k + u * Vec::size(), Vec::size());
     }
   }
-  if (k < depth) {  // the tail: loads of fewer lanes fill the rest with zeros
-    const int64_t rest = depth - k;
-    Vec weights[O];
-    for (int64_t o = 0; o < O; ++o) weights[o] = load_weights(w + o * w_stride + k, rest);
-    for (int64_t r = 0; r < R; ++r) {
-      const Vec row = Vec::loadu(x + r * x_stride + k, rest);
-      for (int64_t o = 0; o < O; ++o) acc[r][o] = at::vec::fmadd(row, weights[o], acc[r][o]);
-    }
-  }
+  for (; k + Vec::size() <= depth; k += Vec::size()) step(k, Vec::size());
+  if (k < depth) step(k, depth - k);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t o = 0; o < O; ++o)
       out[r * out_stride + o] =
           at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc[r][o]);
 }
 
-// Weight rows [begin, end) against every row of x.
+// Weight rows [o, o + O) against every row of x, asking for the next O rows as it goes.
 template <int64_t O, typename W>
 inline void weight_rows_times_x(const float* x, int64_t rows, const W* w, int64_t depth, int64_t o,
                                 float* out, int64_t width) {
-  if (rows <= 2) {  // memory-bound: prefetch (see dots)
-    if (rows == 2) dots<2, O, true>(x, depth, w + o * depth, depth, depth, out + o, width);
-    else dots<1, O, true>(x, depth, w + o * depth, depth, depth, out + o, width);
+  const W* group = w + o * depth;
+  const W* next = group + O * depth;
+  if (rows <= 2) {  // one pass, bounded by memory: each line of the next rows once, not kept
+    if (rows == 2) dots<2, O, 1, 0>(x, depth, group, depth, depth, out + o, width, next);
+    else dots<1, O, 1, 0>(x, depth, group, depth, depth, out + o, width, next);
     return;
   }
-  int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows)
-    dots<kRows, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
-  // the rows left (fewer than kRows): in twos, then one
+  // kRows rows of x per pass: the first pass reads the group's rows from memory, the later
+  // ones from the caches, so the next rows are kept (locality 3). One pass asks for them
+  // line by line; with several, the last two ask for half each, one line per two.
+  const int64_t passes = rows / kRows;
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(W));
+  const int64_t half = depth / 2 / kLine * kLine;
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    const float* xs = x + pass * kRows * depth;
+    float* outs = out + pass * kRows * width + o;
+    if (passes == 1) dots<kRows, O, 1, 3>(xs, depth, group, depth, depth, outs, width, next);
+    else if (pass == passes - 2) dots<kRows, O, 2, 3>(xs, depth, group, depth, depth, outs, width, next);
+    else if (pass == passes - 1)
+      dots<kRows, O, 2, 3>(xs, depth, group, depth, depth, outs, width, next + half);
+    else dots<kRows, O, 0, 3>(xs, depth, group, depth, depth, outs, width);
+  }
+  // the rows left (fewer than kRows): in twos, then one; three rows ask in their first pass
+  int64_t r = passes * kRows;
+  if (rows == 3) {
+    dots<2, O, 1, 3>(x, depth, group, depth, depth, out + o, width, next);
+    r = 2;
+  }
   for (; r + 2 <= rows; r += 2)
-    dots<2, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
-  if (r < rows)
-    dots<1, O, false>(x + r * depth, depth, w + o * depth, depth, depth, out + r * width + o, width);
+    dots<2, O, 0, 3>(x + r * depth, depth, group, depth, depth, out + r * width + o, width);
+  if (r < rows) dots<1, O, 0, 3>(x + r * depth, depth, group, depth, depth, out + r * width + o, width);
 }
 
 template <typename W>

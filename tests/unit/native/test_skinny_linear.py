@@ -36,7 +36,24 @@ def test_equals_a_float64_product(rows, depth, width, with_bias):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [12, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_more_rows_than_the_decoding_step_takes_still_give_a_float64_product(rows, dtype):
+    """Past two passes of rows over each group of weight rows: the earlier passes ask for no
+    rows ahead, the last two for half the next rows each (the kernel itself, which takes any
+    number of rows; depths with and without a tail past the lines asked for)."""
+    kernel = _native.build("skinny_linear")
+    for depth, width in ((768, 45), (301, 7)):
+        generator = torch.Generator().manual_seed(rows + depth)
+        x = torch.randn(rows, depth, generator=generator)
+        weight = torch.randn(width, depth, generator=generator).to(dtype)
+        out = kernel.linear(x, weight, None)
+        scale = (x.abs().double() @ weight.abs().double().T).max()
+        assert ((out.double() - _reference(x, weight, None)).abs().max() / scale) < 1e-6
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_width_weights_give_a_gemm_s_numbers_in_their_dtype(rows, dtype):
     """bfloat16 (float16) operands, float32 sums, one rounding to the dtype at the end; a depth

@@ -40,7 +40,6 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "decode_attention.h"
@@ -53,15 +52,14 @@ using attnlab_skinny::load_weights;  // float32, or bfloat16/float16 widened
 using attnlab_decode::attend;
 using attnlab_decode::Shape;
 
-// b: float32, or a cached key in bfloat16 or float16.
-template <typename T>
-inline float dot(const float* a, const T* b, int64_t size) {
+// The dot product of two float32 rows (a norm's sum of squares).
+inline float dot(const float* a, const float* b, int64_t size) {
   Vec sum(0.f);
   int64_t i = 0;
   for (; i + Vec::size() <= size; i += Vec::size())
-    sum = at::vec::fmadd(Vec::loadu(a + i), load_weights(b + i, Vec::size()), sum);
+    sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
   float total = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
-  for (; i < size; ++i) total += a[i] * static_cast<float>(b[i]);
+  for (; i < size; ++i) total += a[i] * b[i];
   return total;
 }
 

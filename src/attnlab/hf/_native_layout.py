@@ -186,10 +186,10 @@ def _attention_weights(attention: nn.Module, H: int, K: int, D: int, copies: lis
         (q, q_bias), (k, k_bias), (v, v_bias) = found["q_proj"], found["k_proj"], found["v_proj"]
         qkv = torch.cat((q, k, v))
         copies.append(lambda: torch.cat((q, k, v), out=qkv))
-        biases = [bias if bias is not None else q.new_zeros(w.shape[0]) for bias, w in zip((q_bias, k_bias, v_bias),
-                                                                                           (q, k, v))]
         qkv_bias = None
         if any(bias is not None for bias in (q_bias, k_bias, v_bias)):
+            biases = [bias if bias is not None else w.new_zeros(w.shape[0])
+                      for bias, w in zip((q_bias, k_bias, v_bias), (q, k, v))]
             qkv_bias = torch.cat(biases)
             copies.append(lambda: torch.cat(biases, out=qkv_bias))
     if qkv.shape[0] != (H + 2 * K) * D:

@@ -58,7 +58,7 @@ from attnlab._dispatch import paths_line
 from attnlab._native import build as build_native
 from attnlab._packed_weights import packed_for_rows
 from attnlab._skinny import serves_rows
-from attnlab.hf.opening import TransformersModel, open_transformers
+from attnlab.hf.opening import TransformersModel, _with_fused_attention, open_transformers
 from attnlab.models.decoder.generation import packs_weights
 from attnlab.models.decoder.native_decoding import unserved_reason
 
@@ -102,16 +102,14 @@ def build_models(directory: Path, quick: bool, family: str = "llama", dtype: tor
     built = (model_class.from_config(config) if model_class is transformers.AutoModelForCausalLM
              else model_class(config))
     built.save_pretrained(directory)
-    def hf_model(implementation: str):
-        return transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation=implementation,
-                                                                 dtype=dtype).eval()
-
-    hf = {"eager": hf_model("eager")}
-    try:
-        hf["sdpa"] = hf_model("sdpa")
-    except ValueError:  # a family transformers serves only eagerly (Gemma 2): its eager is HF's best
+    from_pretrained = transformers.AutoModelForCausalLM.from_pretrained
+    hf = {"eager": from_pretrained(directory, attn_implementation="eager", dtype=dtype).eval()}
+    # sdpa, or eager for a family transformers serves only eagerly (Gemma 2), as attnlab opens it
+    fused = _with_fused_attention(from_pretrained, directory, dtype=dtype).eval()
+    if fused.config._attn_implementation != "sdpa":
         print(f"transformers has no sdpa for {family}: the sdpa rows run its eager attention")
-        hf["sdpa"] = hf["eager"]
+        fused = hf["eager"]
+    hf["sdpa"] = fused
     # attnlab.load opens the transformers families as transformers models (open_transformers),
     # and llama-hf / qwen2-hf, which it would convert, the same way here
     def opened(in_dtype: torch.dtype):
